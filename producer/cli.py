@@ -1,0 +1,205 @@
+"""The ``fleet`` command line: run workers, manage the local stack, submit requests.
+
+Exit codes: 0 success; 2 the request was refused or failed with a fleet error (the error is
+printed to stdout as JSON ``{"error": {"code", "message", "type"}}``); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from shared.errors import FleetError
+from shared.settings import MODALITIES, load_settings
+
+app = typer.Typer(help="Multimodal inference worker fleet on Celery + Redis.", no_args_is_help=True)
+submit_app = typer.Typer(help="Submit one request and print its result as JSON.")
+app.add_typer(submit_app, name="submit")
+
+
+def _print(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=None, separators=(",", ":")))
+
+
+def _fail(exc: FleetError) -> None:
+    _print({"error": exc.to_dict()})
+    raise typer.Exit(2)
+
+
+# -- workers -------------------------------------------------------------------------------
+@app.command()
+def worker(
+    modality: Annotated[str, typer.Argument(help="text, image, video or xmodal")],
+    mode: Annotated[str, typer.Option(help="batch (the fleet) or baseline (plain Celery)")] = (
+        "batch"
+    ),
+    prefetch: Annotated[int, typer.Option(help="prefetch window; 0 = from config")] = 0,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+) -> None:
+    """Run one worker process for MODALITY (a thin wrapper over `celery worker -Q MODALITY`)."""
+    if modality not in MODALITIES:
+        typer.echo(f"unknown modality {modality!r}; expected one of {MODALITIES}", err=True)
+        raise typer.Exit(1)
+    if mode not in ("batch", "baseline"):
+        typer.echo("--mode must be batch or baseline", err=True)
+        raise typer.Exit(1)
+    settings = load_settings()
+    window = prefetch or (
+        1 if mode == "baseline" else settings.modality(modality).device.prefetch_multiplier
+    )
+    env = dict(os.environ, FLEET_WORKER_MODALITY=modality, FLEET_WORKER_MODE=mode)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    argv = [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        "-Q", modality, "-P", "solo", "-c", "1", "-n", f"{modality}@%h",
+        f"--prefetch-multiplier={window}", "-E", "--without-mingle", "--without-gossip",
+        "-l", loglevel,
+    ]  # fmt: skip
+    os.execvpe(sys.executable, argv, env)
+
+
+# -- local stack ---------------------------------------------------------------------------
+@app.command()
+def up(
+    modalities: Annotated[str, typer.Option(help="comma-separated worker modalities")] = (
+        "text,image"
+    ),
+    flower: Annotated[bool, typer.Option(help="start Flower")] = True,
+) -> None:
+    """Start Redis, the workers and Flower in the background; return when all answer."""
+    from producer.stack import Stack, StackError
+
+    stack = Stack(load_settings())
+    try:
+        started = stack.up([m for m in modalities.split(",") if m], flower=flower)
+    except StackError as exc:
+        typer.echo(f"fleet up failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for p in started:
+        typer.echo(f"started {p.name} pid={p.pid}")
+    typer.echo(f"stack up; run dir {stack.dir}")
+
+
+@app.command()
+def down() -> None:
+    """Stop every process `fleet up` started (Redis last)."""
+    from producer.stack import Stack
+
+    stopped = Stack(load_settings()).down()
+    typer.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@app.command()
+def status() -> None:
+    """Show which stack processes are alive."""
+    from producer.stack import Stack
+
+    _print(Stack(load_settings()).status())
+
+
+@app.command("flower")
+def flower_info() -> None:
+    """Print Flower's URL and credentials."""
+    from producer.stack import Stack
+
+    settings = load_settings()
+    stack = Stack(settings)
+    typer.echo(f"url:      {stack.flower_url()}")
+    typer.echo(f"user:     {settings.flower.user}")
+    typer.echo(f"password: {settings.flower_password()}")
+
+
+# -- submitting ----------------------------------------------------------------------------
+def _submit(
+    modality: str, inputs: dict[str, Any], priority: str, timeout_s: float | None, wait_s: float
+) -> None:
+    from producer.client import FleetClient
+
+    try:
+        client = FleetClient.from_settings()
+        handle = client.submit(modality, inputs, priority=priority, timeout_s=timeout_s)
+        if wait_s <= 0:
+            _print({"id": handle.id})
+            return
+        out = handle.outcome(timeout_s=wait_s)
+    except FleetError as exc:
+        _fail(exc)
+        return
+    except TimeoutError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    _print({"id": handle.id, **out})
+    if "error" in out:
+        raise typer.Exit(2)
+
+
+PriorityOpt = Annotated[str, typer.Option(help="realtime, high, normal or bulk")]
+TimeoutOpt = Annotated[float | None, typer.Option(help="deadline in seconds from now")]
+WaitOpt = Annotated[float, typer.Option(help="seconds to wait for the result; 0 = don't")]
+
+
+@submit_app.command("text")
+def submit_text(
+    text: Annotated[str, typer.Option(help="the text to embed")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 30.0,
+) -> None:
+    """Embed a text with all-MiniLM-L6-v2 (384 floats, unit norm)."""
+    _submit("text", {"text": text}, priority, timeout_s, wait_s)
+
+
+@submit_app.command("image")
+def submit_image(
+    file: Annotated[Path, typer.Option(help="an image file (JPEG, PNG, WebP, ...)")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 30.0,
+) -> None:
+    """Embed an image with the configured vision model."""
+    from producer.client import image_inputs
+
+    if not file.is_file():
+        typer.echo(f"no such file: {file}", err=True)
+        raise typer.Exit(1)
+    _submit("image", image_inputs(file), priority, timeout_s, wait_s)
+
+
+@submit_app.command("raw")
+def submit_raw(
+    modality: Annotated[str, typer.Argument()],
+    inputs: Annotated[str, typer.Option(help="the inputs as a JSON object")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 30.0,
+) -> None:
+    """Submit any modality with inputs given as JSON."""
+    from shared.errors import InvalidInput
+
+    try:
+        parsed = json.loads(inputs)
+    except json.JSONDecodeError as exc:
+        _fail(InvalidInput(f"--inputs is not JSON: {exc}"))
+        return
+    _submit(modality, parsed, priority, timeout_s, wait_s)
+
+
+@app.command()
+def demo() -> None:
+    """The main job: bring the stack up, run real inputs, report, bring it down."""
+    from producer.demo import main
+
+    raise typer.Exit(main())
+
+
+if __name__ == "__main__":
+    app()

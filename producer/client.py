@@ -1,0 +1,295 @@
+"""``FleetClient``: the Python producer API. Never imports torch.
+
+>>> client = FleetClient.from_settings()
+>>> h = client.submit("text", {"text": "A man is playing a guitar."}, priority="realtime")
+>>> h.get(timeout_s=5)["dim"]
+384
+
+Each request becomes one Celery task ``fleet.<modality>`` on the modality's queue, at the
+Celery priority of its class, carrying a :class:`~shared.schema.TaskEnvelope`. Its deadline is
+``submitted + timeout_s`` (the class default when ``timeout_s`` is ``None``; BULK has none).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.result import AsyncResult
+
+from shared import keys
+from shared.celery_app import make_app
+from shared.errors import (
+    FleetError,
+    PayloadTooLarge,
+    QueueFull,
+    UnsupportedModality,
+    error_from_code,
+)
+from shared.priority import Priority
+from shared.schema import TaskEnvelope
+from shared.settings import MODALITIES, Settings, load_settings
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One request for :meth:`FleetClient.submit_many`."""
+
+    modality: str
+    inputs: dict[str, Any]
+    priority: str = "normal"
+    timeout_s: float | None = None
+
+
+class ResultHandle:
+    """A submitted request: its task ``id`` and a way to wait for its outcome."""
+
+    def __init__(self, client: FleetClient, task_id: str, envelope: TaskEnvelope) -> None:
+        self.client = client
+        self.id = task_id
+        self.envelope = envelope
+
+    def __repr__(self) -> str:
+        return f"ResultHandle(id={self.id!r}, modality={self.envelope.modality!r})"
+
+    def get(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Wait for the result (seconds) and return it.
+
+        Raises:
+            FleetError: the request failed; the subclass and ``.code`` are the worker's.
+            TimeoutError: no result within ``timeout_s``.
+        """
+        out = self.outcome(timeout_s)
+        if "error" in out:
+            raise error_from_code(out["error"]["code"], out["error"]["message"])
+        return out["result"]
+
+    def outcome(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Wait and return ``{"result": ...}`` or ``{"error": {"code", "message", "type"}}``.
+
+        Raises:
+            TimeoutError: no result within ``timeout_s``.
+        """
+        res = AsyncResult(self.id, app=self.client.app)
+        try:
+            res.get(timeout=timeout_s, propagate=False, disable_sync_subtasks=False)
+        except Exception as exc:  # celery.exceptions.TimeoutError is not a builtin one
+            if type(exc).__name__ == "TimeoutError":
+                raise TimeoutError(f"no result for {self.id} within {timeout_s} s") from None
+            raise
+        meta = res.backend.get_task_meta(self.id)
+        return outcome_from_meta(meta)
+
+    def state(self) -> str:
+        """Celery's state of the task right now (PENDING, SUCCESS, FAILURE, ...)."""
+        return AsyncResult(self.id, app=self.client.app).state
+
+
+def outcome_from_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """Turn a Celery result meta (as read by the backend) into the client's outcome dict."""
+    if meta.get("status") == "SUCCESS":
+        return {"result": meta["result"]}
+    res = meta.get("result")
+    if isinstance(res, FleetError):
+        return {"error": res.to_dict()}
+    if isinstance(res, BaseException):
+        args = list(res.args)
+        code = args[1] if len(args) > 1 and isinstance(args[1], str) else "FLEET_ERROR"
+        msg = str(args[0]) if args else repr(res)
+        return {"error": {"code": code, "message": msg, "type": type(res).__name__}}
+    if isinstance(res, dict) and "exc_message" in res:  # raw JSON exception encoding
+        args = list(res.get("exc_message") or [])
+        code = args[1] if len(args) > 1 else "FLEET_ERROR"
+        msg = str(args[0]) if args else ""
+        return {"error": {"code": code, "message": msg, "type": res.get("exc_type", "")}}
+    return {"error": {"code": "FLEET_ERROR", "message": f"task ended {meta.get('status')}"}}
+
+
+class FleetClient:
+    """Submit inference requests to the fleet and read their results.
+
+    Args:
+        settings: fleet settings (Redis address and password, priorities, limits).
+        app: a Celery app to reuse; built from ``settings`` when omitted.
+    """
+
+    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+        self.settings = settings
+        self.app = app or make_app(settings, name="fleet-producer")
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> FleetClient:
+        """A client for the fleet described by ``configs/fleet.toml`` and ``FLEET_*``."""
+        return cls(settings or load_settings())
+
+    # -- building envelopes -----------------------------------------------------------
+    def envelope(
+        self,
+        modality: str,
+        inputs: dict[str, Any],
+        priority: str = "normal",
+        timeout_s: float | None = None,
+    ) -> TaskEnvelope:
+        """Validate and build the envelope of one request (no I/O).
+
+        Raises:
+            UnsupportedModality: ``modality`` is not served.
+            InvalidPriority: ``priority`` is not a class name.
+            InvalidInput: ``inputs`` is not a JSON object or ``timeout_s`` is not positive.
+            PayloadTooLarge: the inline payload exceeds ``limits.max_inline_bytes``.
+        """
+        if modality not in MODALITIES:
+            raise UnsupportedModality(
+                f"unknown modality {modality!r}; expected one of: {', '.join(MODALITIES)}"
+            )
+        prio = Priority.parse(priority)
+        if not isinstance(inputs, dict):
+            from shared.errors import InvalidInput
+
+            raise InvalidInput("inputs must be a JSON object")
+        if timeout_s is not None and timeout_s <= 0:
+            from shared.errors import InvalidInput
+
+            raise InvalidInput("timeout_s must be positive")
+        size = len(json.dumps(inputs, separators=(",", ":")))
+        limit = self.settings.limits.max_inline_bytes
+        if size > limit:
+            raise PayloadTooLarge(f"inline inputs are {size} bytes; the limit is {limit}")
+        now_ms = time.time() * 1000.0
+        t = timeout_s if timeout_s is not None else prio.default_timeout_s(self.settings)
+        return TaskEnvelope(
+            modality=modality,
+            priority=prio.label,
+            submitted_ms=now_ms,
+            deadline_ms=None if t is None else now_ms + t * 1000.0,
+            inputs=inputs,
+        )
+
+    # -- submitting -----------------------------------------------------------------
+    def submit(
+        self,
+        modality: str,
+        inputs: dict[str, Any],
+        priority: str = "normal",
+        timeout_s: float | None = None,
+    ) -> ResultHandle:
+        """Enqueue one request; returns at once with its handle.
+
+        Raises:
+            FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
+                modality's queue holds ``max_queue_length`` messages.
+        """
+        return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s)])[0]
+
+    def submit_many(self, requests: Iterable[SubmitRequest]) -> list[ResultHandle]:
+        """Enqueue many requests over one broker connection.
+
+        Every request is validated before any is sent: one invalid request raises and none
+        is sent. Raises as :meth:`submit`.
+        """
+        envs = [self.envelope(r.modality, r.inputs, r.priority, r.timeout_s) for r in requests]
+        self._check_backpressure(envs)
+        handles: list[ResultHandle] = []
+        with self.app.producer_or_acquire() as producer:
+            for env in envs:
+                task_id = str(uuid.uuid4())
+                self.app.send_task(
+                    keys.task_name(env.modality),
+                    kwargs=env.to_kwargs(),
+                    task_id=task_id,
+                    queue=keys.queue_name(env.modality),
+                    priority=Priority.parse(env.priority).celery_priority(self.settings),
+                    producer=producer,
+                )
+                handles.append(ResultHandle(self, task_id, env))
+        return handles
+
+    def poll(self, handles: Sequence[ResultHandle]) -> list[dict[str, Any] | None]:
+        """Read the outcomes of many requests in one round trip, without waiting.
+
+        Returns, per handle, ``None`` while it has no result, else its outcome dict (see
+        :meth:`ResultHandle.outcome`) with ``done_ms``: when the worker stored it (epoch ms).
+        """
+        if not handles:
+            return []
+        backend = self.app.backend
+        raw = backend.client.mget([backend.get_key_for_task(h.id) for h in handles])
+        out: list[dict[str, Any] | None] = []
+        for value in raw:
+            if value is None:
+                out.append(None)
+                continue
+            meta = backend.decode_result(value)
+            outcome = outcome_from_meta(meta)
+            outcome["done_ms"] = _epoch_ms(meta.get("date_done"))
+            out.append(outcome)
+        return out
+
+    def wait_all(
+        self, handles: Sequence[ResultHandle], timeout_s: float = 60.0, interval_s: float = 0.02
+    ) -> list[dict[str, Any] | None]:
+        """Poll until every handle has an outcome or ``timeout_s`` passes (``None`` = none)."""
+        deadline = time.monotonic() + timeout_s
+        results: list[dict[str, Any] | None] = [None] * len(handles)
+        todo = list(range(len(handles)))
+        while todo and time.monotonic() < deadline:
+            got = self.poll([handles[i] for i in todo])
+            results_left = []
+            for i, r in zip(todo, got, strict=True):
+                if r is None:
+                    results_left.append(i)
+                else:
+                    results[i] = r
+            todo = results_left
+            if todo:
+                time.sleep(interval_s)
+        return results
+
+    def queue_depth(self, modality: str) -> dict[str, int]:
+        """Messages waiting in ``modality``'s queue, per priority class (one round trip)."""
+        names = [p.label for p in Priority]
+        prios = [Priority.parse(n).celery_priority(self.settings) for n in names]
+        with self.app.broker_connection() as conn:
+            client = conn.default_channel.client
+            with client.pipeline(transaction=False) as pipe:
+                for p in prios:
+                    pipe.llen(keys.priority_list_key(keys.queue_name(modality), p))
+                counts = pipe.execute()
+        return dict(zip(names, (int(c) for c in counts), strict=True))
+
+    def _check_backpressure(self, envs: Sequence[TaskEnvelope]) -> None:
+        for modality in {e.modality for e in envs}:
+            limit = (
+                self.settings.modality(modality).max_queue_length
+                if (modality in self.settings.modalities)
+                else None
+            )
+            if not limit:
+                continue
+            depth = sum(self.queue_depth(modality).values())
+            adding = sum(e.modality == modality for e in envs)
+            if depth + adding > limit:
+                raise QueueFull(f"{modality} queue holds {depth} requests; the limit is {limit}")
+
+
+def _epoch_ms(date_done: Any) -> float | None:
+    from datetime import datetime
+
+    if isinstance(date_done, datetime):
+        return date_done.timestamp() * 1000.0
+    if isinstance(date_done, str):
+        return datetime.fromisoformat(date_done).timestamp() * 1000.0
+    return None
+
+
+def image_inputs(path_or_bytes: str | Path | bytes) -> dict[str, Any]:
+    """Inputs for an image request from a file path or the file's bytes."""
+    data = path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
+    return {"image_b64": base64.b64encode(data).decode("ascii")}

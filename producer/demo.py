@@ -1,0 +1,302 @@
+"""``make demo``: the main job on real input, end to end.
+
+Brings the local stack up (Redis, a text and an image worker, Flower), submits the repo's real
+texts and images at mixed priorities at a steady pace, plus deliberately bad inputs, waits
+for every result, checks that the text embeddings are semantically right, prints a latency
+table, writes ``reports/demo.json`` and brings the stack down.
+
+Exit status 0 only if every valid input succeeded, every bad input came back with its
+expected error code, and the semantic check passed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from producer.client import FleetClient, ResultHandle, image_inputs
+from shared.errors import FleetError
+from shared.settings import load_settings
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+REPORT = Path("reports/demo.json")
+N_SENTENCES = 80
+PACE_S = 0.02  # seconds between submissions: ~50 requests/s, below the stack's capacity
+console = Console()
+
+
+@dataclass
+class Job:
+    kind: str  # "valid" | "bad"
+    modality: str
+    priority: str
+    label: str
+    expect_code: str | None = None
+    handle: ResultHandle | None = None
+    outcome: dict[str, Any] | None = None
+    submit_error: dict[str, Any] | None = None
+
+
+def texts() -> list[str]:
+    lines = (DATA / "text" / "botchan_sentences.txt").read_text(encoding="utf-8").splitlines()
+    return [t.strip() for t in lines if len(t.strip()) > 20][:N_SENTENCES]
+
+
+def caption_groups() -> list[list[str]]:
+    """Captions of one image per group (from data/captions), groups of >= 2 captions."""
+    coco = json.loads((DATA / "captions" / "captions_coco.json").read_text())
+    by_image: dict[int, list[str]] = defaultdict(list)
+    for a in coco["annotations"]:
+        by_image[a["image_id"]].append(a["caption"])
+    return [caps for caps in by_image.values() if len(caps) >= 2]
+
+
+def images() -> list[Path]:
+    return sorted(p for p in (DATA / "images").iterdir() if p.is_file())
+
+
+def plan() -> tuple[list[tuple[Job, dict[str, Any]]], list[str]]:
+    prios = ["realtime", "high", "normal", "bulk"]
+    jobs: list[tuple[Job, dict[str, Any]]] = []
+    for i, t in enumerate(texts()):
+        jobs.append((Job("valid", "text", prios[i % 4], f"sentence {i}"), {"text": t}))
+    sem_texts = [c for g in caption_groups() for c in g] + [
+        "A man is playing a guitar.",
+        "Someone is playing an instrument.",
+        "The stock market fell sharply today.",
+    ]
+    for t in sem_texts:
+        jobs.append((Job("valid", "text", "high", f"semantic: {t[:40]}"), {"text": t}))
+    for i, p in enumerate(images()):
+        jobs.append(
+            (Job("valid", "image", ["normal", "bulk", "high"][i % 3], p.name), image_inputs(p))
+        )
+    bad_images = sorted((DATA / "images" / "bad").iterdir())
+    codes = {"pillow_decompression_bomb.gif": "PAYLOAD_TOO_LARGE"}
+    for p in bad_images:
+        jobs.append(
+            (
+                Job(
+                    "bad",
+                    "image",
+                    "normal",
+                    f"bad image {p.name}",
+                    codes.get(p.name, "IMAGE_DECODE"),
+                ),
+                image_inputs(p),
+            )
+        )
+    novel = (DATA / "text" / "botchan_sentences.txt").read_text(encoding="utf-8")
+    jobs += [
+        (Job("bad", "text", "normal", "empty text", "INVALID_INPUT"), {"text": ""}),
+        (
+            Job("bad", "text", "normal", "control characters only", "INVALID_INPUT"),
+            {"text": "\x01\x02\x03\u200b"},
+        ),
+        (
+            Job("bad", "text", "normal", "oversized text (whole novel)", "PAYLOAD_TOO_LARGE"),
+            {"text": novel},
+        ),
+        (Job("bad", "text", "normal", "wrong input key", "INVALID_INPUT"), {"txt": "hello"}),
+        (
+            Job("bad", "audio", "normal", "unknown modality", "UNSUPPORTED_MODALITY"),
+            {"text": "hello"},
+        ),
+        (Job("bad", "text", "urgent", "unknown priority", "INVALID_PRIORITY"), {"text": "hi"}),
+    ]
+    return jobs, sem_texts
+
+
+def semantic_check(embeddings: dict[str, list[float]]) -> dict[str, Any]:
+    """Related pairs (captions of one image) must be closer than unrelated ones."""
+
+    def cos(a: str, b: str) -> float:
+        x, y = embeddings[a], embeddings[b]
+        return sum(i * j for i, j in zip(x, y, strict=True))
+
+    rows = []
+    groups = caption_groups()
+    for i, g in enumerate(groups):
+        other = groups[(i + 1) % len(groups)][0]
+        rows.append(
+            {
+                "anchor": g[0],
+                "related": g[1],
+                "unrelated": other,
+                "cos_related": cos(g[0], g[1]),
+                "cos_unrelated": cos(g[0], other),
+            }
+        )
+    rows.append(
+        {
+            "anchor": "A man is playing a guitar.",
+            "related": "Someone is playing an instrument.",
+            "unrelated": "The stock market fell sharply today.",
+            "cos_related": cos("A man is playing a guitar.", "Someone is playing an instrument."),
+            "cos_unrelated": cos(
+                "A man is playing a guitar.", "The stock market fell sharply today."
+            ),
+        }
+    )
+    passed = all(r["cos_related"] > r["cos_unrelated"] for r in rows)
+    return {"passed": passed, "pairs": rows}
+
+
+def percentile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))
+    return s[k]
+
+
+def run(client: FleetClient) -> dict[str, Any]:
+    jobs, sem_texts = plan()
+    t0 = time.monotonic()
+    for job, inputs in jobs:
+        try:
+            job.handle = client.submit(job.modality, inputs, priority=job.priority)
+        except FleetError as exc:
+            job.submit_error = exc.to_dict()
+        time.sleep(PACE_S)
+    submitted = [j for j, _ in jobs if j.handle is not None]
+    outcomes = client.wait_all([j.handle for j in submitted], timeout_s=180)  # type: ignore[misc]
+    for j, o in zip(submitted, outcomes, strict=True):
+        j.outcome = o
+    wall_s = time.monotonic() - t0
+
+    lat: dict[tuple[str, str], list[float]] = defaultdict(list)
+    embeddings: dict[str, list[float]] = {}
+    valid_ok = valid_failed = bad_ok = bad_wrong = 0
+    failures = []
+    for job, inputs in jobs:
+        o = job.outcome
+        if job.kind == "valid":
+            if o is not None and "result" in o:
+                valid_ok += 1
+                assert job.handle is not None
+                done = o.get("done_ms")
+                if done is not None:
+                    lat[(job.modality, job.priority)].append(
+                        done - job.handle.envelope.submitted_ms
+                    )
+                if job.modality == "text" and inputs["text"] in sem_texts:
+                    embeddings[inputs["text"]] = o["result"]["embedding"]
+            else:
+                valid_failed += 1
+                failures.append({"label": job.label, "outcome": o})
+        else:
+            got = (job.submit_error or (o or {}).get("error") or {}).get("code")
+            if got == job.expect_code:
+                bad_ok += 1
+            else:
+                bad_wrong += 1
+                failures.append({"label": job.label, "expected": job.expect_code, "got": got})
+    sem = (
+        semantic_check(embeddings)
+        if len(embeddings) == len(set(sem_texts))
+        else {"passed": False, "pairs": [], "reason": "semantic texts missing results"}
+    )
+    latency = {
+        f"{m}/{p}": {
+            "count": len(v),
+            "p50_ms": percentile(v, 50),
+            "p95_ms": percentile(v, 95),
+            "p99_ms": percentile(v, 99),
+            "max_ms": max(v),
+        }
+        for (m, p), v in sorted(lat.items())
+    }
+    return {
+        "valid_submitted": sum(j.kind == "valid" for j, _ in jobs),
+        "valid_succeeded": valid_ok,
+        "valid_failed": valid_failed,
+        "bad_submitted": sum(j.kind == "bad" for j, _ in jobs),
+        "bad_rejected_with_expected_code": bad_ok,
+        "bad_wrong_outcome": bad_wrong,
+        "bad_inputs": [
+            {
+                "label": j.label,
+                "expected": j.expect_code,
+                "got": (j.submit_error or (j.outcome or {}).get("error") or {}).get("code"),
+                "at": "submit" if j.submit_error else "worker",
+            }
+            for j, _ in jobs
+            if j.kind == "bad"
+        ],
+        "failures": failures,
+        "latency_ms": latency,
+        "semantic_check": sem,
+        "wall_s": wall_s,
+    }
+
+
+def print_report(rep: dict[str, Any]) -> None:
+    t = Table(title="fleet demo: end-to-end latency (submit -> result stored)")
+    for col in ("modality/priority", "count", "p50 ms", "p95 ms", "p99 ms", "max ms"):
+        t.add_column(col, justify="right")
+    for k, v in rep["latency_ms"].items():
+        t.add_row(
+            k,
+            str(v["count"]),
+            f"{v['p50_ms']:.1f}",
+            f"{v['p95_ms']:.1f}",
+            f"{v['p99_ms']:.1f}",
+            f"{v['max_ms']:.1f}",
+        )
+    console.print(t)
+    b = Table(title="bad inputs")
+    for col in ("input", "expected", "got", "where"):
+        b.add_column(col)
+    for x in rep["bad_inputs"]:
+        b.add_row(x["label"], x["expected"], str(x["got"]), x["at"])
+    console.print(b)
+    s = rep["semantic_check"]
+    console.print(
+        f"semantic check: {'PASSED' if s['passed'] else 'FAILED'} "
+        f"({len(s['pairs'])} related/unrelated pairs)"
+    )
+    console.print(
+        f"valid: {rep['valid_succeeded']}/{rep['valid_submitted']} succeeded; "
+        f"bad: {rep['bad_rejected_with_expected_code']}/{rep['bad_submitted']} "
+        f"rejected with the expected code; wall {rep['wall_s']:.1f} s"
+    )
+
+
+def main() -> int:
+    from producer.stack import Stack, StackError
+
+    settings = load_settings()
+    stack = Stack(settings)
+    console.print("bringing the stack up (Redis, text + image workers, Flower)...")
+    try:
+        stack.up(["text", "image"], flower=True)
+    except StackError as exc:
+        console.print(f"[red]stack failed to start:[/red] {exc}")
+        return 1
+    try:
+        console.print(
+            f"Flower: {stack.flower_url()} (user {settings.flower.user}; password: `fleet flower`)"
+        )
+        rep = run(FleetClient.from_settings(settings))
+    finally:
+        console.print("bringing the stack down...")
+        stack.down()
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(json.dumps(rep, indent=2))
+    print_report(rep)
+    console.print(f"report: {REPORT}")
+    ok = (
+        rep["valid_failed"] == 0
+        and rep["bad_wrong_outcome"] == 0
+        and rep["semantic_check"]["passed"]
+    )
+    if not ok:
+        console.print("[red]demo FAILED[/red]", json.dumps(rep["failures"], indent=1)[:4000])
+    return 0 if ok else 1

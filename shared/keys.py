@@ -1,0 +1,39 @@
+"""Every Celery name and Redis key the product uses, in one place.
+
+Queues: one per modality, named after it (``text``, ``image``, ``video``, ``xmodal``).
+Celery's Redis transport stores each priority step of a queue in its own list: the step-0
+list is the queue name itself, step ``p`` is ``f"{queue}{PRIORITY_SEP}{p}"``.
+"""
+
+from __future__ import annotations
+
+PRIORITY_STEPS: list[int] = list(range(10))
+PRIORITY_SEP = "\x06\x16"  # kombu's default separator; kept so plain Celery clients interoperate
+
+TASK_PREFIX = "fleet."
+DELIVERY_COUNT_PREFIX = "fleet:deliveries:"  # INCR per delivery, for poison-message detection
+RESULT_KEY_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
+WORKER_STATS_PREFIX = "fleet:worker:"  # HSET by each worker: device, stream, warmup
+
+
+def task_name(modality: str) -> str:
+    """The Celery task name for a modality: ``fleet.text``."""
+    return f"{TASK_PREFIX}{modality}"
+
+
+def queue_name(modality: str) -> str:
+    """The Celery queue of a modality; the same string."""
+    return modality
+
+
+def priority_list_key(queue: str, celery_priority: int) -> str:
+    """The Redis list that holds ``queue``'s messages at one Celery priority step."""
+    return queue if celery_priority == 0 else f"{queue}{PRIORITY_SEP}{celery_priority}"
+
+
+def delivery_count_key(task_id: str) -> str:
+    return f"{DELIVERY_COUNT_PREFIX}{task_id}"
+
+
+def result_key(task_id: str) -> str:
+    return f"{RESULT_KEY_PREFIX}{task_id}"

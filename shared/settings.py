@@ -1,0 +1,196 @@
+"""Typed fleet settings: ``configs/fleet.toml`` with ``FLEET_*`` environment overrides.
+
+Sources, highest first: keyword arguments to :func:`load_settings`, environment variables
+(``FLEET_REDIS__PORT=6400``; nested keys joined by ``__``), the TOML file named by
+``FLEET_CONFIG`` (default ``configs/fleet.toml`` under the current directory, then the one
+shipped beside this package's source tree), then the defaults below.
+
+Secrets (Redis and Flower passwords) are never in the TOML file: they come from the
+environment or from files under ``stack.run_dir`` that ``fleet up`` creates with mode 0600.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+MODALITIES: tuple[str, ...] = ("text", "image", "video", "xmodal")
+PRIORITY_NAMES: tuple[str, ...] = ("realtime", "high", "normal", "bulk")
+_REPO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.toml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RedisSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = 6390
+    db: int = 0
+    password: str | None = None
+    visibility_timeout_s: int = 3600
+    result_expires_s: int = 86400
+
+
+class StackSettings(_Section):
+    run_dir: Path = Path(".run")
+    ready_timeout_s: float = 180.0
+
+
+class FlowerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = 5555
+    user: str = "fleet"
+    password: str | None = None
+
+
+class PriorityClass(_Section):
+    """A priority class: its Celery priority (0 runs first) and default timeout in seconds."""
+
+    celery_priority: int = Field(ge=0, le=9)
+    timeout_s: float = Field(ge=0.0)  # 0 means no deadline
+
+
+class Limits(_Section):
+    max_inline_bytes: int = 8 * 1024 * 1024
+    max_text_chars: int = 20_000
+    max_image_pixels: int = 40_000_000
+
+
+class BatchingConfig(_Section):
+    """Dynamic batching knobs (names as in Triton's ``dynamic_batching`` block)."""
+
+    max_batch_size: int = Field(default=8, ge=1)
+    preferred_batch_sizes: list[int] = Field(default_factory=lambda: [1])
+    max_queue_delay_ms: float = Field(default=2.0, ge=0.0)
+    length_buckets: list[int] = Field(default_factory=list)
+    max_batch_bytes: int = 256 * 1024 * 1024
+    max_high_waiting: int = 5
+
+
+class DeviceConfig(_Section):
+    device: str = "cpu"
+    torch_threads: int = Field(default=1, ge=1)
+    interop_threads: int = Field(default=1, ge=1)
+    memory_fraction: float = Field(default=0.4, gt=0.0, le=1.0)
+    arena_mb: int = 64
+    prefetch_multiplier: int = Field(default=16, ge=1)
+
+
+class ModalityConfig(_Section):
+    model: str
+    max_retries: int = 3
+    max_queue_length: int = 10_000
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    device: DeviceConfig = Field(default_factory=DeviceConfig)
+
+
+class ModelConfig(BaseModel):
+    """One model entry; ``kind`` picks the adapter, other keys are the adapter's own."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: str
+
+
+class Settings(BaseSettings):
+    """All fleet settings. Build with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLEET_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    stack: StackSettings = Field(default_factory=StackSettings)
+    flower: FlowerSettings = Field(default_factory=FlowerSettings)
+    priorities: dict[str, PriorityClass] = Field(default_factory=dict)
+    limits: Limits = Field(default_factory=Limits)
+    modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+
+    @field_validator("priorities")
+    @classmethod
+    def _all_classes(cls, v: dict[str, PriorityClass]) -> dict[str, PriorityClass]:
+        missing = set(PRIORITY_NAMES) - set(v)
+        if missing:
+            raise ValueError(f"priority classes missing from config: {sorted(missing)}")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_path())
+        return (init_settings, env_settings, toml)
+
+    # -- derived values ---------------------------------------------------------------
+    @cached_property
+    def run_dir(self) -> Path:
+        return self.stack.run_dir.resolve()
+
+    def redis_password(self) -> str:
+        """The Redis password: ``FLEET_REDIS__PASSWORD`` or ``<run_dir>/redis.password``.
+
+        Raises:
+            FileNotFoundError: neither is set (run ``fleet up`` first, or set the variable).
+        """
+        if self.redis.password:
+            return self.redis.password
+        return (self.run_dir / "redis.password").read_text().strip()
+
+    def flower_password(self) -> str:
+        if self.flower.password:
+            return self.flower.password
+        return (self.run_dir / "flower.password").read_text().strip()
+
+    def redis_url(self) -> str:
+        pw = quote(self.redis_password(), safe="")
+        return f"redis://:{pw}@{self.redis.host}:{self.redis.port}/{self.redis.db}"
+
+    def modality(self, name: str) -> ModalityConfig:
+        """The config of one modality.
+
+        Raises:
+            KeyError: the modality is not configured.
+        """
+        return self.modalities[name]
+
+
+def config_path() -> Path:
+    """The TOML file in use: ``$FLEET_CONFIG``, ``./configs/fleet.toml``, or the repo's copy."""
+    env = os.environ.get("FLEET_CONFIG")
+    if env:
+        return Path(env)
+    local = Path("configs/fleet.toml")
+    return local if local.exists() else _REPO_CONFIG
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Load settings from the TOML file and environment; ``overrides`` win over both."""
+    return Settings(**overrides)
+
+
+def ensure_secret(path: Path) -> str:
+    """Read a secret file, creating it (mode 0600, 32 url-safe chars) if it does not exist."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24))
+    return path.read_text().strip()

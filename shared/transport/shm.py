@@ -1,0 +1,882 @@
+"""Zero-copy tensor segments in ``/dev/shm``, one Arrow IPC file per tensor.
+
+Layout::
+
+    /dev/shm/mmfleet-<uid>/                 mode 0700, owned by this uid, never a symlink
+        t<32 hex>.arrow                     a segment, mode 0600, immutable once visible
+        .tmp-t<32 hex>-<pid>-<host>.arrow   a segment being written (renamed when complete)
+
+Segment format: an Arrow IPC *file* (random-access format, uncompressed) holding one record
+batch with one non-nullable column ``data``: the tensor's elements flattened in C order as a
+primitive array of the tensor's dtype (``bool`` is stored as ``uint8``, one byte per element,
+because Arrow's boolean type is bit-packed and could not be viewed without a copy). Buffers are
+8-byte aligned by the IPC format, enough for every allowed dtype. The schema metadata carries
+(all values UTF-8 strings)::
+
+    mmfleet.format      "1"
+    mmfleet.id          segment id (== the file name stem)
+    mmfleet.shape       JSON list of ints, e.g. "[2, 3]"
+    mmfleet.dtype       numpy dtype name
+    mmfleet.nbytes      tensor size in bytes (prod(shape) * itemsize)
+    mmfleet.owner       "<producer|worker>:<host>:<pid>"
+    mmfleet.pid         pid whose death frees the segment; "0" = detached (TTL only)
+    mmfleet.pid_start   that process's start time (/proc/<pid>/stat field 22) or "" --
+                        guards against a recycled pid keeping an orphan alive
+    mmfleet.created_at  Unix epoch seconds (float)
+    mmfleet.ttl_s       seconds after created_at the segment may be reclaimed (float)
+
+The janitor reads that metadata cheaply: mapping the file and parsing the IPC footer touches
+only the footer's pages, never the tensor data.
+
+Reading maps the file and wraps the data buffer without copying
+(``pyarrow.memory_map`` -> ``to_numpy(zero_copy_only=True)`` -> reshape); the reader checks
+that the data buffer lies inside the mapping, so a compressed or otherwise non-zero-copy file
+is refused rather than silently copied. A mapping stays valid after the segment is released
+or reclaimed (tmpfs frees the pages when the last mapping goes), and segment files are never
+truncated or rewritten in place, so a reader can never hit SIGBUS.
+
+Security: pyarrow >= 14.0.1 is required (CVE-2023-47248: arbitrary code execution when
+reading IPC data with the legacy ``arrow.py_extension_type``); in addition every extension
+type, registered or not, is refused. Ids are validated against a strict pattern and file
+names are built from the id alone; files must be regular files owned by this uid.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import math
+import mmap
+import os
+import re
+import socket
+import stat
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc
+
+from shared.errors import ShmCapacityError, TensorRefError, TransportError
+from shared.transport._arrays import as_c_array
+from shared.transport.ref import (
+    DTYPE_ITEMSIZE,
+    OWNER_PATTERN,
+    TensorRef,
+    new_id,
+    numel,
+    owner_host,
+    owner_pid,
+    validate_id,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+MIN_PYARROW: tuple[int, int, int] = (14, 0, 1)
+
+
+def _version_tuple(version: str) -> tuple[int, int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+_pa_version = _version_tuple(pa.__version__)
+if _pa_version is None or _pa_version < MIN_PYARROW:
+    raise ImportError(
+        f"shared.transport needs pyarrow >= {'.'.join(map(str, MIN_PYARROW))} "
+        f"(CVE-2023-47248, code execution through IPC extension types); found "
+        f"{pa.__version__}. Upgrade: pip install 'pyarrow>=14.0.1'"
+    )
+
+log = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".arrow"
+COLUMN = "data"
+FORMAT_VERSION = "1"
+_META = "mmfleet."
+_SEGMENT_RE = re.compile(r"(t[0-9a-f]{32})\.arrow")
+_TMP_RE = re.compile(r"\.tmp-(t[0-9a-f]{32})-([0-9]{1,10})-([A-Za-z0-9._-]{1,64})\.arrow")
+_MIN_SHM_WARN_BYTES = 256 * 1024 * 1024
+
+# Arrow storage type of each allowed dtype. bool -> uint8: see the module docstring.
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "bool": pa.uint8(),
+    "uint8": pa.uint8(),
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float16": pa.float16(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+}
+
+
+def default_root() -> Path:
+    """The fleet directory of this uid: ``/dev/shm/mmfleet-<uid>``."""
+    return Path(f"/dev/shm/mmfleet-{os.getuid()}")
+
+
+@cache
+def hostname() -> str:
+    """This host's name reduced to ``[A-Za-z0-9._-]`` (at most 64 chars), as used in owners."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64]
+    return name or "localhost"
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22).
+
+    Returns None when the process does not exist or /proc is unavailable.
+    """
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    try:
+        # Field 2 (comm) may contain spaces and parentheses: split after the last ")".
+        # What follows starts at field 3, so field 22 is index 19.
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def pid_alive(pid: int, start_time: int | None = None) -> bool:
+    """Whether process ``pid`` (on this host) still exists and is the same process.
+
+    ``pid <= 0`` counts as alive: ``os.kill(0, 0)`` would probe our own process group. A
+    zombie counts as alive until its parent reaps it. When ``start_time`` is given and the
+    live process at ``pid`` started at another time, the pid was recycled: dead.
+    """
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, belongs to another user
+    if start_time is not None:
+        current = proc_start_time(pid)
+        if current is not None and current != start_time:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """One segment as the janitor sees it (from the file's schema metadata).
+
+    Sizes in bytes, times in Unix epoch seconds. ``pid`` is 0 for a detached segment.
+    ``alive_owner`` is True when the owner process is alive, the segment is detached, or
+    the owner is on another host (liveness cannot be checked from here).
+    """
+
+    id: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    file_bytes: int
+    owner: str
+    pid: int
+    created_at: float
+    expires_at: float
+    alive_owner: bool
+
+
+@dataclass(frozen=True)
+class _Meta:
+    id: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    owner: str
+    pid: int
+    pid_start: int | None
+    created_at: float
+    ttl_s: float
+
+    @property
+    def expires_at(self) -> float:
+        return self.created_at + self.ttl_s
+
+    def to_metadata(self) -> dict[str, str]:
+        return {
+            _META + "format": FORMAT_VERSION,
+            _META + "id": self.id,
+            _META + "shape": json.dumps(list(self.shape)),
+            _META + "dtype": self.dtype,
+            _META + "nbytes": str(self.nbytes),
+            _META + "owner": self.owner,
+            _META + "pid": str(self.pid),
+            _META + "pid_start": "" if self.pid_start is None else str(self.pid_start),
+            _META + "created_at": repr(self.created_at),
+            _META + "ttl_s": repr(self.ttl_s),
+        }
+
+    @classmethod
+    def from_schema(cls, schema: pa.Schema, seg_id: str) -> _Meta:
+        """Parse and cross-check the metadata; TensorRefError when anything is off."""
+        raw = schema.metadata or {}
+        try:
+            md = {k.decode(): v.decode() for k, v in raw.items() if k.startswith(b"mmfleet.")}
+            if md.get(_META + "format") != FORMAT_VERSION:
+                raise ValueError(f"format {md.get(_META + 'format')!r}")
+            shape = json.loads(md[_META + "shape"])
+            if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+                raise ValueError("shape")
+            pid_start = md[_META + "pid_start"]
+            meta = cls(
+                id=md[_META + "id"],
+                shape=tuple(shape),
+                dtype=md[_META + "dtype"],
+                nbytes=int(md[_META + "nbytes"]),
+                owner=md[_META + "owner"],
+                pid=int(md[_META + "pid"]),
+                pid_start=int(pid_start) if pid_start else None,
+                created_at=float(md[_META + "created_at"]),
+                ttl_s=float(md[_META + "ttl_s"]),
+            )
+        except (KeyError, ValueError, UnicodeDecodeError) as exc:
+            raise TensorRefError(f"segment {seg_id}: bad metadata ({exc})") from None
+        if meta.id != seg_id:
+            raise TensorRefError(f"segment {seg_id}: metadata names another id")
+        if meta.dtype not in DTYPE_ITEMSIZE:
+            raise TensorRefError(f"segment {seg_id}: dtype {meta.dtype[:20]!r} not allowed")
+        if meta.nbytes != numel(meta.shape) * DTYPE_ITEMSIZE[meta.dtype]:
+            raise TensorRefError(f"segment {seg_id}: nbytes does not match shape and dtype")
+        if OWNER_PATTERN.fullmatch(meta.owner) is None or meta.pid < 0:
+            raise TensorRefError(f"segment {seg_id}: bad owner")
+        if not (math.isfinite(meta.created_at) and math.isfinite(meta.ttl_s)):
+            raise TensorRefError(f"segment {seg_id}: bad times")
+        return meta
+
+
+def _refuse_extension_types(schema: pa.Schema, seg_id: str) -> None:
+    """TensorRefError if any field has an Arrow extension type, registered or not."""
+    for field in schema:
+        fmeta = field.metadata or {}
+        # A registered extension type deserialises to an ExtensionType instance; an
+        # unregistered one to its storage type plus ARROW:extension:* field metadata.
+        if isinstance(field.type, pa.BaseExtensionType) or any(
+            k.startswith(b"ARROW:extension") for k in fmeta
+        ):
+            raise TensorRefError(f"segment {seg_id}: Arrow extension types are refused")
+
+
+def _check_column(schema: pa.Schema, seg_id: str, dtype: str) -> None:
+    """TensorRefError unless the schema is one ``data`` column of ``dtype``'s storage type."""
+    if len(schema) != 1 or schema[0].name != COLUMN:
+        raise TensorRefError(f"segment {seg_id}: expected exactly one column {COLUMN!r}")
+    if schema[0].type != _ARROW_TYPES[dtype]:
+        raise TensorRefError(
+            f"segment {seg_id}: column type {schema[0].type} does not store dtype {dtype}"
+        )
+
+
+def _ipc_file_size(schema: pa.Schema, batch: pa.RecordBatch) -> int:
+    """Exact size in bytes of the IPC file for ``batch``, computed without copying data."""
+    sink = pa.MockOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+    return int(sink.size())
+
+
+def _write_ipc(sink: BinaryIO, schema: pa.Schema, batch: pa.RecordBatch) -> None:
+    """Write ``batch`` as an IPC file to ``sink`` (a seam for tests that simulate ENOSPC)."""
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+
+
+def _unlink_quiet(path: Path) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover - loop always returns
+
+
+class ShmStore:
+    """Write tensors once into shared memory; map them anywhere on the host without copying.
+
+    Args:
+        root: the fleet directory (default :func:`default_root`). Created with mode 0700 if
+            missing; an existing one must be a real directory (not a symlink), owned by this
+            uid, with mode exactly 0700.
+        capacity_bytes: budget for all segments in ``root`` together, in bytes (file sizes,
+            temp files included). Default: ``capacity_fraction`` of the filesystem's size.
+        default_ttl_s: lifetime of a segment when :meth:`put` is given none, in seconds.
+        capacity_fraction: fraction of the filesystem used when ``capacity_bytes`` is None.
+        role: ``"producer"`` or ``"worker"``, the first part of the default owner string.
+
+    Raises:
+        TransportError: the parent directory is missing (no /dev/shm: use the inline
+            transport), or ``root`` is a symlink, not a directory, owned by another uid or
+            not mode 0700.
+        ValueError: a non-positive TTL, capacity or fraction.
+
+    The store keeps no per-process state besides its settings, so one instance may be
+    created before a fork and used in the children (the owner pid is read at each put).
+    """
+
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        capacity_bytes: int | None = None,
+        default_ttl_s: float = 600.0,
+        *,
+        capacity_fraction: float = 0.5,
+        role: Literal["producer", "worker"] = "producer",
+    ) -> None:
+        if not (math.isfinite(default_ttl_s) and default_ttl_s > 0):
+            raise ValueError(f"default_ttl_s must be > 0, got {default_ttl_s}")
+        if not 0 < capacity_fraction <= 1:
+            raise ValueError(f"capacity_fraction must be in (0, 1], got {capacity_fraction}")
+        if capacity_bytes is not None and capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+        if role not in ("producer", "worker"):
+            raise ValueError(f"role must be 'producer' or 'worker', got {role!r}")
+        self.root = Path(root) if root is not None else default_root()
+        self.default_ttl_s = float(default_ttl_s)
+        self.role = role
+        self._uid = os.getuid()
+        self._open_root()
+        if capacity_bytes is None:
+            capacity_bytes = int(self.fs_total_bytes() * capacity_fraction)
+        self.capacity_bytes = int(capacity_bytes)
+
+    # -- the directory ---------------------------------------------------------------------
+    def _open_root(self) -> None:
+        created = False
+        try:
+            os.mkdir(self.root, 0o700)
+            created = True
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            raise TransportError(
+                f"cannot create {self.root}: {self.root.parent} does not exist "
+                "(no shared /dev/shm on this host? use the inline transport)"
+            ) from None
+        if self.root.is_symlink():  # checked first for a clear message; O_NOFOLLOW below
+            raise TransportError(f"refusing shm root {self.root}: it is a symlink")
+        # O_NOFOLLOW + fstat/fchmod on the descriptor: no window in which a symlink swapped
+        # in after the check could redirect the chmod.
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            what = "a symlink" if exc.errno == errno.ELOOP else "not a directory"
+            raise TransportError(f"refusing shm root {self.root}: {what} ({exc})") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != self._uid:
+                raise TransportError(
+                    f"refusing shm root {self.root}: owned by uid {st.st_uid}, not {self._uid}"
+                )
+            mode = stat.S_IMODE(st.st_mode)
+            if created and mode != 0o700:
+                os.fchmod(fd, 0o700)  # the umask may have removed owner bits at mkdir
+            elif mode != 0o700:
+                raise TransportError(
+                    f"refusing shm root {self.root}: mode {mode:04o}, expected 0700 "
+                    f"(fix: chmod 700 {self.root})"
+                )
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Exclusive flock on the root, serialising capacity checks across processes.
+
+        A fresh descriptor per call: flock locks belong to the open file description, which a
+        forked child would otherwise share with its parent (and so not exclude it).
+        """
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _path(self, seg_id: str) -> Path:
+        return self.root / f"{validate_id(seg_id)}{SEGMENT_SUFFIX}"
+
+    @property
+    def default_owner(self) -> str:
+        """``"<role>:<host>:<pid>"`` of the calling process."""
+        return f"{self.role}:{hostname()}:{os.getpid()}"
+
+    # -- capacity --------------------------------------------------------------------------
+    def fs_total_bytes(self) -> int:
+        """Size of the filesystem holding ``root`` (``/dev/shm``), in bytes."""
+        st = os.statvfs(self.root)
+        return st.f_blocks * st.f_frsize
+
+    def fs_free_bytes(self) -> int:
+        """Bytes still available on the filesystem holding ``root``."""
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
+    def used_bytes(self) -> int:
+        """Bytes held by this store's files: segments and in-progress temp files.
+
+        File sizes, each inode once (a segment is briefly linked under two names while it is
+        published). Released segments still mapped by a reader are not counted, although tmpfs
+        keeps their pages until the last mapping goes.
+        """
+        total = 0
+        seen: set[int] = set()
+        with os.scandir(self.root) as it:
+            for entry in it:
+                if not (_SEGMENT_RE.fullmatch(entry.name) or _TMP_RE.fullmatch(entry.name)):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_size
+        return total
+
+    def check_capacity(self, min_bytes: int = _MIN_SHM_WARN_BYTES) -> str | None:
+        """A warning for the startup log when /dev/shm cannot hold what the budget promises.
+
+        Args:
+            min_bytes: warn when the budget is below this many bytes (default 256 MiB: a
+                container left at Docker's 64 MB default ``shm_size`` is caught here).
+
+        Returns:
+            None when all is well, else a message naming the sizes and the fix.
+        """
+        total, free, used = self.fs_total_bytes(), self.fs_free_bytes(), self.used_bytes()
+        problems = []
+        if total < self.capacity_bytes:
+            problems.append(
+                f"{self.root.parent} holds {_fmt_bytes(total)}, less than the transport "
+                f"budget of {_fmt_bytes(self.capacity_bytes)}"
+            )
+        elif free + used < self.capacity_bytes:
+            problems.append(
+                f"only {_fmt_bytes(free)} free in {self.root.parent} (other users hold the "
+                f"rest), less than the unused budget of {_fmt_bytes(self.capacity_bytes - used)}"
+            )
+        if self.capacity_bytes < min_bytes:
+            problems.append(
+                f"the transport budget is only {_fmt_bytes(self.capacity_bytes)} "
+                f"(< {_fmt_bytes(min_bytes)})"
+            )
+        if not problems:
+            return None
+        return (
+            "shared-memory transport: "
+            + "; ".join(problems)
+            + f". Large tensors will be refused with SHM_CAPACITY. Fix: enlarge "
+            f"{self.root.parent} (docker run --shm-size, compose shm_size, a larger tmpfs) "
+            "or lower the budget."
+        )
+
+    # -- write -----------------------------------------------------------------------------
+    def put(
+        self,
+        array: Any,
+        *,
+        ttl_s: float | None = None,
+        owner: str | None = None,
+        detach: bool = False,
+    ) -> TensorRef:
+        """Write a tensor once as a segment and return its ref.
+
+        Args:
+            array: a numpy array or scalar, or a torch tensor (duck-typed, any device), of a
+                dtype in ``ALLOWED_DTYPES``; any shape, including 0-d and empty. A
+                non-contiguous array is copied once into C order first.
+            ttl_s: lifetime in seconds (default: ``default_ttl_s``); the janitor may reclaim
+                the segment after it and :meth:`get` refuses it.
+            owner: ``"<producer|worker>:<host>:<pid>"`` (default: this process). The
+                segment is reclaimed early when that process dies (checked on this host
+                only).
+            detach: tie the segment to its TTL only, not to the owner's life. Use it when the
+                writer may exit before a reader maps the segment (a CLI that submits and
+                exits, a worker's result read later by a client).
+
+        Returns:
+            The :class:`TensorRef` to put in a message (``ref.to_dict()``).
+
+        Raises:
+            ShmCapacityError: the segment would take the store past ``capacity_bytes``, or
+                the filesystem lacks space (checked before anything is written; ENOSPC
+                during the write is also mapped to it and the partial file removed).
+            InvalidInput: an unsupported type or dtype (bfloat16, complex, object, ...).
+            ValueError: a non-positive ``ttl_s`` or a malformed ``owner``.
+            TransportError: any other I/O failure while writing.
+        """
+        arr = as_c_array(array)
+        ttl = self.default_ttl_s if ttl_s is None else float(ttl_s)
+        if not (math.isfinite(ttl) and ttl > 0):
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        owner = self.default_owner if owner is None else owner
+        if OWNER_PATTERN.fullmatch(owner) is None:
+            raise ValueError(f"owner must be '<producer|worker>:<host>:<pid>', got {owner!r}")
+        if detach:
+            pid, pid_start = 0, None
+        else:
+            pid = owner_pid(owner)
+            # Only a process on this host can be probed; its start time pins the pid.
+            pid_start = proc_start_time(pid) if owner_host(owner) == hostname() else None
+        ref = TensorRef(
+            id=new_id(),
+            shape=tuple(int(d) for d in arr.shape),
+            dtype=arr.dtype.name,
+            nbytes=int(arr.nbytes),
+            owner=owner,
+            created_at=time.time(),
+            ttl_s=ttl,
+        )
+        meta = _Meta(
+            id=ref.id,
+            shape=ref.shape,
+            dtype=ref.dtype,
+            nbytes=ref.nbytes,
+            owner=owner,
+            pid=pid,
+            pid_start=pid_start,
+            created_at=ref.created_at,
+            ttl_s=ttl,
+        )
+        arrow_type = _ARROW_TYPES[ref.dtype]
+        schema = pa.schema(
+            [pa.field(COLUMN, arrow_type, nullable=False)], metadata=meta.to_metadata()
+        )
+        flat = arr.reshape(-1)
+        if ref.dtype == "bool":
+            flat = flat.view(np.uint8)
+        # from_buffers wraps the array's memory: the only copy is the write into the file.
+        column = pa.Array.from_buffers(arrow_type, flat.size, [None, pa.py_buffer(flat)])
+        batch = pa.record_batch([column], schema=schema)
+        size = _ipc_file_size(schema, batch)
+
+        final = self._path(ref.id)
+        tmp = self.root / f".tmp-{ref.id}-{os.getpid()}-{hostname()}{SEGMENT_SUFFIX}"
+        with self._lock():
+            self._reserve_check(size)
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            try:
+                os.fchmod(fd, 0o600)  # exact mode whatever the umask
+                # Sized (sparse) at once so that concurrent puts count it in used_bytes()
+                # while the data is still being written outside the lock.
+                os.ftruncate(fd, size)
+            except BaseException:
+                os.close(fd)
+                _unlink_quiet(tmp)
+                raise
+        try:
+            with os.fdopen(fd, "wb") as f:  # buffered: write() loops over short writes
+                _write_ipc(f, schema, batch)
+                f.flush()
+                written = f.tell()
+                if written != size:  # never expected; keep the footer at the end of the file
+                    os.ftruncate(f.fileno(), written)
+            # link (not rename): fails with EEXIST instead of replacing an existing segment,
+            # and the segment appears complete or not at all.
+            os.link(tmp, final)
+        except BaseException as exc:
+            _unlink_quiet(tmp)
+            if _is_enospc(exc):
+                raise ShmCapacityError(
+                    f"no space left in {self.root.parent} while writing "
+                    f"{_fmt_bytes(size)}; nothing was kept"
+                ) from None
+            if isinstance(exc, OSError):
+                raise TransportError(f"writing segment {ref.id} failed: {exc}") from exc
+            raise
+        _unlink_quiet(tmp)
+        return ref
+
+    def _reserve_check(self, size: int) -> None:
+        """Raise ShmCapacityError unless ``size`` more bytes fit (caller holds the lock)."""
+        used = self.used_bytes()
+        if used + size > self.capacity_bytes:
+            # Reclaim expired and orphaned segments once before refusing.
+            if self.gc():
+                used = self.used_bytes()
+            if used + size > self.capacity_bytes:
+                raise ShmCapacityError(
+                    f"shared-memory budget exceeded: {_fmt_bytes(size)} requested, "
+                    f"{_fmt_bytes(used)} of {_fmt_bytes(self.capacity_bytes)} in use"
+                )
+        free = self.fs_free_bytes()
+        if size > free:
+            raise ShmCapacityError(
+                f"{self.root.parent} has {_fmt_bytes(free)} free, {_fmt_bytes(size)} requested"
+            )
+
+    # -- read ------------------------------------------------------------------------------
+    def get(self, ref: TensorRef | Mapping[str, Any]) -> np.ndarray:
+        """Map a segment and return a read-only numpy view of it (no copy).
+
+        Args:
+            ref: a :class:`TensorRef` or its wire dict.
+
+        Returns:
+            An array of ``ref.shape`` and ``ref.dtype`` whose memory is the shared mapping
+            (``writeable`` is False; writing raises ValueError). It stays valid after
+            :meth:`release` and keeps the pages alive until it is garbage-collected.
+
+        Raises:
+            TensorRefError: a malformed ref or id, an unknown/released/reclaimed segment, a
+                file that is not a regular file of this uid, an expired segment, an extension
+                type, or a file whose shape/dtype/nbytes/id differ from the ref's.
+        """
+        return self._load(self._coerce(ref), private=False)
+
+    def get_torch(self, ref: TensorRef | Mapping[str, Any]) -> torch.Tensor:
+        """Map a segment and return a CPU torch tensor over it, without copying the data.
+
+        torch is imported here, lazily. ``torch.from_numpy`` warns on read-only arrays
+        because torch has no read-only tensors and writing through a read-only (PROT_READ)
+        mapping would kill the process with SIGSEGV. So this maps the file copy-on-write
+        (``MAP_PRIVATE``) instead: the tensor is zero-copy until written, an in-place op is
+        safe and copies only the pages it touches into this process, and the shared segment
+        is never modified. The warning is therefore suppressed on purpose. One file
+        descriptor stays open per live tensor (Python's ``mmap`` keeps one).
+
+        Raises:
+            TensorRefError: as :meth:`get`.
+            ImportError: torch is not installed.
+        """
+        import torch
+
+        arr = self._load(self._coerce(ref), private=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(arr)
+
+    @staticmethod
+    def _coerce(ref: TensorRef | Mapping[str, Any]) -> TensorRef:
+        return ref if isinstance(ref, TensorRef) else TensorRef.from_dict(ref)
+
+    def _open_segment(self, seg_id: str) -> int:
+        """An O_RDONLY descriptor of a segment that is a regular file owned by this uid."""
+        path = self._path(seg_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise TensorRefError(
+                f"unknown tensor {seg_id}: released, reclaimed, or written on another host"
+            ) from None
+        except OSError as exc:  # ELOOP: a symlink; EISDIR etc.
+            raise TensorRefError(f"tensor {seg_id}: not a regular file ({exc.strerror})") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != self._uid or st.st_size == 0:
+            os.close(fd)
+            raise TensorRefError(f"tensor {seg_id}: not a non-empty regular file of this user")
+        return fd
+
+    def _map(self, seg_id: str, *, private: bool) -> pa.Buffer:
+        """The whole segment file as a zero-copy Arrow buffer over a mapping."""
+        fd = self._open_segment(seg_id)
+        try:
+            if private:
+                pm = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                return pa.py_buffer(pm)
+            # Map through the descriptor we checked, not the path, so that a file swapped in
+            # after the check cannot be mapped instead.
+            mm = pa.memory_map(f"/proc/self/fd/{fd}", "r")
+            try:
+                return mm.read_buffer()  # a slice of the mapping, not a copy
+            finally:
+                # Closing releases the descriptor; Arrow unmaps only when the last buffer
+                # over the region is gone.
+                mm.close()
+        finally:
+            os.close(fd)
+
+    def _load(self, ref: TensorRef, *, private: bool) -> np.ndarray:
+        buf = self._map(ref.id, private=private)
+        try:
+            reader = pa.ipc.open_file(buf)
+            schema = reader.schema
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise TensorRefError(f"tensor {ref.id}: not a valid Arrow IPC file ({exc})") from None
+        _refuse_extension_types(schema, ref.id)
+        meta = _Meta.from_schema(schema, ref.id)
+        if (meta.shape, meta.dtype, meta.nbytes) != (ref.shape, ref.dtype, ref.nbytes):
+            raise TensorRefError(
+                f"tensor {ref.id}: ref says {list(ref.shape)} {ref.dtype} {ref.nbytes} B, "
+                f"segment holds {list(meta.shape)} {meta.dtype} {meta.nbytes} B"
+            )
+        _check_column(schema, ref.id, ref.dtype)
+        # The file's times are authoritative: a forged ref cannot extend a segment's life.
+        if time.time() >= meta.expires_at:
+            raise TensorRefError(f"tensor {ref.id}: expired (ttl {meta.ttl_s:g} s)")
+        try:
+            if reader.num_record_batches != 1:
+                raise TensorRefError(f"tensor {ref.id}: expected one record batch")
+            column = reader.get_batch(0).column(0)
+            n = numel(ref.shape)
+            if len(column) != n or column.null_count != 0 or column.offset != 0:
+                raise TensorRefError(f"tensor {ref.id}: column length/nulls do not match")
+            data = column.buffers()[1]
+            if ref.nbytes and (
+                data is None
+                or data.size < ref.nbytes
+                or not buf.address <= data.address <= buf.address + buf.size - ref.nbytes
+            ):
+                # Compressed IPC bodies are decompressed into fresh memory: not zero-copy.
+                raise TensorRefError(f"tensor {ref.id}: data is not inside the mapping")
+            arr = column.to_numpy(zero_copy_only=True)
+        except pa.ArrowException as exc:
+            raise TensorRefError(f"tensor {ref.id}: unreadable ({exc})") from None
+        if ref.dtype == "bool":
+            arr = arr.view(np.bool_)
+        return arr.reshape(ref.shape)
+
+    # -- delete, list, reclaim -------------------------------------------------------------
+    def release(self, ref: TensorRef | Mapping[str, Any] | str) -> bool:
+        """Delete a segment; idempotent. Readers that mapped it keep their views.
+
+        Args:
+            ref: a :class:`TensorRef`, its wire dict, or a bare id.
+
+        Returns:
+            True if a segment was removed, False if it was already gone.
+
+        Raises:
+            TensorRefError: a malformed ref or id, or a name that is not a regular file.
+        """
+        seg_id = ref if isinstance(ref, str) else self._coerce(ref).id
+        path = self._path(seg_id)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            raise TensorRefError(f"tensor {seg_id}: not a regular file")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _read_meta(self, seg_id: str) -> tuple[_Meta, int]:
+        """Metadata and file size of a segment; touches only the IPC footer's pages."""
+        fd = self._open_segment(seg_id)
+        try:
+            size = os.fstat(fd).st_size
+            mm = pa.memory_map(f"/proc/self/fd/{fd}", "r")
+            try:
+                schema = pa.ipc.open_file(mm).schema
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                raise TensorRefError(f"segment {seg_id}: not a valid IPC file ({exc})") from None
+            finally:
+                mm.close()
+        finally:
+            os.close(fd)
+        return _Meta.from_schema(schema, seg_id), size
+
+    def _owner_alive(self, meta: _Meta) -> bool:
+        if meta.pid == 0 or owner_host(meta.owner) != hostname():
+            return True  # detached, or another host's process: only the TTL applies
+        return pid_alive(meta.pid, meta.pid_start)
+
+    def ls(self) -> list[SegmentInfo]:
+        """The readable segments, oldest first. Unreadable files are skipped (see :meth:`gc`)."""
+        out = []
+        with os.scandir(self.root) as it:
+            names = [e.name for e in it]
+        for name in names:
+            m = _SEGMENT_RE.fullmatch(name)
+            if not m:
+                continue
+            try:
+                meta, size = self._read_meta(m[1])
+            except TensorRefError:
+                continue  # vanished or corrupt
+            out.append(
+                SegmentInfo(
+                    id=meta.id,
+                    shape=meta.shape,
+                    dtype=meta.dtype,
+                    nbytes=meta.nbytes,
+                    file_bytes=size,
+                    owner=meta.owner,
+                    pid=meta.pid,
+                    created_at=meta.created_at,
+                    expires_at=meta.expires_at,
+                    alive_owner=self._owner_alive(meta),
+                )
+            )
+        out.sort(key=lambda s: s.created_at)
+        return out
+
+    def gc(self, now: float | None = None) -> list[str]:
+        """Reclaim segments past their TTL or whose owner process died, and stale temp files.
+
+        Args:
+            now: the current time in epoch seconds (default: ``time.time()``); tests pass a
+                future time to expire segments.
+
+        Returns:
+            What was removed: segment ids, and the file names (starting with ``.tmp-``) of
+            temp files left by writers that died or stalled longer than ``default_ttl_s``.
+            Unreadable segment files older than ``default_ttl_s`` (by mtime) are removed too.
+
+        Safe to run concurrently with readers (their mappings stay valid) and with writers
+        (a live writer's temp file is kept unless it stalled past ``default_ttl_s``).
+        """
+        now = time.time() if now is None else now
+        removed: list[str] = []
+        with os.scandir(self.root) as it:
+            entries = list(it)
+        for entry in entries:
+            name = entry.name
+            path = self.root / name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue  # never follow or delete anything we did not create
+            if m := _SEGMENT_RE.fullmatch(name):
+                try:
+                    meta, _ = self._read_meta(m[1])
+                    stale = now >= meta.expires_at or not self._owner_alive(meta)
+                except TensorRefError:
+                    stale = now - st.st_mtime > self.default_ttl_s  # corrupt: give it time
+                if stale:
+                    _unlink_quiet(path)
+                    removed.append(m[1])
+            elif m := _TMP_RE.fullmatch(name):
+                writer_pid, host = int(m[2]), m[3]
+                dead = host == hostname() and not pid_alive(writer_pid)
+                if dead or now - st.st_mtime > self.default_ttl_s:
+                    _unlink_quiet(path)
+                    removed.append(name)
+        if removed:
+            log.info("shm gc removed %d file(s) from %s", len(removed), self.root)
+        return removed
+
+
+def _is_enospc(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    # pyarrow may re-raise a Python write error as its own OSError subclass without errno.
+    return isinstance(exc, OSError) and "No space left on device" in str(exc)

@@ -1,0 +1,800 @@
+"""Tests of shared.transport: shm segments (real /dev/shm), TensorRef and inline tensors.
+
+Every test that touches /dev/shm uses its own root ``/dev/shm/mmfleet-test-<hex>``, removed
+afterwards; a module fixture checks that nothing is left behind. Cross-process checks run in
+fresh interpreters (``subprocess``) so that they see only what the transport maps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc
+import pytest
+
+from shared.errors import (
+    InvalidInput,
+    PayloadTooLarge,
+    ShmCapacityError,
+    TensorRefError,
+    TransportError,
+)
+from shared.transport import ShmStore, TensorRef, decode_inline, encode_inline
+from shared.transport import shm as shm_mod
+from shared.transport.ref import ALLOWED_DTYPES, new_id
+
+SHM = Path("/dev/shm")
+REPO = Path(__file__).resolve().parents[2]
+TEST_PREFIX = "mmfleet-test-"
+
+pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="needs /dev/shm (Linux)")
+
+DTYPES = sorted(ALLOWED_DTYPES)
+SHAPES = [(), (0,), (3, 0, 2), (7,), (2, 3, 4), (1, 1, 1, 5)]
+
+
+# -- fixtures and helpers ------------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def _nothing_left_in_shm() -> Iterator[None]:
+    before = {p.name for p in SHM.iterdir() if p.name.startswith(TEST_PREFIX)}
+    yield
+    after = {p.name for p in SHM.iterdir() if p.name.startswith(TEST_PREFIX)}
+    assert after <= before, f"left behind in /dev/shm: {sorted(after - before)}"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = SHM / f"{TEST_PREFIX}{uuid.uuid4().hex}"
+    yield path
+    if path.is_symlink():
+        path.unlink()
+    shutil.rmtree(path, ignore_errors=True)
+    assert not path.exists() and not path.is_symlink()
+
+
+@pytest.fixture
+def store(root: Path) -> ShmStore:
+    return ShmStore(root, capacity_bytes=1 << 30)
+
+
+def sample(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = math.prod(shape)
+    if dtype == "bool":
+        return rng.integers(0, 2, n).astype(bool).reshape(shape)
+    if dtype.startswith("float"):
+        return rng.standard_normal(n).astype(dtype).reshape(shape)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True).reshape(shape)
+
+
+def run_py(code: str, *args: str, timeout: float = 120) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter; it must print one JSON object as its last line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def segment_files(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+def write_foreign_segment(
+    root: Path, seg_id: str, column: pa.Array, dtype: str, shape: tuple[int, ...], **opts: Any
+) -> None:
+    """Write an IPC file by hand into the root, with valid mmfleet metadata for ``seg_id``."""
+    meta = shm_mod._Meta(
+        id=seg_id,
+        shape=shape,
+        dtype=dtype,
+        nbytes=math.prod(shape) * np.dtype(dtype).itemsize,
+        owner=f"producer:{shm_mod.hostname()}:{os.getpid()}",
+        pid=os.getpid(),
+        pid_start=None,
+        created_at=time.time(),
+        ttl_s=600.0,
+    )
+    schema = pa.schema([pa.field("data", column.type)], metadata=meta.to_metadata())
+    path = root / f"{seg_id}.arrow"
+    with (
+        pa.OSFile(str(path), "wb") as f,
+        pa.ipc.new_file(f, schema, options=pa.ipc.IpcWriteOptions(**opts)) as w,
+    ):
+        w.write_batch(pa.record_batch([column], schema=schema))
+    os.chmod(path, 0o600)
+
+
+def ref_for(seg_id: str, shape: tuple[int, ...], dtype: str) -> TensorRef:
+    return TensorRef(
+        id=seg_id,
+        shape=shape,
+        dtype=dtype,
+        nbytes=math.prod(shape) * np.dtype(dtype).itemsize,
+        owner=f"worker:{shm_mod.hostname()}:{os.getpid()}",
+        created_at=time.time(),
+        ttl_s=600.0,
+    )
+
+
+# -- roundtrips ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_roundtrip(store: ShmStore, dtype: str, shape: tuple[int, ...]) -> None:
+    a = sample(dtype, shape)
+    ref = store.put(a)
+    assert (ref.shape, ref.dtype, ref.nbytes) == (shape, dtype, a.nbytes)
+    # Through the wire form, as a worker receives it.
+    b = store.get(json.loads(json.dumps(ref.to_dict())))
+    assert b.dtype == a.dtype and b.shape == a.shape
+    np.testing.assert_array_equal(a, b)
+    assert not b.flags.writeable
+    assert store.release(ref) is True
+    assert segment_files(store.root) == []
+
+
+def test_roundtrip_noncontiguous_foreign_order_and_scalars(store: ShmStore) -> None:
+    base = sample("float64", (6, 8))
+    cases = [
+        base[:, ::2],  # strided view
+        np.asfortranarray(base),  # Fortran order
+        base.astype(">f8"),  # big-endian: stored native
+        np.float32(2.5),  # numpy scalar -> 0-d
+        np.array(7, dtype=np.int64),  # 0-d array
+    ]
+    for a in cases:
+        b = store.get(store.put(a))
+        np.testing.assert_array_equal(np.asarray(a), b)
+        assert b.shape == np.shape(a) and b.dtype.isnative
+
+
+def test_torch_tensors_in_and_out(store: ShmStore) -> None:
+    torch = pytest.importorskip("torch")
+    t = torch.arange(24, dtype=torch.float32, requires_grad=True).reshape(2, 3, 4)
+    ref = store.put(t)  # duck-typed: detach().cpu().numpy()
+    assert ref.shape == (2, 3, 4) and ref.dtype == "float32"
+    out = store.get_torch(ref)
+    assert torch.equal(out, t.detach())
+    assert store.get_torch(store.put(torch.tensor([True, False]))).dtype == torch.bool
+    with pytest.raises(InvalidInput, match="bfloat16"):
+        store.put(torch.zeros(3, dtype=torch.bfloat16))
+
+
+def test_unsupported_inputs(store: ShmStore) -> None:
+    for bad in ([1, 2, 3], "abc", np.zeros(3, np.complex64), np.array(["a"]), np.zeros(2, "O")):
+        with pytest.raises(InvalidInput):
+            store.put(bad)
+    with pytest.raises(ValueError):
+        store.put(np.zeros(3), ttl_s=0)
+    with pytest.raises(ValueError):
+        store.put(np.zeros(3), owner="../etc/passwd")
+    assert segment_files(store.root) == []
+
+
+def test_get_view_is_read_only_and_survives_release(store: ShmStore) -> None:
+    a = sample("int32", (1000,))
+    ref = store.put(a)
+    view = store.get(ref)
+    with pytest.raises(ValueError):
+        view[0] = 1
+    store.release(ref)
+    assert store.release(ref) is False  # idempotent
+    np.testing.assert_array_equal(view, a)  # the mapping outlives the file name
+    with pytest.raises(TensorRefError, match="unknown tensor"):
+        store.get(ref)
+
+
+def test_get_torch_is_copy_on_write_and_warning_free(store: ShmStore) -> None:
+    pytest.importorskip("torch")
+    a = sample("float32", (256, 256))
+    ref = store.put(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the non-writable-array warning would fail here
+        t = store.get_torch(ref)
+    t.add_(1.0)  # in place: private pages only, no SIGSEGV, segment untouched
+    np.testing.assert_array_equal(store.get(ref), a)
+    np.testing.assert_allclose(t.numpy(), a + 1.0)
+
+
+# -- zero copy, in another process ---------------------------------------------------------
+ZERO_COPY_CHILD = """
+    import json, sys, warnings
+    import numpy as np, pyarrow as pa
+    from shared.transport import ShmStore, TensorRef
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    def regions(path):
+        out = []
+        for line in open("/proc/self/maps"):
+            if line.rstrip().endswith(path) or line.rstrip().endswith(path + " (deleted)"):
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                out.append((lo, hi))
+        return out
+
+    store = ShmStore(sys.argv[1], capacity_bytes=1 << 30)
+    ref = TensorRef.from_dict(json.loads(sys.argv[2]))
+    path = str(store.root / (ref.id + ".arrow"))
+    pool0, anon0, shmem0 = pa.total_allocated_bytes(), status("RssAnon"), status("RssShmem")
+    arr = store.get(ref)
+    pool1 = pa.total_allocated_bytes()
+    checksum = float(arr.sum(dtype=np.float64))  # touches every page of the data
+    anon1, shmem1 = status("RssAnon"), status("RssShmem")
+    addr = arr.ctypes.data
+    inside = any(lo <= addr and addr + arr.nbytes <= hi for lo, hi in regions(path))
+    # np.shares_memory against an independent raw view of the same mapped region.
+    lo, hi = next((lo, hi) for lo, hi in regions(path) if lo <= addr < hi)
+    import ctypes
+    raw = np.ctypeslib.as_array((ctypes.c_uint8 * (hi - lo)).from_address(lo))
+    shares = bool(np.shares_memory(arr, raw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = store.get_torch(ref)
+    taddr = t.data_ptr()
+    t_inside = any(lo <= taddr and taddr + arr.nbytes <= hi for lo, hi in regions(path))
+    print(json.dumps({
+        "pool_delta": pool1 - pool0, "anon_delta": anon1 - anon0, "shmem_delta": shmem1 - shmem0,
+        "inside": inside, "shares": shares, "t_inside": t_inside, "checksum": checksum,
+        "writeable": bool(arr.flags.writeable), "shape": list(arr.shape),
+    }))
+"""
+
+
+def test_zero_copy_in_another_process(store: ShmStore) -> None:
+    a = np.random.default_rng(1).standard_normal((16, 1024, 1024), dtype=np.float32)  # 64 MiB
+    ref = store.put(a)
+    r = run_py(ZERO_COPY_CHILD, str(store.root), json.dumps(ref.to_dict()))
+    assert r["inside"] and r["shares"] and r["t_inside"]
+    assert r["pool_delta"] == 0  # pyarrow allocated nothing
+    assert r["anon_delta"] < 8 * 2**20  # reading all 64 MiB grew private memory by < 8 MiB
+    assert r["shmem_delta"] > 32 * 2**20  # ... because the pages are the shared segment's
+    assert r["checksum"] == pytest.approx(float(a.sum(dtype=np.float64)))
+    assert r["writeable"] is False and r["shape"] == [16, 1024, 1024]
+
+
+def test_import_does_not_load_torch() -> None:
+    r = run_py(
+        "import sys, json, shared.transport; print(json.dumps({'torch': 'torch' in sys.modules}))"
+    )
+    assert r == {"torch": False}
+
+
+def test_old_pyarrow_refused() -> None:
+    code = """
+        import json, pyarrow
+        pyarrow.__version__ = "14.0.0"
+        try:
+            import shared.transport
+        except ImportError as e:
+            print(json.dumps({"error": str(e)}))
+        else:
+            print(json.dumps({"error": None}))
+    """
+    r = run_py(code)
+    assert r["error"] and "14.0.1" in r["error"] and "CVE-2023-47248" in r["error"]
+
+
+# -- permissions and the root --------------------------------------------------------------
+def test_modes(store: ShmStore) -> None:
+    ref = store.put(np.ones(10))
+    assert stat.S_IMODE(os.lstat(store.root).st_mode) == 0o700
+    seg = store.root / f"{ref.id}.arrow"
+    assert stat.S_IMODE(os.lstat(seg).st_mode) == 0o600
+    assert segment_files(store.root) == [seg.name]  # no temp file left
+
+
+def test_modes_despite_umask(root: Path) -> None:
+    old = os.umask(0o277)  # would strip the owner's write and exec bits
+    try:
+        store = ShmStore(root, capacity_bytes=1 << 20)
+        ref = store.put(np.ones(3))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(root / f"{ref.id}.arrow").st_mode) == 0o600
+
+
+def test_root_refusals(root: Path, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    root.symlink_to(target)
+    with pytest.raises(TransportError, match="symlink"):
+        ShmStore(root)
+    root.unlink()
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    with pytest.raises(TransportError, match="mode 0755"):
+        ShmStore(root)
+    os.chmod(root, 0o700)
+    ShmStore(root)  # now fine
+    with pytest.raises(TransportError, match="does not exist"):
+        ShmStore(root / "missing" / "deeper")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another uid needs root")
+def test_foreign_owner_refused(root: Path, store: ShmStore) -> None:
+    ref = store.put(np.ones(4))
+    seg = root / f"{ref.id}.arrow"
+    os.chown(seg, 65534, 65534)
+    with pytest.raises(TensorRefError, match="regular file of this user"):
+        store.get(ref)
+    os.chown(root, 65534, 65534)
+    with pytest.raises(TransportError, match="owned by uid 65534"):
+        ShmStore(root)
+
+
+def test_symlinked_segment_refused(store: ShmStore, tmp_path: Path) -> None:
+    # A valid segment outside the root, linked in under a valid id: must not be followed.
+    outside = ShmStore(store.root.with_name(store.root.name + "-outside"), capacity_bytes=1 << 20)
+    try:
+        ref = outside.put(np.arange(5))
+        (store.root / f"{ref.id}.arrow").symlink_to(outside.root / f"{ref.id}.arrow")
+        with pytest.raises(TensorRefError, match="not a regular file"):
+            store.get(ref)
+        with pytest.raises(TensorRefError, match="not a regular file"):
+            store.release(ref)
+        assert (outside.root / f"{ref.id}.arrow").exists()
+        assert ref.id not in [s.id for s in store.ls()]
+    finally:
+        shutil.rmtree(outside.root)
+
+
+# -- ids and refs --------------------------------------------------------------------------
+BAD_IDS = [
+    "../x",
+    "t" + "0" * 31 + "/",
+    "/etc/passwd",
+    "t" + "0" * 31,  # too short
+    "t" + "0" * 33,  # too long
+    "T" + "0" * 32,
+    "t" + "A" * 32,  # upper-case hex
+    "t" + "0" * 32 + "\n",
+    "t" + "0" * 30 + "/.",
+    "../" + "t" + "0" * 32,
+    "",
+]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=repr)
+def test_bad_ids_refused(store: ShmStore, bad: str) -> None:
+    good = store.put(np.ones(2)).to_dict()
+    with pytest.raises(TensorRefError):
+        store.get({**good, "id": bad})
+    with pytest.raises(TensorRefError):
+        store.release(bad)
+    with pytest.raises(TensorRefError):
+        store.release({**good, "id": bad})
+    with pytest.raises(TensorRefError):
+        TensorRef.from_dict({**good, "id": bad})
+
+
+def test_ref_wire_roundtrip(store: ShmStore) -> None:
+    ref = store.put(np.zeros((2, 3), np.float16), ttl_s=30)
+    d = json.loads(json.dumps(ref.to_dict()))
+    assert set(d) == {"kind", "id", "shape", "dtype", "nbytes", "owner", "created_at", "ttl_s"}
+    assert d["kind"] == "shm" and d["shape"] == [2, 3] and d["nbytes"] == 12
+    assert TensorRef.from_dict(d) == ref
+    assert ref.expires_at == ref.created_at + 30
+
+
+def _good_dict() -> dict[str, Any]:
+    return ref_for(new_id(), (2, 3), "float32").to_dict()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"extra": 1},
+        {"nbytes": 25},
+        {"nbytes": -24},
+        {"nbytes": "24"},
+        {"nbytes": 24.0},
+        {"shape": [2, -3], "nbytes": -24},
+        {"shape": [True, 3]},
+        {"shape": "2,3"},
+        {"shape": [2.0, 3]},
+        {"dtype": "bfloat16"},
+        {"dtype": "object"},
+        {"dtype": "<f4"},
+        {"owner": "x"},
+        {"owner": "producer:host:-1"},
+        {"owner": "producer:a/b:1"},
+        {"created_at": "now"},
+        {"created_at": float("nan")},
+        {"ttl_s": -1.0},
+        {"ttl_s": float("inf")},
+        {"kind": "inline"},
+        {"id": 5},
+    ],
+    ids=repr,
+)
+def test_ref_from_dict_rejects(change: dict[str, Any]) -> None:
+    with pytest.raises(TensorRefError):
+        TensorRef.from_dict({**_good_dict(), **change})
+
+
+def test_ref_from_dict_rejects_missing_keys_and_non_objects() -> None:
+    d = _good_dict()
+    for key in d:
+        with pytest.raises(TensorRefError, match="missing"):
+            TensorRef.from_dict({k: v for k, v in d.items() if k != key})
+    for bad in (None, [], "t" + "0" * 32, 42):
+        with pytest.raises(TensorRefError):
+            TensorRef.from_dict(bad)
+
+
+def test_shape_dtype_mismatch(store: ShmStore) -> None:
+    ref = store.put(np.zeros((3, 4), np.float32))
+    for shape, dtype in [((4, 3), "float32"), ((12,), "float32"), ((3, 4), "int32")]:
+        with pytest.raises(TensorRefError, match="ref says"):
+            store.get(ref_for(ref.id, shape, dtype))
+    with pytest.raises(TensorRefError, match="unknown tensor"):
+        store.get(ref_for(new_id(), (3, 4), "float32"))
+
+
+# -- capacity ------------------------------------------------------------------------------
+def test_capacity_refusal_leaves_nothing(root: Path) -> None:
+    store = ShmStore(root, capacity_bytes=1 << 20)  # 1 MiB
+    with pytest.raises(ShmCapacityError, match="budget exceeded"):
+        store.put(np.zeros(2 << 20, np.uint8))
+    assert segment_files(root) == []
+    first = store.put(np.zeros(600 << 10, np.uint8))
+    with pytest.raises(ShmCapacityError):
+        store.put(np.zeros(600 << 10, np.uint8))
+    assert segment_files(root) == [f"{first.id}.arrow"]
+    assert store.used_bytes() <= store.capacity_bytes
+    store.release(first)
+    store.put(np.zeros(600 << 10, np.uint8))  # fits again
+
+
+def test_capacity_reclaims_expired_before_refusing(root: Path) -> None:
+    store = ShmStore(root, capacity_bytes=1 << 20)
+    old = store.put(np.zeros(600 << 10, np.uint8), ttl_s=0.05)
+    time.sleep(0.1)
+    new = store.put(np.zeros(600 << 10, np.uint8))  # gc of the expired one makes room
+    assert segment_files(root) == [f"{new.id}.arrow"]
+    assert old.id != new.id
+
+
+def test_enospc_during_write_is_capacity_error(
+    store: ShmStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(sink: Any, schema: pa.Schema, batch: pa.RecordBatch) -> None:
+        sink.write(b"\0" * 4096)  # something partial reaches the file first
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shm_mod, "_write_ipc", full_disk)
+    with pytest.raises(ShmCapacityError, match="no space left"):
+        store.put(np.zeros(1 << 16))
+    assert segment_files(store.root) == []
+
+
+def test_filesystem_free_space_checked(store: ShmStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "fs_free_bytes", lambda: 1000)
+    with pytest.raises(ShmCapacityError, match="free"):
+        store.put(np.zeros(1 << 16))
+    assert segment_files(store.root) == []
+
+
+def test_default_capacity_and_check(root: Path) -> None:
+    store = ShmStore(root)
+    assert store.capacity_bytes == int(store.fs_total_bytes() * 0.5)
+    big = ShmStore(root, capacity_bytes=store.fs_total_bytes() * 2)
+    msg = big.check_capacity()
+    assert msg and "less than the transport budget" in msg
+    small = ShmStore(root, capacity_bytes=64 << 20)
+    msg = small.check_capacity()
+    assert msg and "only 64.0 MiB" in msg
+    ok = ShmStore(root, capacity_bytes=min(1 << 30, store.fs_free_bytes() // 2))
+    assert ok.check_capacity(min_bytes=0) is None
+
+
+PUT_CHILD = """
+    import json, sys
+    import numpy as np
+    from shared.errors import ShmCapacityError
+    from shared.transport import ShmStore
+    store = ShmStore(sys.argv[1], capacity_bytes=int(sys.argv[2]))
+    try:
+        # detach: these writers exit at once; a dead owner's segment would be reclaimed.
+        ref = store.put(np.zeros(int(sys.argv[3]), np.uint8), detach=True)
+        print(json.dumps({"ok": ref.id}))
+    except ShmCapacityError:
+        print(json.dumps({"ok": None}))
+"""
+
+
+def test_capacity_is_exact_across_concurrent_processes(root: Path) -> None:
+    ShmStore(root, capacity_bytes=1 << 20)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [str(root), str(1 << 20), str(400 << 10)]  # room for two 400 KiB segments, not 3
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(PUT_CHILD), *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        for _ in range(5)
+    ]
+    results = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    assert sum(r["ok"] is not None for r in results) == 2
+    assert len(segment_files(root)) == 2
+
+
+# -- reclaiming ----------------------------------------------------------------------------
+def test_ttl_expiry_and_gc(store: ShmStore) -> None:
+    short = store.put(np.ones(3), ttl_s=10)
+    long = store.put(np.ones(3), ttl_s=1000)
+    assert store.gc() == []
+    assert store.gc(now=time.time() + 100) == [short.id]
+    assert [s.id for s in store.ls()] == [long.id]
+    assert store.gc(now=time.time() + 10_000) == [long.id]
+    assert segment_files(store.root) == []
+
+
+def test_get_refuses_expired(store: ShmStore) -> None:
+    ref = store.put(np.ones(3), ttl_s=0.05)
+    time.sleep(0.1)
+    with pytest.raises(TensorRefError, match="expired"):
+        store.get(ref)
+
+
+DYING_CHILD = """
+    import json, sys, time
+    import numpy as np
+    from shared.transport import ShmStore
+    store = ShmStore(sys.argv[1], capacity_bytes=1 << 30)
+    owned = store.put(np.ones(1000))
+    detached = store.put(np.ones(1000), detach=True)
+    print(json.dumps({"owned": owned.id, "detached": detached.id}), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_dead_owner_gc(store: ShmStore) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(DYING_CHILD), str(store.root)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None
+        ids = json.loads(child.stdout.readline())
+        info = {s.id: s for s in store.ls()}
+        assert info[ids["owned"]].alive_owner and info[ids["owned"]].pid == child.pid
+        assert info[ids["detached"]].pid == 0
+        assert store.gc() == []  # owner alive: nothing to reclaim
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)  # reaped: the pid no longer exists
+        child.stdout.close()  # type: ignore[union-attr]
+    info = {s.id: s for s in store.ls()}
+    assert not info[ids["owned"]].alive_owner
+    assert info[ids["detached"]].alive_owner
+    # A temp file the dead writer left mid-write, and one of a live writer (us).
+    host = shm_mod.hostname()
+    dead_tmp = f".tmp-{new_id()}-{child.pid}-{host}.arrow"
+    live_tmp = f".tmp-{new_id()}-{os.getpid()}-{host}.arrow"
+    for name in (dead_tmp, live_tmp):
+        (store.root / name).write_bytes(b"partial")
+    removed = store.gc()
+    assert sorted(removed) == sorted([ids["owned"], dead_tmp])
+    assert sorted(segment_files(store.root)) == sorted([live_tmp, f"{ids['detached']}.arrow"])
+    # A live writer's temp file goes only once it has stalled past default_ttl_s.
+    assert live_tmp in store.gc(now=time.time() + store.default_ttl_s + 1)
+
+
+def test_pid_reuse_detected() -> None:
+    me = os.getpid()
+    start = shm_mod.proc_start_time(me)
+    assert start is not None
+    assert shm_mod.pid_alive(me, start)
+    assert not shm_mod.pid_alive(me, start + 1)  # same pid, another process start
+    assert shm_mod.pid_alive(0) and shm_mod.pid_alive(-1)  # never probe process groups
+
+
+def test_corrupt_segment_handled(store: ShmStore) -> None:
+    seg_id = new_id()
+    path = store.root / f"{seg_id}.arrow"
+    path.write_bytes(b"not arrow at all")
+    with pytest.raises(TensorRefError, match="not a valid Arrow IPC file"):
+        store.get(ref_for(seg_id, (2,), "float32"))
+    assert store.ls() == []
+    assert store.gc() == []  # young: might be someone's in an unexpected state; keep
+    assert store.gc(now=time.time() + store.default_ttl_s + 1) == [seg_id]
+
+
+# -- hostile files -------------------------------------------------------------------------
+def test_extension_types_refused(store: ShmStore) -> None:
+    # A canonical extension type pyarrow knows (registered): arrow.fixed_shape_tensor.
+    storage = pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2))
+    tensor_type = pa.fixed_shape_tensor(pa.float32(), (2,))
+    ext = pa.ExtensionArray.from_storage(tensor_type, storage)
+    seg_id = new_id()
+    write_foreign_segment(store.root, seg_id, ext, "float32", (2, 2))
+    with pytest.raises(TensorRefError, match="extension"):
+        store.get(ref_for(seg_id, (2, 2), "float32"))
+
+    # A user-defined extension over a primitive storage, read back while unregistered.
+    class Marked(pa.ExtensionType):
+        def __init__(self) -> None:
+            super().__init__(pa.float32(), "mmfleet.test.marked")
+
+        def __arrow_ext_serialize__(self) -> bytes:
+            return b""
+
+        @classmethod
+        def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> Any:
+            return cls()
+
+    marked = pa.ExtensionArray.from_storage(Marked(), pa.array([1.0, 2.0, 3.0], pa.float32()))
+    for registered in (True, False):
+        seg_id = new_id()
+        pa.register_extension_type(Marked())
+        try:
+            write_foreign_segment(store.root, seg_id, marked, "float32", (3,))
+        finally:
+            if not registered:
+                pa.unregister_extension_type("mmfleet.test.marked")
+        try:
+            with pytest.raises(TensorRefError, match="extension"):
+                store.get(ref_for(seg_id, (3,), "float32"))
+        finally:
+            if registered:
+                pa.unregister_extension_type("mmfleet.test.marked")
+
+
+@pytest.mark.skipif(not pa.Codec.is_available("lz4"), reason="pyarrow built without lz4")
+def test_compressed_segment_refused_as_not_zero_copy(store: ShmStore) -> None:
+    seg_id = new_id()
+    column = pa.array(np.arange(4096, dtype=np.float32))
+    write_foreign_segment(store.root, seg_id, column, "float32", (4096,), compression="lz4")
+    with pytest.raises(TensorRefError, match="not inside the mapping"):
+        store.get(ref_for(seg_id, (4096,), "float32"))
+
+
+def test_wrong_column_type_refused(store: ShmStore) -> None:
+    seg_id = new_id()
+    write_foreign_segment(store.root, seg_id, pa.array([1, 2], pa.int64()), "float64", (2,))
+    with pytest.raises(TensorRefError, match="does not store dtype"):
+        store.get(ref_for(seg_id, (2,), "float64"))
+
+
+# -- inline --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_inline_roundtrip(dtype: str, shape: tuple[int, ...]) -> None:
+    a = sample(dtype, shape)
+    d = json.loads(json.dumps(encode_inline(a, max_bytes=1 << 20)))
+    assert d["kind"] == "inline" and d["nbytes"] == a.nbytes
+    b = decode_inline(d, max_bytes=1 << 20)
+    assert b.dtype == a.dtype and b.shape == a.shape and b.flags.writeable
+    np.testing.assert_array_equal(a, b)
+
+
+def test_inline_torch_and_views() -> None:
+    torch = pytest.importorskip("torch")
+    t = torch.arange(6, dtype=torch.int16).reshape(2, 3).t()  # non-contiguous
+    np.testing.assert_array_equal(decode_inline(encode_inline(t, 1024)), t.numpy())
+
+
+def test_inline_size_limit() -> None:
+    a = np.zeros(1025, np.uint8)
+    with pytest.raises(PayloadTooLarge):
+        encode_inline(a, max_bytes=1024)
+    d = encode_inline(a, max_bytes=4096)
+    with pytest.raises(PayloadTooLarge):
+        decode_inline(d, max_bytes=1024)
+    assert encode_inline(np.zeros(1024, np.uint8), max_bytes=1024)["nbytes"] == 1024
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"extra": 1},
+        {"kind": "shm"},
+        {"dtype": "bfloat16"},
+        {"shape": [4]},
+        {"shape": [-2, -3]},
+        {"shape": [True, 3]},
+        {"nbytes": 7},
+        {"nbytes": "24"},
+        {"b64": "!!!!"},
+        {"b64": "AAAA"},
+        {"b64": 5},
+    ],
+    ids=repr,
+)
+def test_inline_rejects(change: dict[str, Any]) -> None:
+    d = encode_inline(np.zeros((2, 3), np.float32), max_bytes=1024)
+    with pytest.raises(InvalidInput):
+        decode_inline({**d, **change})
+
+
+def test_inline_rejects_bad_bools_and_non_objects() -> None:
+    d = encode_inline(np.array([True, False]), max_bytes=16)
+    d["b64"] = "AgA="  # bytes 2, 0
+    with pytest.raises(InvalidInput, match="bool"):
+        decode_inline(d)
+    with pytest.raises(InvalidInput):
+        decode_inline([1, 2])
+    with pytest.raises(InvalidInput):
+        encode_inline(np.zeros(2, np.complex64), max_bytes=100)
+
+
+# -- timing (printed, not asserted; run with -s to see) ------------------------------------
+TIMING_CHILD = """
+    import json, sys, time
+    from shared.transport import ShmStore, TensorRef
+    store = ShmStore(sys.argv[1], capacity_bytes=1 << 31)
+    out = {}
+    for d in json.loads(sys.argv[2]):
+        ref = TensorRef.from_dict(d)
+        best = best_t = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter(); a = store.get(ref); t1 = time.perf_counter()
+            t = store.get_torch(ref); t2 = time.perf_counter()
+            best, best_t = min(best, t1 - t0), min(best_t, t2 - t1)
+            del a, t
+        out[ref.id] = [best, best_t]
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.bench
+def test_timing_report(root: Path) -> None:
+    store = ShmStore(root, capacity_bytes=1 << 31)
+    rows, refs = [], []
+    for mib in (1, 16, 128):
+        a = np.random.default_rng(0).standard_normal(mib * 2**18, dtype=np.float32)
+        put_s, copy_s = [], []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            ref = store.put(a)
+            put_s.append(time.perf_counter() - t0)
+            store.release(ref)
+            t0 = time.perf_counter()
+            b = a.copy()
+            copy_s.append(time.perf_counter() - t0)
+            del b
+        ref = store.put(a)
+        refs.append(ref)
+        rows.append((mib, ref.id, min(put_s), min(copy_s)))
+    got = run_py(TIMING_CHILD, str(root), json.dumps([r.to_dict() for r in refs]))
+    print("\nsize     put       get (other proc)  get_torch (other proc)  numpy copy")
+    for mib, seg_id, put_t, copy_t in rows:
+        get_t, torch_t = got[seg_id]
+        print(
+            f"{mib:>4} MiB {put_t * 1e3:8.2f} ms {get_t * 1e3:10.3f} ms"
+            f" {torch_t * 1e3:16.3f} ms {copy_t * 1e3:14.2f} ms"
+        )

@@ -1,0 +1,78 @@
+"""The Celery app that fleet workers run: ``celery -A workers.app worker -Q text ...``.
+
+``fleet worker text`` is the supported way to start one (it sets the environment below and
+the right Celery options); the raw ``celery`` command works with the same environment.
+
+Environment:
+    FLEET_WORKER_MODALITY  the modality this process serves (required): text, image, ...
+    FLEET_WORKER_MODE      ``batch`` (default): the batching engine takes messages from the
+                           prefetch window; ``baseline``: plain Celery, one task per message,
+                           executed by the task body (the benchmark's baseline).
+
+The model is loaded and warmed in ``worker_init``, before the consumer starts, so a worker
+that answers a ping has its model ready. With the solo pool that process is the worker
+process itself: CUDA (if any) is initialised there and in no parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+from celery import signals
+from celery.worker.control import inspect_command
+
+from shared.celery_app import make_app
+from shared.errors import FleetError
+from shared.keys import task_name
+from shared.settings import MODALITIES, load_settings
+from workers import engine_registry
+
+log = logging.getLogger("fleet.worker")
+
+settings = load_settings()
+app = make_app(settings, name="fleet-worker")
+
+
+def _register(modality: str) -> None:
+    @app.task(name=task_name(modality), bind=True, throws=(FleetError,), acks_late=True)
+    def infer(self: Any, request: dict[str, Any]) -> dict[str, Any]:
+        """One request run on its own (baseline mode). Raises FleetError with its code."""
+        return engine_registry.current().run_one(request)
+
+
+for _m in MODALITIES:
+    _register(_m)
+
+
+@signals.worker_init.connect
+def _start_engine(sender: Any = None, **_: Any) -> None:
+    from workers.engine import Engine
+
+    modality = os.environ.get("FLEET_WORKER_MODALITY", "")
+    if modality not in MODALITIES:
+        raise SystemExit(f"FLEET_WORKER_MODALITY must be one of {MODALITIES}, not {modality!r}")
+    mode = os.environ.get("FLEET_WORKER_MODE", "batch")
+    engine = Engine(modality, settings, app, threaded=(mode == "batch"))
+    engine.start()
+    engine_registry.install(engine)
+    if mode == "batch":
+        app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"
+    log.info("worker mode=%s modality=%s", mode, modality)
+
+
+@signals.worker_shutdown.connect
+def _stop_engine(**_: Any) -> None:
+    with contextlib.suppress(RuntimeError):
+        engine_registry.current().stop()
+
+
+@inspect_command()
+def fleet_stats(state: Any) -> dict[str, Any]:
+    """``celery inspect fleet_stats``: the engine's counters, batch sizes and device facts."""
+    try:
+        return engine_registry.current().snapshot()
+    except RuntimeError as exc:
+        return {"error": str(exc)}

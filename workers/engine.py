@@ -1,0 +1,459 @@
+"""The per-process batching engine: prefetch window -> Batcher -> inference thread -> results.
+
+Threads
+-------
+- The worker's event-loop thread (Celery's consumer) calls :meth:`Engine.on_request` for
+  every message that enters the prefetch window, and :meth:`Engine.drain` when the inference
+  thread signals completions through a self-pipe. Every Celery/Redis interaction (events,
+  result writes, acks) happens on this thread, as in a stock Celery worker.
+- One inference thread asks the :class:`~workers.batcher.Batcher` for batches and runs them
+  on the :class:`~workers.runtime.DeviceRuntime`. torch releases the GIL while it computes,
+  so the loop keeps fetching messages meanwhile.
+
+Per-request semantics
+---------------------
+Each request stays its own Celery task: it gets ``task-received``, ``task-started`` and
+``task-succeeded``/``task-failed`` events, its own result, and its own ack after that result is
+stored (``acks_late``). A bad request fails alone (``prepare``/``preprocess`` raise for it
+only; a batch fault is bisected until the failing request is alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery
+from celery.worker import state as worker_state
+
+from shared.errors import (
+    DeadlineExceeded,
+    DeviceOOM,
+    FleetError,
+    InvalidInput,
+    ModelError,
+    UnsupportedModality,
+    WorkerLost,
+)
+from shared.priority import Priority
+from shared.schema import TaskEnvelope
+from shared.settings import Settings
+from workers.batcher import Batcher, Pending, Policy, Trigger
+from workers.models import make_adapter
+from workers.models.base import Prepared
+from workers.results import Outcome, ResultWriter
+from workers.runtime import DeviceRuntime
+
+log = logging.getLogger("fleet.engine")
+
+SWITCH_INTERVAL_S = float(os.environ.get("FLEET_SWITCH_INTERVAL_S", "0.0005"))
+MAX_DELIVERIES = 3  # a message redelivered this often (its worker died each time) is poison
+
+
+@dataclass(slots=True)
+class Work:
+    """A request held by the engine: the Celery request plus what the engine derived."""
+
+    req: Any  # celery.worker.request.Request
+    env: TaskEnvelope
+    prepared: Prepared
+    arrival_s: float  # monotonic
+    started_s: float = 0.0
+    batch_id: str = ""
+    batch_size: int = 0
+
+
+@dataclass(slots=True)
+class _Done:
+    work: Work | None
+    req: Any
+    outcome: Outcome
+    run_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    received: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    expired: int = 0
+    batches: int = 0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    triggers: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+class Engine:
+    """Batching engine for one modality in one worker process.
+
+    Args:
+        modality: ``"text"``, ``"image"``, ...
+        settings: fleet settings.
+        app: the worker's Celery app (for the result backend).
+        threaded: start the inference thread (batch mode); ``False`` for baseline mode,
+            where Celery runs each task through :meth:`run_one`.
+    """
+
+    def __init__(
+        self, modality: str, settings: Settings, app: Celery, *, threaded: bool = True
+    ) -> None:
+        cfg = settings.modality(modality)
+        self.modality = modality
+        self.settings = settings
+        self.app = app
+        self.runtime = DeviceRuntime(cfg.device)
+        self.adapter = make_adapter(modality, settings, self.runtime)
+        b = cfg.batching
+        self.batcher = Batcher(
+            Policy(
+                max_batch_size=b.max_batch_size,
+                max_queue_delay_ms=b.max_queue_delay_ms,
+                max_batch_bytes=b.max_batch_bytes,
+                max_high_waiting=b.max_high_waiting,
+                window_size=cfg.device.prefetch_multiplier,
+            )
+        )
+        self.writer = ResultWriter(app)
+        self.stats = EngineStats()
+        self.ready = False
+        self._cv = threading.Condition()
+        self._done: deque[_Done | tuple[str, list[Work]]] = deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread: threading.Thread | None = None
+        self._threaded = threaded
+        self._stop = False
+        self._batch_seq = 0
+        self._host = socket.gethostname().split(".")[0]
+        self._inline = False  # no event loop: complete on the inference thread
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the device, load the model, warm every bucket; then start the thread."""
+        self.runtime.start()
+        t0 = time.perf_counter()
+        self.adapter.load()
+        load_s = time.perf_counter() - t0
+        self.runtime.warmup(self._warmup)
+        if self._threaded:
+            # The loop thread and the inference thread share the GIL; a short switch
+            # interval bounds how long a finished torch op waits to get it back.
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+            self._thread = threading.Thread(target=self._loop, name="fleet-inference", daemon=True)
+            self._thread.start()
+        self.ready = True
+        log.info(
+            "engine ready modality=%s model=%s load_s=%.2f runtime=%s",
+            self.modality,
+            self.adapter.describe(),
+            load_s,
+            self.runtime.stats(),
+        )
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def attach(self, hub: Any) -> None:
+        """Complete requests on the consumer's event loop (``hub``), or inline if ``None``."""
+        if hub is None:
+            self._inline = True
+            return
+        hub.add_reader(self._wake_r, self.drain)
+
+    def _warmup(self) -> None:
+        sizes = sorted({1, self.batcher.policy.max_batch_size})
+        for bucket in self.adapter.buckets():
+            for n in sizes:
+                inputs = self.adapter.example_inputs(n, bucket)
+                samples = [self.adapter.preprocess(self.adapter.prepare(i)) for i in inputs]
+                for _ in range(2):  # the first run pays one-time costs; time the second
+                    t0 = time.perf_counter()
+                    with self.runtime.batch_context():
+                        self.adapter.run_batch(samples)
+                    elapsed = time.perf_counter() - t0
+                self.batcher.model.observe(bucket, n, elapsed)
+
+    def run_one(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run one request alone, in the calling thread (baseline mode: plain Celery).
+
+        Raises:
+            FleetError: bad input (with its code), an expired deadline, or a model fault.
+        """
+        env = TaskEnvelope.from_kwargs({"request": request})
+        if env.modality != self.modality:
+            raise UnsupportedModality(f"modality {env.modality!r} sent to {self.modality!r}")
+        Priority.parse(env.priority)
+        if env.expired():
+            raise DeadlineExceeded("deadline passed before it could run")
+        sample = self.adapter.preprocess(self.adapter.prepare(env.inputs))
+        try:
+            with self.runtime.batch_context():
+                return self.adapter.run_batch([sample])[0]
+        except Exception as exc:
+            raise _as_fleet_error(exc) from None
+
+    # -- loop thread: arrivals ----------------------------------------------------------
+    def on_request(self, req: Any) -> None:
+        """A message entered the prefetch window (event-loop thread)."""
+        self.stats.received += 1
+        worker_state.task_reserved(req)
+        try:
+            env = TaskEnvelope.from_kwargs(req.kwargs)
+            if env.modality != self.modality:
+                raise UnsupportedModality(
+                    f"modality {env.modality!r} sent to the {self.modality!r} queue"
+                )
+            priority = Priority.parse(env.priority)
+            if self._is_poison(req):
+                raise WorkerLost(
+                    f"delivered {MAX_DELIVERIES} times and its worker was lost each time"
+                )
+            prepared = self.adapter.prepare(env.inputs)
+        except FleetError as exc:
+            self._finish_now(req, exc)
+            return
+        except Exception as exc:  # an adapter bug must not kill the consumer
+            log.exception("prepare failed id=%s", req.id)
+            self._finish_now(req, InvalidInput(f"input could not be prepared: {exc}"))
+            return
+        now = time.monotonic()
+        deadline_s = None
+        if env.deadline_ms is not None:
+            deadline_s = now + (env.deadline_ms - time.time() * 1000.0) / 1000.0
+        work = Work(req, env, prepared, now)
+        pending = Pending(
+            id=req.id,
+            priority=priority,
+            arrival_s=now,
+            deadline_s=deadline_s,
+            bucket=prepared.bucket,
+            length=prepared.length,
+            nbytes=prepared.nbytes,
+            item=work,
+        )
+        with self._cv:
+            self.batcher.add(pending)
+            self._cv.notify()
+
+    def _is_poison(self, req: Any) -> bool:
+        if not (req.delivery_info or {}).get("redelivered"):
+            return False
+        from shared.keys import delivery_count_key
+
+        client = self.app.backend.client
+        key = delivery_count_key(req.id)
+        with client.pipeline(transaction=False) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, self.settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
+            count = pipe.execute()[0]
+        # count = redeliveries seen; the first delivery was never counted.
+        return int(count) + 1 >= MAX_DELIVERIES
+
+    def _finish_now(self, req: Any, exc: FleetError) -> None:
+        self._complete([_Done(None, req, Outcome(req.id, error=exc))])
+
+    # -- inference thread ---------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    if self._stop:
+                        return
+                    d = self.batcher.next_batch(time.monotonic())
+                    if d.expired:
+                        self._expire(d.expired)
+                    if d.batch:
+                        break
+                    timeout = None if d.wake_at_s is None else d.wake_at_s - time.monotonic()
+                    self._cv.wait(timeout=None if timeout is None else max(timeout, 0.0))
+            try:
+                self._run([p.item for p in d.batch], d.trigger)
+            except Exception:  # never let the inference thread die silently
+                log.exception("batch crashed; failing its requests")
+                self._post(
+                    [
+                        _Done(p.item, p.item.req, Outcome(p.id, error=ModelError("batch crashed")))
+                        for p in d.batch
+                    ]
+                )
+
+    def _expire(self, expired: list[Pending]) -> None:
+        self.stats.expired += len(expired)
+        self._post(
+            [
+                _Done(
+                    p.item,
+                    p.item.req,
+                    Outcome(p.id, error=DeadlineExceeded("deadline passed before it could run")),
+                )
+                for p in expired
+            ]
+        )
+
+    def _run(self, batch: list[Work], trigger: Trigger | None) -> None:
+        self._batch_seq += 1
+        batch_id = f"{self._host}-{os.getpid()}-{self._batch_seq}"
+        now = time.monotonic()
+        for w in batch:
+            w.started_s, w.batch_id, w.batch_size = now, batch_id, len(batch)
+        self._post_started(batch)
+        done: list[_Done] = []
+        ready: list[tuple[Work, Any]] = []
+        for w in batch:
+            try:
+                ready.append((w, self.adapter.preprocess(w.prepared)))
+            except FleetError as exc:
+                done.append(_Done(w, w.req, Outcome(w.req.id, error=exc)))
+            except Exception as exc:
+                done.append(_Done(w, w.req, Outcome(w.req.id, error=InvalidInput(str(exc)))))
+        t0 = time.perf_counter()
+        done.extend(self._run_isolating(ready))
+        elapsed = time.perf_counter() - t0
+        if ready and all(d.outcome.error is None for d in done[-len(ready) :]):
+            self.batcher.model.observe(batch[0].prepared.bucket, len(ready), elapsed)
+        for d in done:
+            d.run_ms = elapsed * 1000.0
+        self.stats.batches += 1
+        self.stats.batch_sizes[len(batch)] += 1
+        self.stats.triggers[str(trigger)] += 1
+        self._post(done)
+
+    def _run_isolating(self, items: list[tuple[Work, Any]]) -> list[_Done]:
+        """Run a batch; on a fault, bisect until the failing request fails alone."""
+        if not items:
+            return []
+        try:
+            with self.runtime.batch_context():
+                results = self.adapter.run_batch([s for _, s in items])
+            return [
+                _Done(w, w.req, Outcome(w.req.id, result=r))
+                for (w, _), r in zip(items, results, strict=True)
+            ]
+        except Exception as exc:
+            if len(items) == 1:
+                w = items[0][0]
+                return [_Done(w, w.req, Outcome(w.req.id, error=_as_fleet_error(exc)))]
+            mid = len(items) // 2
+            return self._run_isolating(items[:mid]) + self._run_isolating(items[mid:])
+
+    # -- completions: posted by the inference thread, handled on the loop thread -------------
+    def _post_started(self, batch: list[Work]) -> None:
+        if self._inline:
+            self._started(batch)
+            return
+        self._done.append(("started", batch))
+        self._wake()
+
+    def _post(self, done: list[_Done]) -> None:
+        if not done:
+            return
+        if self._inline:
+            self._complete(done)
+            return
+        self._done.extend(done)
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # pipe full: a wake-up is pending anyway
+            os.write(self._wake_w, b"x")
+
+    def drain(self) -> None:
+        """Handle everything the inference thread posted (event-loop thread)."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+        finished: list[_Done] = []
+        while self._done:
+            item = self._done.popleft()
+            if isinstance(item, tuple):
+                if finished:  # keep event order: earlier completions first
+                    self._complete(finished)
+                    finished = []
+                self._started(item[1])
+            else:
+                finished.append(item)
+        self._complete(finished)
+
+    def _started(self, batch: list[Work]) -> None:
+        for w in batch:
+            w.req.on_accepted(os.getpid(), time.monotonic())
+
+    def _complete(self, done: list[_Done]) -> None:
+        if not done:
+            return
+        try:
+            self.writer.write([d.outcome for d in done])
+        except Exception:
+            # Not acked: the messages return after the visibility timeout (at-least-once).
+            log.exception("storing %d results failed; leaving them unacked", len(done))
+            return
+        now = time.monotonic()
+        for d in done:
+            self._finish_one(d, now)
+
+    def _finish_one(self, d: _Done, now: float) -> None:
+        req, o, w = d.req, d.outcome, d.work
+        if o.error is None:
+            self.stats.succeeded += 1
+            summary = {"batch_id": w.batch_id, "batch_size": w.batch_size} if w else {}
+            req.send_event("task-succeeded", result=repr(summary), runtime=d.run_ms / 1000.0)
+        else:
+            self.stats.failed += 1
+            self.stats.errors[o.error.code] += 1
+            req.send_event("task-failed", exception=repr(o.error), traceback="")
+        req.acknowledge()
+        worker_state.task_ready(req)
+        queued_ms = (w.started_s - w.arrival_s) * 1000.0 if w and w.started_s else 0.0
+        log.info(
+            "request id=%s state=%s code=%s priority=%s queued_ms=%.1f run_ms=%.1f "
+            "batch=%s size=%d total_ms=%.1f",
+            req.id,
+            o.state,
+            o.error.code if o.error else "-",
+            w.env.priority if w else "-",
+            queued_ms,
+            d.run_ms,
+            w.batch_id if w else "-",
+            w.batch_size if w else 0,
+            (now - w.arrival_s) * 1000.0 if w else 0.0,
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able stats for the ``fleet_stats`` control command and metrics."""
+        s = self.stats
+        return {
+            "modality": self.modality,
+            "ready": self.ready,
+            "held": len(self.batcher),
+            "received": s.received,
+            "succeeded": s.succeeded,
+            "failed": s.failed,
+            "expired": s.expired,
+            "batches": s.batches,
+            "batch_sizes": {str(k): v for k, v in sorted(s.batch_sizes.items())},
+            "triggers": dict(s.triggers),
+            "errors": dict(s.errors),
+            "runtime": self.runtime.stats(),
+            "model": self.adapter.describe(),
+        }
+
+
+def _as_fleet_error(exc: BaseException) -> FleetError:
+    if isinstance(exc, FleetError):
+        return exc
+    if "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError":
+        return DeviceOOM(f"request does not fit in the worker's memory partition: {exc}")
+    return ModelError(f"{type(exc).__name__}: {exc}")

