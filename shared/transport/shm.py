@@ -32,8 +32,14 @@ Reading maps the file and wraps the data buffer without copying
 (``pyarrow.memory_map`` -> ``to_numpy(zero_copy_only=True)`` -> reshape); the reader checks
 that the data buffer lies inside the mapping, so a compressed or otherwise non-zero-copy file
 is refused rather than silently copied. A mapping stays valid after the segment is released
-or reclaimed (tmpfs frees the pages when the last mapping goes), and segment files are never
-truncated or rewritten in place, so a reader can never hit SIGBUS.
+or reclaimed (tmpfs frees the pages when the last mapping goes). This module never truncates
+or rewrites a published segment (it only unlinks), and writes go through ``write()`` into a
+file reserved under a lock, never through a mapping: a full /dev/shm shows up as ENOSPC
+(mapped to ``ShmCapacityError``), not as SIGBUS in a writer or a reader.
+
+Capacity: puts are serialised by an ``flock`` on the root while the budget is checked and the
+temp file is sized (``ftruncate`` to the exact IPC size), so concurrent processes cannot
+overshoot ``capacity_bytes``; the data is written after the lock is released.
 
 Security: pyarrow >= 14.0.1 is required (CVE-2023-47248: arbitrary code execution when
 reading IPC data with the legacy ``arrow.py_extension_type``); in addition every extension

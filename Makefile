@@ -1,0 +1,44 @@
+# One machine, no containers: everything runs from the venv.
+# GPU machines: `make venv TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"`
+# (or pre-install the CUDA build of torch in the venv; the project only asks for torch>=2.3).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+WORKLOAD ?= mixed
+PYTEST_ARGS ?=
+
+.PHONY: venv up down status flower demo test lint bench soak gpu-check clean
+
+venv: $(VENV)/.installed
+
+# One pip command with the torch pin keeps the CPU build (an unpinned torch pulls CUDA, ~3 GB).
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH_SPEC) -e '.[dev]'
+	touch $@
+
+up: venv
+	$(BIN)/fleet up
+
+down:
+	@if [ -x $(BIN)/fleet ]; then $(BIN)/fleet down; fi
+
+status: venv
+	$(BIN)/fleet status
+
+flower: venv
+	$(BIN)/fleet flower
+
+demo: venv
+	$(BIN)/fleet demo
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+clean: down
+	rm -rf .run reports .pytest_cache .ruff_cache

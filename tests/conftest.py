@@ -1,0 +1,76 @@
+"""Shared fixtures: a real Redis, real Celery workers and Flower, on free loopback ports.
+
+The integration stack is started once per session through the product's own
+:class:`producer.stack.Stack` (so ``fleet up``/``fleet down`` are exercised too), in a
+temporary run directory, with its own ports: a developer's ``make up`` stack is untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def fleet_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Settings of the test stack; its FLEET_* variables are exported for subprocesses."""
+    from shared.settings import load_settings
+
+    run_dir = tmp_path_factory.mktemp("fleet-run")
+    env = {
+        "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
+        "FLEET_STACK__RUN_DIR": str(run_dir),
+        "FLEET_REDIS__PORT": str(free_port()),
+        "FLEET_FLOWER__PORT": str(free_port()),
+        # Smaller batches keep the workers' warmup short; batching is still exercised.
+        "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "16",
+        "FLEET_MODALITIES__IMAGE__BATCHING__MAX_BATCH_SIZE": "4",
+    }
+    mp = pytest.MonkeyPatch()
+    for k, v in env.items():
+        mp.setenv(k, v)
+    yield load_settings()
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def stack(fleet_settings: object) -> Iterator[object]:
+    """Redis + text worker + image worker + Flower, up for the whole session."""
+    from producer.stack import Stack
+
+    st = Stack(fleet_settings)  # type: ignore[arg-type]
+    st.up(["text", "image"], flower=True)
+    yield st
+    pids = {name: st._read_pid(st.pids / f"{name}.pid") for name in st.status()}
+    st.down()
+    left = [n for n, pid in pids.items() if pid is not None and _alive(pid)]
+    assert not left, f"processes left running after down(): {left}"
+
+
+@pytest.fixture(scope="session")
+def client(stack: object, fleet_settings: object) -> object:
+    from producer.client import FleetClient
+
+    return FleetClient(fleet_settings)  # type: ignore[arg-type]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"

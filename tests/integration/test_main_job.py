@@ -1,0 +1,196 @@
+"""The main job end to end: real Redis, real text/image workers, real models, Flower."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.request import Request, urlopen
+
+import pytest
+
+from producer.client import FleetClient, SubmitRequest, image_inputs
+from shared.errors import FleetError, QueueFull
+
+pytestmark = pytest.mark.integration
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+def cos(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def fleet_stats(client: FleetClient, node_prefix: str) -> dict[str, Any]:
+    replies = client.app.control.broadcast("fleet_stats", reply=True, timeout=2.0)
+    for r in replies:
+        for node, stats in r.items():
+            if node.startswith(node_prefix):
+                return stats
+    raise AssertionError(f"no fleet_stats reply from {node_prefix}: {replies}")
+
+
+def test_cli_text_embedding_is_unit_norm_and_semantic(client: FleetClient) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "submit", "text",
+         "--text", "A man is playing a guitar.", "--priority", "realtime"],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    emb = json.loads(proc.stdout)["result"]["embedding"]
+    assert len(emb) == 384
+    assert math.isclose(math.sqrt(sum(x * x for x in emb)), 1.0, abs_tol=1e-4)
+    related = client.submit("text", {"text": "Someone is playing an instrument."}).get(30)
+    unrelated = client.submit("text", {"text": "The stock market fell sharply today."}).get(30)
+    assert cos(emb, related["embedding"]) > cos(emb, unrelated["embedding"]) + 0.3
+
+
+def test_cli_bad_input_exits_nonzero_with_code(stack: object) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "submit", "text", "--text", "   "],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "INVALID_INPUT"
+
+
+@pytest.mark.parametrize(
+    ("inputs", "code"),
+    [
+        ({"text": ""}, "INVALID_INPUT"),
+        ({"text": "\x01\x02\u200b"}, "INVALID_INPUT"),
+        ({"text": "x " * 15000}, "PAYLOAD_TOO_LARGE"),
+        ({"txt": "hello"}, "INVALID_INPUT"),
+        ({"text": 42}, "INVALID_INPUT"),
+    ],
+)
+def test_bad_text_fails_with_code_and_worker_keeps_serving(
+    client: FleetClient, inputs: dict[str, Any], code: str
+) -> None:
+    with pytest.raises(FleetError) as err:
+        client.submit("text", inputs).get(30)
+    assert err.value.code == code
+    assert client.submit("text", {"text": "Still serving."}).get(30)["dim"] == 384
+
+
+def test_bad_images_fail_alone_inside_a_batch(client: FleetClient) -> None:
+    good = ["skimage_coffee.png", "pillow_hopper.jpg", "pillow_flower.webp"]
+    bad = {
+        "pillow_truncated_jpeg.jpg": "IMAGE_DECODE",
+        "pillow_broken.png": "IMAGE_DECODE",
+        "pillow_decompression_bomb.gif": "PAYLOAD_TOO_LARGE",
+    }
+    reqs = [SubmitRequest("image", image_inputs(DATA / "images" / g)) for g in good]
+    reqs += [SubmitRequest("image", image_inputs(DATA / "images" / "bad" / b)) for b in bad]
+    outs = client.wait_all(client.submit_many(reqs), timeout_s=60)
+    for o in outs[: len(good)]:
+        assert o is not None and "result" in o, o
+        emb = o["result"]["embedding"]
+        assert len(emb) == 512
+        assert math.isclose(math.sqrt(sum(x * x for x in emb)), 1.0, abs_tol=1e-4)
+    assert [o["error"]["code"] for o in outs[len(good) :]] == list(bad.values())
+
+
+def test_deadline_passed_is_not_run(client: FleetClient) -> None:
+    with pytest.raises(FleetError) as err:
+        client.submit("text", {"text": "Too late."}, timeout_s=0.0005).get(30)
+    assert err.value.code == "DEADLINE_EXCEEDED"
+
+
+def test_batches_form_under_load_and_match_single_results(client: FleetClient) -> None:
+    lines = (DATA / "text" / "botchan_sentences.txt").read_text().splitlines()
+    texts = [t for t in lines if 30 < len(t) < 90][:64]
+    before = fleet_stats(client, "text@")
+    handles = client.submit_many([SubmitRequest("text", {"text": t}, "bulk") for t in texts])
+    outs = client.wait_all(handles, timeout_s=120)
+    assert all(o is not None and "result" in o for o in outs)
+    after = fleet_stats(client, "text@")
+    new_sizes = {
+        int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()
+    }
+    assert max(k for k, v in new_sizes.items() if v > 0) > 1, new_sizes
+    alone = client.submit("text", {"text": texts[5]}, "realtime").get(30)["embedding"]
+    batched = outs[5]["result"]["embedding"]  # type: ignore[index]
+    assert max(abs(a - b) for a, b in zip(alone, batched, strict=True)) < 1e-4
+
+
+def test_pickled_message_is_refused_and_never_runs(client: FleetClient) -> None:
+    from kombu import Queue
+
+    task_id = str(uuid.uuid4())
+    body = (
+        (),
+        {"request": {"modality": "text", "priority": "normal", "inputs": {"text": "pickled"}}},
+        {},
+    )
+    with client.app.connection_for_write() as conn:
+        conn.Producer().publish(
+            body, exchange="text", routing_key="text", serializer="pickle",
+            headers={"task": "fleet.text", "id": task_id, "lang": "py"},
+            priority=6, declare=[Queue("text")],
+        )  # fmt: skip
+    # A request queued behind it at the same priority: once it is done, the pickle was seen.
+    assert client.submit("text", {"text": "After the pickle."}).get(30)["dim"] == 384
+    meta = client.app.backend.get_task_meta(task_id)
+    assert meta["status"] == "PENDING"  # no result was ever stored for it
+    assert sum(client.queue_depth("text").values()) == 0  # consumed and discarded
+
+
+def test_queue_full_refuses_then_everything_drains(
+    client: FleetClient, fleet_settings: Any
+) -> None:
+    from shared.settings import load_settings
+
+    limit = 5
+    limited = FleetClient(
+        load_settings(
+            modalities={
+                "text": {
+                    **fleet_settings.modalities["text"].model_dump(),
+                    "max_queue_length": limit,
+                }
+            }
+        )
+    )
+    client.app.control.cancel_consumer("text", reply=True, destination=_text_nodes(client))
+    try:
+        handles = [limited.submit("text", {"text": f"queued {i}"}) for i in range(limit)]
+        with pytest.raises(QueueFull) as err:
+            limited.submit("text", {"text": "one too many"})
+        assert err.value.code == "QUEUE_FULL"
+    finally:
+        client.app.control.add_consumer("text", reply=True, destination=_text_nodes(client))
+    outs = limited.wait_all(handles, timeout_s=60)
+    assert all(o is not None and "result" in o for o in outs)
+
+
+def _text_nodes(client: FleetClient) -> list[str]:
+    return [n for r in client.app.control.ping(timeout=1.0) for n in r if n.startswith("text@")]
+
+
+def test_flower_shows_each_request_with_its_batch(client: FleetClient, stack: Any) -> None:
+    handle = client.submit("text", {"text": "Visible in Flower."})
+    handle.get(30)
+    s = stack.s
+    token = base64.b64encode(f"{s.flower.user}:{s.flower_password()}".encode()).decode()
+    url = f"{stack.flower_url()}/api/task/info/{handle.id}"
+    info: dict[str, Any] = {}
+    for _ in range(50):  # events reach Flower asynchronously
+        try:
+            with urlopen(Request(url, headers={"Authorization": f"Basic {token}"}), timeout=2) as r:
+                info = json.loads(r.read())
+            if info.get("state") == "SUCCESS":
+                break
+        except Exception:
+            pass
+        time.sleep(0.1)
+    assert info.get("state") == "SUCCESS", info
+    assert "batch_id" in str(info.get("result")), info
+    with pytest.raises(Exception, match="401"):
+        urlopen(f"{stack.flower_url()}/api/tasks", timeout=2)
