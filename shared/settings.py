@@ -89,6 +89,18 @@ class DeviceConfig(_Section):
     prefetch_multiplier: int = Field(default=16, ge=1)
 
 
+class TransportSettings(_Section):
+    """Tensor transport through /dev/shm (see ``shared.transport``)."""
+
+    shm_root: Path | None = None  # None: /dev/shm/mmfleet-<uid>
+    capacity_bytes: int | None = None  # None: capacity_fraction of /dev/shm's size
+    capacity_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    default_ttl_s: float = Field(default=600.0, gt=0.0)
+    shm_threshold_bytes: int = 65536  # tensors at least this large go through shm
+    shared_host: bool = True  # False: producers and workers on different hosts, inline only
+    min_shm_warn_bytes: int = 256 * 1024 * 1024
+
+
 class ModalityConfig(_Section):
     model: str
     max_retries: int = 3
@@ -116,6 +128,7 @@ class Settings(BaseSettings):
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
     priorities: dict[str, PriorityClass] = Field(default_factory=dict)
     limits: Limits = Field(default_factory=Limits)
+    transport: TransportSettings = Field(default_factory=TransportSettings)
     modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 

@@ -56,6 +56,7 @@ log = logging.getLogger("fleet.engine")
 
 SWITCH_INTERVAL_S = float(os.environ.get("FLEET_SWITCH_INTERVAL_S", "0.0005"))
 MAX_DELIVERIES = 3  # a message redelivered this often (its worker died each time) is poison
+PROGRESS_INTERVAL_S = 0.25  # at most this often per request: progress is for humans
 
 
 @dataclass(slots=True)
@@ -69,6 +70,13 @@ class Work:
     started_s: float = 0.0
     batch_id: str = ""
     batch_size: int = 0
+
+
+@dataclass(slots=True)
+class _Progress:
+    work: Work
+    done: int
+    total: int
 
 
 @dataclass(slots=True)
@@ -125,7 +133,8 @@ class Engine:
         self.stats = EngineStats()
         self.ready = False
         self._cv = threading.Condition()
-        self._done: deque[_Done | tuple[str, list[Work]]] = deque()
+        self._done: deque[_Done | _Progress | tuple[str, list[Work]]] = deque()
+        self._progress_at: dict[str, float] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -313,6 +322,7 @@ class Engine:
         done: list[_Done] = []
         ready: list[tuple[Work, Any]] = []
         for w in batch:
+            self._sink_to([w])
             try:
                 ready.append((w, self.adapter.preprocess(w.prepared)))
             except FleetError as exc:
@@ -335,6 +345,7 @@ class Engine:
         """Run a batch; on a fault, bisect until the failing request fails alone."""
         if not items:
             return []
+        self._sink_to([w for w, _ in items])
         try:
             with self.runtime.batch_context():
                 results = self.adapter.run_batch([s for _, s in items])
@@ -348,6 +359,21 @@ class Engine:
                 return [_Done(w, w.req, Outcome(w.req.id, error=_as_fleet_error(exc)))]
             mid = len(items) // 2
             return self._run_isolating(items[:mid]) + self._run_isolating(items[mid:])
+
+    def _sink_to(self, works: list[Work]) -> None:
+        def sink(index: int, done: int, total: int) -> None:
+            w = works[index]
+            now = time.monotonic()
+            if done < total and now - self._progress_at.get(w.req.id, 0.0) < PROGRESS_INTERVAL_S:
+                return
+            self._progress_at[w.req.id] = now
+            if self._inline:
+                self._progress(_Progress(w, done, total))
+            else:
+                self._done.append(_Progress(w, done, total))
+                self._wake()
+
+        self.adapter.progress_sink = sink
 
     # -- completions: posted by the inference thread, handled on the loop thread -------------
     def _post_started(self, batch: list[Work]) -> None:
@@ -378,14 +404,30 @@ class Engine:
         finished: list[_Done] = []
         while self._done:
             item = self._done.popleft()
-            if isinstance(item, tuple):
-                if finished:  # keep event order: earlier completions first
-                    self._complete(finished)
-                    finished = []
-                self._started(item[1])
-            else:
+            if isinstance(item, _Done):
                 finished.append(item)
+                continue
+            if finished:  # keep event order: earlier completions first
+                self._complete(finished)
+                finished = []
+            if isinstance(item, _Progress):
+                self._progress(item)
+            else:
+                self._started(item[1])
         self._complete(finished)
+
+    def _progress(self, p: _Progress) -> None:
+        """PROGRESS in the result backend, and a ``task-progress`` event for Flower.
+
+        Flower's event state keeps only the fields Celery knows; ``result`` is one of them,
+        so the progress travels there (as ``"done/total"``).
+        """
+        req = p.work.req
+        try:
+            self.writer.write_progress(req.id, {"done": p.done, "total": p.total})
+        except Exception:
+            log.warning("could not store progress of %s", req.id, exc_info=True)
+        req.send_event("task-progress", result=f"{p.done}/{p.total}", done=p.done, total=p.total)
 
     def _started(self, batch: list[Work]) -> None:
         for w in batch:
@@ -416,6 +458,7 @@ class Engine:
             req.send_event("task-failed", exception=repr(o.error), traceback="")
         req.acknowledge()
         worker_state.task_ready(req)
+        self._progress_at.pop(req.id, None)
         queued_ms = (w.started_s - w.arrival_s) * 1000.0 if w and w.started_s else 0.0
         log.info(
             "request id=%s state=%s code=%s priority=%s queued_ms=%.1f run_ms=%.1f "

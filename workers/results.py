@@ -65,6 +65,19 @@ class ResultWriter:
             "task_id": o.task_id,
         }
 
+    def write_progress(self, task_id: str, progress: dict[str, Any]) -> None:
+        """Store a ``PROGRESS`` state whose ``result`` is ``progress`` (e.g. done/total)."""
+        meta = {
+            "status": "PROGRESS",
+            "result": progress,
+            "traceback": None,
+            "children": [],
+            "date_done": None,
+            "task_id": task_id,
+        }
+        key = self.backend.get_key_for_task(task_id)
+        self.backend.client.setex(key, self.expires_s or 86400, self.backend.encode(meta))
+
     def write(self, outcomes: Sequence[Outcome]) -> None:
         """Store every outcome (SETEX + PUBLISH each) in one round trip.
 

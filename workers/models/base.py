@@ -19,6 +19,7 @@ Adapters never import Celery; the engine owns messages, acks and results.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,17 @@ class ModelAdapter(ABC):
         self.cfg = cfg
         self.settings = settings
         self.runtime = runtime
+        self.progress_sink: Callable[[int, int, int], None] | None = None
+
+    def report_progress(self, index: int, done: int, total: int) -> None:
+        """Report progress of a long request (e.g. video frames embedded so far).
+
+        Call from ``preprocess`` (``index`` 0) or ``run_batch`` (``index`` = the sample's
+        position in ``samples``). The engine turns it into a ``PROGRESS`` state in the result
+        backend and a ``task-progress`` event (rate-limited); a no-op outside a worker.
+        """
+        if self.progress_sink is not None:
+            self.progress_sink(index, done, total)
 
     @abstractmethod
     def load(self) -> None:
