@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -28,6 +29,7 @@ from shared import keys
 from shared.celery_app import make_app
 from shared.errors import (
     FleetError,
+    InvalidInput,
     PayloadTooLarge,
     QueueFull,
     UnsupportedModality,
@@ -36,6 +38,8 @@ from shared.errors import (
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.settings import MODALITIES, Settings, load_settings
+
+READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +113,10 @@ def outcome_from_meta(meta: dict[str, Any]) -> dict[str, Any]:
         code = args[1] if len(args) > 1 else "FLEET_ERROR"
         msg = str(args[0]) if args else ""
         return {"error": {"code": code, "message": msg, "type": res.get("exc_type", "")}}
-    return {"error": {"code": "FLEET_ERROR", "message": f"task ended {meta.get('status')}"}}
+    status = meta.get("status")
+    return {
+        "error": {"code": "FLEET_ERROR", "message": f"task ended {status}", "type": str(status)}
+    }
 
 
 class FleetClient:
@@ -151,14 +158,13 @@ class FleetClient:
             )
         prio = Priority.parse(priority)
         if not isinstance(inputs, dict):
-            from shared.errors import InvalidInput
-
             raise InvalidInput("inputs must be a JSON object")
-        if timeout_s is not None and timeout_s <= 0:
-            from shared.errors import InvalidInput
-
-            raise InvalidInput("timeout_s must be positive")
-        size = len(json.dumps(inputs, separators=(",", ":")))
+        if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise InvalidInput("timeout_s must be a positive number of seconds")
+        try:
+            size = len(json.dumps(inputs, separators=(",", ":"), allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"inputs are not JSON-serializable: {exc}") from None
         limit = self.settings.limits.max_inline_bytes
         if size > limit:
             raise PayloadTooLarge(f"inline inputs are {size} bytes; the limit is {limit}")
@@ -227,6 +233,9 @@ class FleetClient:
                 out.append(None)
                 continue
             meta = backend.decode_result(value)
+            if meta.get("status") not in READY_STATES:  # PROGRESS, STARTED, RETRY: running
+                out.append(None)
+                continue
             outcome = outcome_from_meta(meta)
             outcome["done_ms"] = _epoch_ms(meta.get("date_done"))
             out.append(outcome)
@@ -265,18 +274,29 @@ class FleetClient:
         return dict(zip(names, (int(c) for c in counts), strict=True))
 
     def _check_backpressure(self, envs: Sequence[TaskEnvelope]) -> None:
+        """Refuse the whole submission if any queue would pass its configured maximum.
+
+        Raises:
+            QueueFull: a modality's total, or one priority's, limit would be exceeded.
+        """
         for modality in {e.modality for e in envs}:
-            limit = (
-                self.settings.modality(modality).max_queue_length
-                if (modality in self.settings.modalities)
-                else None
-            )
-            if not limit:
+            cfg = self.settings.modalities.get(modality)
+            if cfg is None or not (cfg.max_queue_length or cfg.max_queue_length_by_priority):
                 continue
-            depth = sum(self.queue_depth(modality).values())
-            adding = sum(e.modality == modality for e in envs)
-            if depth + adding > limit:
-                raise QueueFull(f"{modality} queue holds {depth} requests; the limit is {limit}")
+            depth = self.queue_depth(modality)
+            adding = [e for e in envs if e.modality == modality]
+            total = sum(depth.values())
+            if cfg.max_queue_length and total + len(adding) > cfg.max_queue_length:
+                raise QueueFull(
+                    f"{modality} queue holds {total} requests; the limit is {cfg.max_queue_length}"
+                )
+            for prio, limit in cfg.max_queue_length_by_priority.items():
+                n = sum(e.priority == prio for e in adding)
+                if n and depth.get(prio, 0) + n > limit:
+                    raise QueueFull(
+                        f"{modality}/{prio} queue holds {depth.get(prio, 0)} requests; "
+                        f"the limit is {limit}"
+                    )
 
 
 def _epoch_ms(date_done: Any) -> float | None:

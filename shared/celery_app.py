@@ -42,6 +42,10 @@ def make_app(settings: Settings, name: str = "fleet") -> Celery:
             "visibility_timeout": settings.redis.visibility_timeout_s,
             "priority_steps": keys.PRIORITY_STEPS,
             "queue_order_strategy": "priority",
+            # Messages of a crashed worker return once visibility_timeout has passed; scan
+            # for them every restore_scan_interval_s (kombu's default scans every 100 s).
+            "unacked_restore_interval": settings.redis.restore_scan_interval_s,
+            "unacked_restore_throttle": 1,
         },
         result_backend_transport_options={"retry_policy": {"timeout": 5.0}},
         result_expires=settings.redis.result_expires_s,

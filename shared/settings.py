@@ -41,6 +41,7 @@ class RedisSettings(_Section):
     db: int = 0
     password: str | None = None
     visibility_timeout_s: int = 3600
+    restore_scan_interval_s: float = 10.0  # how often a worker returns expired unacked messages
     result_expires_s: int = 86400
 
 
@@ -101,10 +102,18 @@ class TransportSettings(_Section):
     min_shm_warn_bytes: int = 256 * 1024 * 1024
 
 
+class DebugSettings(_Section):
+    fault_injection: bool = False  # honour "_inject" inputs (tests and drills only)
+
+
 class ModalityConfig(_Section):
     model: str
-    max_retries: int = 3
-    max_queue_length: int = 10_000
+    max_retries: int = 3  # transient faults only; bad input is never retried
+    retry_backoff_s: float = 0.05  # doubles per attempt
+    max_queue_length: int = 10_000  # all priorities together; QUEUE_FULL beyond it
+    max_queue_length_by_priority: dict[str, int] = Field(default_factory=dict)
+    circuit_threshold: int = 5  # consecutive failed batches that open the breaker
+    circuit_cooldown_s: float = 10.0
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     device: DeviceConfig = Field(default_factory=DeviceConfig)
 
@@ -129,6 +138,7 @@ class Settings(BaseSettings):
     priorities: dict[str, PriorityClass] = Field(default_factory=dict)
     limits: Limits = Field(default_factory=Limits)
     transport: TransportSettings = Field(default_factory=TransportSettings)
+    debug: DebugSettings = Field(default_factory=DebugSettings)
     modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 

@@ -4,23 +4,38 @@ Threads
 -------
 - The worker's event-loop thread (Celery's consumer) calls :meth:`Engine.on_request` for
   every message that enters the prefetch window, and :meth:`Engine.drain` when the inference
-  thread signals completions through a self-pipe. Every Celery/Redis interaction (events,
-  result writes, acks) happens on this thread, as in a stock Celery worker.
+  thread signals completions through a self-pipe. Events, result writes and acks happen on
+  this thread, as in a stock Celery worker.
 - One inference thread asks the :class:`~workers.batcher.Batcher` for batches and runs them
   on the :class:`~workers.runtime.DeviceRuntime`. torch releases the GIL while it computes,
   so the loop keeps fetching messages meanwhile.
 
 Per-request semantics
 ---------------------
-Each request stays its own Celery task: it gets ``task-received``, ``task-started`` and
-``task-succeeded``/``task-failed`` events, its own result, and its own ack after that result is
-stored (``acks_late``). A bad request fails alone (``prepare``/``preprocess`` raise for it
-only; a batch fault is bisected until the failing request is alone).
+Each request stays its own Celery task: ``task-received``, ``task-started``,
+``task-succeeded``/``task-failed`` (and ``task-retried``) events, its own result, its own ack
+after that result is stored (``acks_late``). A bad request fails alone: ``prepare`` and
+``preprocess`` raise for it only, and a batch fault is bisected until the failing request is
+alone (an out-of-memory batch is thereby split in halves; a single request that still does
+not fit fails with ``DEVICE_OOM``).
+
+Failure handling
+----------------
+- Transient faults (:class:`~shared.errors.TransientError`) are retried in place, up to the
+  modality's ``max_retries``, after ``retry_backoff_s * 2**attempt``. Nothing else is retried.
+- Poison messages: before a batch runs, each member's in-flight counter
+  (``fleet:deliveries:<id>``) is incremented in Redis, and deleted with its result. A message
+  redelivered after its worker died with it in flight is a *suspect*: it runs in a batch of
+  its own, so it cannot take innocent requests down with it again; once its counter reaches
+  ``MAX_DELIVERIES`` it fails with ``WORKER_LOST`` instead of running.
+- A per-model :class:`~workers.circuit.CircuitBreaker` opens after consecutive failed
+  batches; while open, requests fail fast with ``CIRCUIT_OPEN``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import os
 import socket
@@ -35,7 +50,9 @@ from celery import Celery
 from celery.worker import state as worker_state
 
 from shared.errors import (
+    CircuitOpen,
     DeadlineExceeded,
+    DeviceError,
     DeviceOOM,
     FleetError,
     InvalidInput,
@@ -43,10 +60,13 @@ from shared.errors import (
     UnsupportedModality,
     WorkerLost,
 )
+from shared.keys import delivery_count_key
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
 from workers.batcher import Batcher, Pending, Policy, Trigger
+from workers.circuit import CircuitBreaker
+from workers.faults import FaultInjector
 from workers.models import make_adapter
 from workers.models.base import Prepared
 from workers.results import Outcome, ResultWriter
@@ -55,7 +75,7 @@ from workers.runtime import DeviceRuntime
 log = logging.getLogger("fleet.engine")
 
 SWITCH_INTERVAL_S = float(os.environ.get("FLEET_SWITCH_INTERVAL_S", "0.0005"))
-MAX_DELIVERIES = 3  # a message redelivered this often (its worker died each time) is poison
+MAX_DELIVERIES = 3  # in-flight deliveries after which a message is poison
 PROGRESS_INTERVAL_S = 0.25  # at most this often per request: progress is for humans
 
 
@@ -67,6 +87,8 @@ class Work:
     env: TaskEnvelope
     prepared: Prepared
     arrival_s: float  # monotonic
+    fault: str | None = None
+    attempts: int = 0
     started_s: float = 0.0
     batch_id: str = ""
     batch_size: int = 0
@@ -80,11 +102,21 @@ class _Progress:
 
 
 @dataclass(slots=True)
+class _Retry:
+    work: Work
+    error: FleetError
+    countdown_s: float
+
+
+@dataclass(slots=True)
 class _Done:
     work: Work | None
     req: Any
     outcome: Outcome
     run_ms: float = 0.0
+
+
+_Posted = _Done | _Progress | _Retry | tuple[str, list[Work]]
 
 
 @dataclass(slots=True)
@@ -93,6 +125,7 @@ class EngineStats:
     succeeded: int = 0
     failed: int = 0
     expired: int = 0
+    retried: int = 0
     batches: int = 0
     batch_sizes: Counter[int] = field(default_factory=Counter)
     triggers: Counter[str] = field(default_factory=Counter)
@@ -115,6 +148,7 @@ class Engine:
     ) -> None:
         cfg = settings.modality(modality)
         self.modality = modality
+        self.cfg = cfg
         self.settings = settings
         self.app = app
         self.runtime = DeviceRuntime(cfg.device)
@@ -129,11 +163,14 @@ class Engine:
                 window_size=cfg.device.prefetch_multiplier,
             )
         )
+        self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)
+        self.faults = FaultInjector(settings.debug.fault_injection)
         self.writer = ResultWriter(app)
         self.stats = EngineStats()
         self.ready = False
         self._cv = threading.Condition()
-        self._done: deque[_Done | _Progress | tuple[str, list[Work]]] = deque()
+        self._delayed: list[tuple[float, int, Pending]] = []  # retries waiting for backoff
+        self._done: deque[_Posted] = deque()
         self._progress_at: dict[str, float] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -159,6 +196,13 @@ class Engine:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
             self._thread = threading.Thread(target=self._loop, name="fleet-inference", daemon=True)
             self._thread.start()
+            window, size = self.cfg.device.prefetch_multiplier, self.cfg.batching.max_batch_size
+            if window < size:
+                log.warning(
+                    "prefetch window %d < max_batch_size %d: batches can never fill",
+                    window,
+                    size,
+                )
         self.ready = True
         log.info(
             "engine ready modality=%s model=%s load_s=%.2f runtime=%s",
@@ -226,11 +270,9 @@ class Engine:
                     f"modality {env.modality!r} sent to the {self.modality!r} queue"
                 )
             priority = Priority.parse(env.priority)
-            if self._is_poison(req):
-                raise WorkerLost(
-                    f"delivered {MAX_DELIVERIES} times and its worker was lost each time"
-                )
-            prepared = self.adapter.prepare(env.inputs)
+            suspect = self._check_redelivery(req)
+            inputs, fault = self.faults.split(env.inputs)
+            prepared = self.adapter.prepare(inputs)
         except FleetError as exc:
             self._finish_now(req, exc)
             return
@@ -242,13 +284,15 @@ class Engine:
         deadline_s = None
         if env.deadline_ms is not None:
             deadline_s = now + (env.deadline_ms - time.time() * 1000.0) / 1000.0
-        work = Work(req, env, prepared, now)
+        work = Work(req, env, prepared, now, fault=fault)
+        # A suspect of a crash gets a bucket of its own: it runs alone.
+        bucket = f"{prepared.bucket}#suspect-{req.id}" if suspect else prepared.bucket
         pending = Pending(
             id=req.id,
             priority=priority,
             arrival_s=now,
             deadline_s=deadline_s,
-            bucket=prepared.bucket,
+            bucket=bucket,
             length=prepared.length,
             nbytes=prepared.nbytes,
             item=work,
@@ -257,19 +301,16 @@ class Engine:
             self.batcher.add(pending)
             self._cv.notify()
 
-    def _is_poison(self, req: Any) -> bool:
+    def _check_redelivery(self, req: Any) -> bool:
+        """For a redelivered message: raise WorkerLost if poison; True if a crash suspect."""
         if not (req.delivery_info or {}).get("redelivered"):
             return False
-        from shared.keys import delivery_count_key
-
-        client = self.app.backend.client
-        key = delivery_count_key(req.id)
-        with client.pipeline(transaction=False) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, self.settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
-            count = pipe.execute()[0]
-        # count = redeliveries seen; the first delivery was never counted.
-        return int(count) + 1 >= MAX_DELIVERIES
+        in_flight = int(self.app.backend.client.get(delivery_count_key(req.id)) or 0)
+        if in_flight >= MAX_DELIVERIES:
+            raise WorkerLost(
+                f"its worker was lost {in_flight} times while running it; not retried again"
+            )
+        return in_flight > 0
 
     def _finish_now(self, req: Any, exc: FleetError) -> None:
         self._complete([_Done(None, req, Outcome(req.id, error=exc))])
@@ -281,13 +322,14 @@ class Engine:
                 while True:
                     if self._stop:
                         return
-                    d = self.batcher.next_batch(time.monotonic())
+                    now = time.monotonic()
+                    self._release_delayed(now)
+                    d = self.batcher.next_batch(now)
                     if d.expired:
                         self._expire(d.expired)
                     if d.batch:
                         break
-                    timeout = None if d.wake_at_s is None else d.wake_at_s - time.monotonic()
-                    self._cv.wait(timeout=None if timeout is None else max(timeout, 0.0))
+                    self._cv.wait(timeout=self._wait_s(d.wake_at_s, now))
             try:
                 self._run([p.item for p in d.batch], d.trigger)
             except Exception:  # never let the inference thread die silently
@@ -299,18 +341,19 @@ class Engine:
                     ]
                 )
 
+    def _wait_s(self, wake_at_s: float | None, now: float) -> float | None:
+        times = [t for t in (wake_at_s, self._delayed[0][0] if self._delayed else None) if t]
+        return max(min(times) - now, 0.0) if times else None
+
+    def _release_delayed(self, now: float) -> None:
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, pending = heapq.heappop(self._delayed)
+            self.batcher.add(pending)
+
     def _expire(self, expired: list[Pending]) -> None:
         self.stats.expired += len(expired)
-        self._post(
-            [
-                _Done(
-                    p.item,
-                    p.item.req,
-                    Outcome(p.id, error=DeadlineExceeded("deadline passed before it could run")),
-                )
-                for p in expired
-            ]
-        )
+        err = DeadlineExceeded("deadline passed before it could run")
+        self._post([_Done(p.item, p.item.req, Outcome(p.id, error=err)) for p in expired])
 
     def _run(self, batch: list[Work], trigger: Trigger | None) -> None:
         self._batch_seq += 1
@@ -318,6 +361,14 @@ class Engine:
         now = time.monotonic()
         for w in batch:
             w.started_s, w.batch_id, w.batch_size = now, batch_id, len(batch)
+        self.stats.batches += 1
+        self.stats.batch_sizes[len(batch)] += 1
+        self.stats.triggers[str(trigger)] += 1
+        if not self.breaker.allow(now):
+            err = CircuitOpen(f"the {self.modality} model's circuit breaker is open")
+            self._post([_Done(w, w.req, Outcome(w.req.id, error=err)) for w in batch])
+            return
+        self._mark_in_flight(batch)
         self._post_started(batch)
         done: list[_Done] = []
         ready: list[tuple[Work, Any]] = []
@@ -330,16 +381,59 @@ class Engine:
             except Exception as exc:
                 done.append(_Done(w, w.req, Outcome(w.req.id, error=InvalidInput(str(exc)))))
         t0 = time.perf_counter()
-        done.extend(self._run_isolating(ready))
+        ran = self._run_isolating(ready)
         elapsed = time.perf_counter() - t0
-        if ready and all(d.outcome.error is None for d in done[-len(ready) :]):
+        if ready and all(d.outcome.error is None for d in ran):
             self.batcher.model.observe(batch[0].prepared.bucket, len(ready), elapsed)
-        for d in done:
+        self._judge_model(ran)
+        for d in ran:
             d.run_ms = elapsed * 1000.0
-        self.stats.batches += 1
-        self.stats.batch_sizes[len(batch)] += 1
-        self.stats.triggers[str(trigger)] += 1
-        self._post(done)
+        self._post(self._retry_transient(done + ran))
+
+    def _mark_in_flight(self, batch: list[Work]) -> None:
+        ttl = self.settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1)
+        try:
+            with self.app.backend.client.pipeline(transaction=False) as pipe:
+                for w in batch:
+                    pipe.incr(delivery_count_key(w.req.id))
+                    pipe.expire(delivery_count_key(w.req.id), ttl)
+                pipe.execute()
+        except Exception:  # counting is a safety net; never fail a batch over it
+            log.warning("could not mark batch in flight", exc_info=True)
+
+    def _judge_model(self, ran: list[_Done]) -> None:
+        if not ran:
+            return
+        if any(d.outcome.error is None for d in ran):
+            self.breaker.record_success()
+        elif all(isinstance(d.outcome.error, ModelError | DeviceError) for d in ran):
+            self.breaker.record_failure(time.monotonic())
+            log.warning("model fault; breaker %s", self.breaker.snapshot())
+
+    def _retry_transient(self, done: list[_Done]) -> list[_Done]:
+        final: list[_Done] = []
+        for d in done:
+            err, w = d.outcome.error, d.work
+            if err is None or w is None or not err.retryable or w.attempts >= self.cfg.max_retries:
+                final.append(d)
+                continue
+            countdown = self.cfg.retry_backoff_s * (2**w.attempts)
+            w.attempts += 1
+            self.stats.retried += 1
+            pending = Pending(
+                id=w.req.id,
+                priority=Priority.parse(w.env.priority),
+                arrival_s=time.monotonic() + countdown,
+                deadline_s=None,
+                bucket=w.prepared.bucket,
+                length=w.prepared.length,
+                nbytes=w.prepared.nbytes,
+                item=w,
+            )
+            with self._cv:
+                heapq.heappush(self._delayed, (pending.arrival_s, id(pending), pending))
+            self._post_item(_Retry(w, err, countdown))
+        return final
 
     def _run_isolating(self, items: list[tuple[Work, Any]]) -> list[_Done]:
         """Run a batch; on a fault, bisect until the failing request fails alone."""
@@ -347,6 +441,7 @@ class Engine:
             return []
         self._sink_to([w for w, _ in items])
         try:
+            self.faults.before_batch([(w.req.id, w.fault) for w, _ in items])
             with self.runtime.batch_context():
                 results = self.adapter.run_batch([s for _, s in items])
             return [
@@ -357,6 +452,7 @@ class Engine:
             if len(items) == 1:
                 w = items[0][0]
                 return [_Done(w, w.req, Outcome(w.req.id, error=_as_fleet_error(exc)))]
+            log.warning("batch of %d failed (%s); splitting", len(items), exc)
             mid = len(items) // 2
             return self._run_isolating(items[:mid]) + self._run_isolating(items[mid:])
 
@@ -367,21 +463,13 @@ class Engine:
             if done < total and now - self._progress_at.get(w.req.id, 0.0) < PROGRESS_INTERVAL_S:
                 return
             self._progress_at[w.req.id] = now
-            if self._inline:
-                self._progress(_Progress(w, done, total))
-            else:
-                self._done.append(_Progress(w, done, total))
-                self._wake()
+            self._post_item(_Progress(w, done, total))
 
         self.adapter.progress_sink = sink
 
     # -- completions: posted by the inference thread, handled on the loop thread -------------
     def _post_started(self, batch: list[Work]) -> None:
-        if self._inline:
-            self._started(batch)
-            return
-        self._done.append(("started", batch))
-        self._wake()
+        self._post_item(("started", batch))
 
     def _post(self, done: list[_Done]) -> None:
         if not done:
@@ -390,6 +478,13 @@ class Engine:
             self._complete(done)
             return
         self._done.extend(done)
+        self._wake()
+
+    def _post_item(self, item: _Posted) -> None:
+        if self._inline:
+            self._handle([item])
+            return
+        self._done.append(item)
         self._wake()
 
     def _wake(self) -> None:
@@ -401,9 +496,14 @@ class Engine:
         with contextlib.suppress(BlockingIOError):
             while os.read(self._wake_r, 4096):
                 pass
-        finished: list[_Done] = []
+        items: list[_Posted] = []
         while self._done:
-            item = self._done.popleft()
+            items.append(self._done.popleft())
+        self._handle(items)
+
+    def _handle(self, items: list[_Posted]) -> None:
+        finished: list[_Done] = []
+        for item in items:
             if isinstance(item, _Done):
                 finished.append(item)
                 continue
@@ -412,6 +512,8 @@ class Engine:
                 finished = []
             if isinstance(item, _Progress):
                 self._progress(item)
+            elif isinstance(item, _Retry):
+                item.work.req.send_event("task-retried", exception=repr(item.error), traceback="")
             else:
                 self._started(item[1])
         self._complete(finished)
@@ -431,13 +533,17 @@ class Engine:
 
     def _started(self, batch: list[Work]) -> None:
         for w in batch:
-            w.req.on_accepted(os.getpid(), time.monotonic())
+            if w.attempts == 0:
+                w.req.on_accepted(os.getpid(), time.monotonic())
 
     def _complete(self, done: list[_Done]) -> None:
         if not done:
             return
         try:
-            self.writer.write([d.outcome for d in done])
+            self.writer.write(
+                [d.outcome for d in done],
+                also_delete=[delivery_count_key(d.req.id) for d in done],
+            )
         except Exception:
             # Not acked: the messages return after the visibility timeout (at-least-once).
             log.exception("storing %d results failed; leaving them unacked", len(done))
@@ -462,7 +568,7 @@ class Engine:
         queued_ms = (w.started_s - w.arrival_s) * 1000.0 if w and w.started_s else 0.0
         log.info(
             "request id=%s state=%s code=%s priority=%s queued_ms=%.1f run_ms=%.1f "
-            "batch=%s size=%d total_ms=%.1f",
+            "batch=%s size=%d attempts=%d total_ms=%.1f",
             req.id,
             o.state,
             o.error.code if o.error else "-",
@@ -471,6 +577,7 @@ class Engine:
             d.run_ms,
             w.batch_id if w else "-",
             w.batch_size if w else 0,
+            (w.attempts + 1) if w else 0,
             (now - w.arrival_s) * 1000.0 if w else 0.0,
         )
 
@@ -485,10 +592,12 @@ class Engine:
             "succeeded": s.succeeded,
             "failed": s.failed,
             "expired": s.expired,
+            "retried": s.retried,
             "batches": s.batches,
             "batch_sizes": {str(k): v for k, v in sorted(s.batch_sizes.items())},
             "triggers": dict(s.triggers),
             "errors": dict(s.errors),
+            "circuit": self.breaker.snapshot(),
             "runtime": self.runtime.stats(),
             "model": self.adapter.describe(),
         }

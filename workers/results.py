@@ -78,8 +78,11 @@ class ResultWriter:
         key = self.backend.get_key_for_task(task_id)
         self.backend.client.setex(key, self.expires_s or 86400, self.backend.encode(meta))
 
-    def write(self, outcomes: Sequence[Outcome]) -> None:
+    def write(self, outcomes: Sequence[Outcome], also_delete: Sequence[str] = ()) -> None:
         """Store every outcome (SETEX + PUBLISH each) in one round trip.
+
+        ``also_delete``: keys to delete in the same pipeline (the requests' in-flight
+        counters).
 
         Raises:
             redis.RedisError: the pipeline failed; nothing may be acked then (the messages
@@ -97,4 +100,6 @@ class ResultWriter:
                 else:
                     pipe.set(key, value)
                 pipe.publish(key, value)
+            if also_delete:
+                pipe.delete(*also_delete)
             pipe.execute()

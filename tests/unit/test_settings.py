@@ -1,0 +1,195 @@
+"""``shared.settings``: configs/fleet.toml, FLEET_* overrides, secrets and the Redis URL."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from pydantic import ValidationError
+
+from shared.settings import config_path, ensure_secret, load_settings
+
+REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "fleet.toml"
+
+
+@pytest.fixture(autouse=True)
+def _no_fleet_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Start every test without FLEET_* variables (a shell or session fixture may set them)."""
+    for name in list(os.environ):
+        if name.upper().startswith("FLEET_"):
+            monkeypatch.delenv(name)
+    yield
+
+
+def write_config(path: Path, *, drop_priority: str | None = None, redis_port: int = 7001) -> Path:
+    prios = {"realtime": (0, 0.1), "high": (2, 0.5), "normal": (5, 1.5), "bulk": (9, 0.0)}
+    lines = [f"[redis]\nport = {redis_port}\n"]
+    for name, (cp, t) in prios.items():
+        if name != drop_priority:
+            lines.append(f"[priorities.{name}]\ncelery_priority = {cp}\ntimeout_s = {t}\n")
+    lines.append('[modalities.text]\nmodel = "tiny"\n[modalities.text.batching]\n')
+    lines.append("max_batch_size = 4\n")
+    path.write_text("\n".join(lines))
+    return path
+
+
+# -- the shipped file -------------------------------------------------------------------
+
+
+def test_fleet_toml_loads_with_its_values() -> None:
+    s = load_settings()
+    assert s.redis.port == 6390
+    assert s.redis.host == "127.0.0.1"
+    assert s.redis.password is None
+    assert set(s.priorities) == {"realtime", "high", "normal", "bulk"}
+    assert s.modality("text").model == "minilm"
+    assert s.modality("text").batching.max_batch_size == 32
+    assert s.modality("text").batching.length_buckets == [16, 32, 64, 128, 256]
+    assert s.modality("image").batching.max_queue_delay_ms == 2.0
+    assert s.limits.max_inline_bytes == 8 * 1024 * 1024
+    assert s.models["minilm"].kind == "minilm"
+
+
+def test_default_config_path_is_the_repo_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO_CONFIG.parent.parent)
+    assert config_path().resolve() == REPO_CONFIG
+
+
+def test_repo_file_is_used_from_another_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert config_path() == REPO_CONFIG
+    assert load_settings().modality("text").batching.max_batch_size == 32
+
+
+def test_unknown_modality_is_a_key_error() -> None:
+    with pytest.raises(KeyError):
+        load_settings().modality("audio")
+
+
+# -- overrides --------------------------------------------------------------------------
+
+
+def test_env_overrides_nested_modality_key_and_keeps_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE", "16")
+    text = load_settings().modality("text")
+    assert text.batching.max_batch_size == 16
+    assert text.batching.max_queue_delay_ms == 4.0
+    assert text.batching.preferred_batch_sizes == [8, 16, 32]
+    assert text.model == "minilm"
+    assert text.device.prefetch_multiplier == 64
+
+
+def test_env_overrides_redis_port_and_keeps_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_REDIS__PORT", "6400")
+    s = load_settings()
+    assert s.redis.port == 6400
+    assert s.redis.host == "127.0.0.1"
+    assert s.redis.visibility_timeout_s == 3600
+
+
+def test_keyword_overrides_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_REDIS__PORT", "6400")
+    s = load_settings(redis={"port": 6500})
+    assert s.redis.port == 6500
+    assert s.redis.visibility_timeout_s == 3600
+
+
+def test_invalid_env_value_is_a_validation_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE", "0")
+    with pytest.raises(ValidationError, match="max_batch_size"):
+        load_settings()
+
+
+def test_fleet_config_names_the_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "other.toml", redis_port=7001)
+    monkeypatch.setenv("FLEET_CONFIG", str(cfg))
+    s = load_settings()
+    assert config_path() == cfg
+    assert s.redis.port == 7001
+    assert s.priorities["high"].celery_priority == 2
+    assert s.modality("text").model == "tiny"
+    assert s.modality("text").batching.max_batch_size == 4
+    assert "image" not in s.modalities
+
+
+def test_env_wins_over_fleet_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FLEET_CONFIG", str(write_config(tmp_path / "other.toml")))
+    monkeypatch.setenv("FLEET_REDIS__PORT", "7002")
+    assert load_settings().redis.port == 7002
+
+
+def test_missing_priority_class_is_a_validation_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "no-bulk.toml", drop_priority="bulk")
+    monkeypatch.setenv("FLEET_CONFIG", str(cfg))
+    with pytest.raises(ValidationError, match="bulk"):
+        load_settings()
+
+
+def test_celery_priority_outside_0_9_is_a_validation_error() -> None:
+    with pytest.raises(ValidationError, match="celery_priority"):
+        load_settings(priorities={"high": {"celery_priority": 10, "timeout_s": 1.0}})
+
+
+def test_settings_are_frozen() -> None:
+    s = load_settings()
+    with pytest.raises(ValidationError):
+        s.limits = s.limits  # type: ignore[misc]
+
+
+# -- secrets ----------------------------------------------------------------------------
+
+
+def test_redis_password_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "redis.password").write_text("from-file\n")
+    monkeypatch.setenv("FLEET_REDIS__PASSWORD", "from-env")
+    assert load_settings(stack={"run_dir": tmp_path}).redis_password() == "from-env"
+
+
+def test_redis_password_from_run_dir_file(tmp_path: Path) -> None:
+    (tmp_path / "redis.password").write_text("from-file\n")
+    assert load_settings(stack={"run_dir": tmp_path}).redis_password() == "from-file"
+
+
+def test_redis_password_missing_is_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_settings(stack={"run_dir": tmp_path}).redis_password()
+
+
+def test_ensure_secret_creates_a_0600_file_once(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "redis.password"
+    first = ensure_secret(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(first) == 32
+    assert path.read_text().strip() == first
+    mtime = path.stat().st_mtime_ns
+    assert ensure_secret(path) == first
+    assert path.stat().st_mtime_ns == mtime
+
+
+def test_ensure_secret_keeps_an_existing_secret(tmp_path: Path) -> None:
+    path = tmp_path / "redis.password"
+    path.write_text("chosen-by-operator\n")
+    assert ensure_secret(path) == "chosen-by-operator"
+
+
+def test_ensure_secret_gives_different_secrets_to_different_files(tmp_path: Path) -> None:
+    assert ensure_secret(tmp_path / "a") != ensure_secret(tmp_path / "b")
+
+
+def test_redis_url_quotes_special_characters_in_password() -> None:
+    password = "p@ss:w/rd%#?"
+    url = load_settings(redis={"password": password, "port": 6401, "db": 2}).redis_url()
+    assert url == "redis://:p%40ss%3Aw%2Frd%25%23%3F@127.0.0.1:6401/2"
+    parts = urlsplit(url)
+    assert unquote(parts.password or "") == password
+    assert (parts.hostname, parts.port, parts.path) == ("127.0.0.1", 6401, "/2")
