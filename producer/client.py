@@ -13,14 +13,15 @@ Celery priority of its class, carrying a :class:`~shared.schema.TaskEnvelope`. I
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from celery.result import AsyncResult
@@ -38,6 +39,9 @@ from shared.errors import (
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.settings import MODALITIES, Settings, load_settings
+
+if TYPE_CHECKING:
+    from shared.transport import ShmStore
 
 READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 
@@ -71,9 +75,25 @@ class ResultHandle:
             TimeoutError: no result within ``timeout_s``.
         """
         out = self.outcome(timeout_s)
+        self._release_transport_inputs()
         if "error" in out:
             raise error_from_code(out["error"]["code"], out["error"]["message"])
-        return out["result"]
+        return self._resolved(out["result"])
+
+    # -- tensor transport (video, xmodal): a separate addition to get() -------------------
+    # get() releases the request's input segments (the producer owns them; the worker only
+    # maps them) once the final outcome is in, and turns tensor wire objects in the result
+    # into numpy arrays (FleetClient.resolve), mapping and releasing the worker's output
+    # segments. The resolved result is kept, so calling get() again returns it again.
+    def _release_transport_inputs(self) -> None:
+        if not getattr(self, "_inputs_released", False):
+            self._inputs_released = True
+            self.client.release_inputs(self.envelope.inputs)
+
+    def _resolved(self, result: Any) -> Any:
+        if not hasattr(self, "_resolved_result"):
+            self._resolved_result = self.client.resolve(result)
+        return self._resolved_result
 
     def outcome(self, timeout_s: float = 30.0) -> dict[str, Any]:
         """Wait and return ``{"result": ...}`` or ``{"error": {"code", "message", "type"}}``.
@@ -273,6 +293,60 @@ class FleetClient:
                 counts = pipe.execute()
         return dict(zip(names, (int(c) for c in counts), strict=True))
 
+    # -- tensor transport (video, xmodal) ----------------------------------------------
+    def shm(self) -> ShmStore:
+        """This client's shared-memory store (``[transport]`` settings), opened on first use.
+
+        Raises:
+            TransportError: no usable /dev/shm root (see :class:`shared.transport.ShmStore`).
+        """
+        store = self.__dict__.get("_shm_store")
+        if store is None:
+            store = self.__dict__["_shm_store"] = shm_store(self.settings)
+        return store
+
+    def video_inputs(
+        self, path_or_bytes: str | Path | bytes, ttl_s: float | None = None
+    ) -> dict[str, Any]:
+        """Inputs for a video request: ``video_ref`` through /dev/shm, ``video_b64`` if small.
+
+        Files above :data:`VIDEO_INLINE_MAX_BYTES` go through shared memory (a detached
+        segment with ``ttl_s``, default ``transport.default_ttl_s``) unless
+        ``transport.shared_host`` is false. The segment is this client's: ``ResultHandle.get``
+        releases it after the final outcome; call :meth:`release_inputs` yourself when you
+        read results another way (``wait_all``/``poll``), or let the TTL reclaim it.
+        """
+        store = self.shm() if self.settings.transport.shared_host else None
+        return video_inputs(path_or_bytes, store, ttl_s=ttl_s)
+
+    def resolve(self, result: Any, release: bool = True) -> Any:
+        """Replace tensor wire objects in a result with numpy arrays (see :func:`resolve_tensors`).
+
+        ``{"kind": "shm", ...}`` refs are mapped zero-copy (a read-only array) and, with
+        ``release``, their segments are released at once (the array stays valid);
+        ``{"kind": "inline", ...}`` objects are decoded. Other values are returned unchanged.
+
+        Raises:
+            TensorRefError: a ref that is unknown (already released, expired, another host).
+        """
+        return resolve_tensors(result, self.shm, release=release)
+
+    def release_inputs(self, inputs: Any) -> int:
+        """Release the shared-memory segments referenced by a request's inputs.
+
+        Returns:
+            How many segments were removed (refs already gone count 0).
+        """
+        refs = list(_wires(inputs, "shm"))
+        if not refs:
+            return 0
+        store = self.shm()
+        removed = 0
+        for ref in refs:
+            with contextlib.suppress(FleetError):
+                removed += bool(store.release(ref))
+        return removed
+
     def _check_backpressure(self, envs: Sequence[TaskEnvelope]) -> None:
         """Refuse the whole submission if any queue would pass its configured maximum.
 
@@ -313,3 +387,111 @@ def image_inputs(path_or_bytes: str | Path | bytes) -> dict[str, Any]:
     """Inputs for an image request from a file path or the file's bytes."""
     data = path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
     return {"image_b64": base64.b64encode(data).decode("ascii")}
+
+
+# -- tensor transport helpers (video, xmodal) ------------------------------------------------
+VIDEO_INLINE_MAX_BYTES = 32 * 1024
+"""Video files up to this size travel inline as base64 (about 44 KB in the message), larger
+ones through /dev/shm, so a task message stays under 64 KB whatever the video's size."""
+
+_SHM_KEYS = frozenset({"kind", "id", "shape", "dtype", "nbytes", "owner", "created_at", "ttl_s"})
+_INLINE_KEYS = frozenset({"kind", "dtype", "shape", "nbytes", "b64"})
+
+
+def shm_store(settings: Settings, role: str = "producer") -> ShmStore:
+    """A :class:`~shared.transport.ShmStore` configured from ``[transport]``."""
+    from shared.transport import ShmStore
+
+    t = settings.transport
+    return ShmStore(
+        root=t.shm_root,
+        capacity_bytes=t.capacity_bytes,
+        default_ttl_s=t.default_ttl_s,
+        capacity_fraction=t.capacity_fraction,
+        role=role,  # type: ignore[arg-type]
+    )
+
+
+def video_inputs(
+    path_or_bytes: str | Path | bytes,
+    store: ShmStore | None = None,
+    *,
+    inline_max_bytes: int = VIDEO_INLINE_MAX_BYTES,
+    ttl_s: float | None = None,
+) -> dict[str, Any]:
+    """Inputs for a video request from a file path or the file's bytes.
+
+    Args:
+        path_or_bytes: the encoded video file (MP4/MOV, MKV/WebM, AVI, MPEG-TS).
+        store: where to put files above ``inline_max_bytes`` (``{"video_ref": ...}``, a
+            detached 1-D uint8 segment); ``None``: always inline (``{"video_b64": ...}``,
+            bounded by ``limits.max_inline_bytes`` at submit).
+        inline_max_bytes: largest file sent inline when a store is given.
+        ttl_s: the segment's lifetime (default: the store's); the worker must map it before.
+
+    The caller owns the segment: release it after the request's final outcome
+    (``ResultHandle.get`` and ``FleetClient.release_inputs`` do), else its TTL reclaims it.
+
+    Raises:
+        ShmCapacityError: the shared-memory budget is exhausted.
+    """
+    data = path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
+    if store is None or len(data) <= inline_max_bytes:
+        return {"video_b64": base64.b64encode(data).decode("ascii")}
+    import numpy as np
+
+    ref = store.put(np.frombuffer(data, dtype=np.uint8), ttl_s=ttl_s, detach=True)
+    return {"video_ref": ref.to_dict()}
+
+
+def xmodal_inputs(image: str | Path | bytes, texts: str | Sequence[str]) -> dict[str, Any]:
+    """Inputs for a cross-modal request: an image (path or bytes) and 1-16 texts."""
+    out = image_inputs(image)
+    out["texts"] = [texts] if isinstance(texts, str) else list(texts)
+    return out
+
+
+def resolve_tensors(obj: Any, store: Callable[[], ShmStore], *, release: bool = True) -> Any:
+    """A copy of ``obj`` (a result) with every tensor wire object replaced by a numpy array.
+
+    Args:
+        obj: a JSON-like value (dicts, lists, scalars).
+        store: returns the :class:`ShmStore` to map refs with (called only if there is one).
+        release: release each mapped segment at once (the mapping stays valid; tmpfs frees
+            the pages when the array is garbage-collected).
+
+    Raises:
+        TensorRefError: an unknown, expired or malformed ref.
+        InvalidInput: a malformed inline tensor.
+    """
+    if isinstance(obj, dict):
+        kind = obj.get("kind")
+        if kind == "shm" and set(obj) == _SHM_KEYS:
+            s = store()
+            arr = s.get(obj)
+            if release:
+                s.release(obj)
+            return arr
+        if kind == "inline" and set(obj) == _INLINE_KEYS:
+            from shared.transport import decode_inline
+
+            return decode_inline(obj)
+        return {k: resolve_tensors(v, store, release=release) for k, v in obj.items()}
+    if isinstance(obj, list) and obj and isinstance(obj[0], dict | list):
+        return [resolve_tensors(v, store, release=release) for v in obj]
+    return obj
+
+
+def _wires(obj: Any, kind: str) -> Iterable[dict[str, Any]]:
+    """Every tensor wire object of ``kind`` inside ``obj``."""
+    keys = _SHM_KEYS if kind == "shm" else _INLINE_KEYS
+    if isinstance(obj, dict):
+        if obj.get("kind") == kind and set(obj) == keys:
+            yield obj
+            return
+        for v in obj.values():
+            yield from _wires(v, kind)
+    elif isinstance(obj, list):
+        for v in obj:
+            if isinstance(v, dict | list):
+                yield from _wires(v, kind)

@@ -76,6 +76,7 @@ log = logging.getLogger("fleet.engine")
 
 SWITCH_INTERVAL_S = float(os.environ.get("FLEET_SWITCH_INTERVAL_S", "0.0005"))
 MAX_DELIVERIES = 3  # in-flight deliveries after which a message is poison
+IN_FLIGHT_TTL_S = 7 * 86400
 PROGRESS_INTERVAL_S = 0.25  # at most this often per request: progress is for humans
 
 
@@ -306,6 +307,7 @@ class Engine:
         if not (req.delivery_info or {}).get("redelivered"):
             return False
         in_flight = int(self.app.backend.client.get(delivery_count_key(req.id)) or 0)
+        log.info("redelivered id=%s died_in_flight=%d", req.id, in_flight)
         if in_flight >= MAX_DELIVERIES:
             raise WorkerLost(
                 f"its worker was lost {in_flight} times while running it; not retried again"
@@ -391,7 +393,8 @@ class Engine:
         self._post(self._retry_transient(done + ran))
 
     def _mark_in_flight(self, batch: list[Work]) -> None:
-        ttl = self.settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1)
+        # Outlive every redelivery, however long a dead worker takes to come back.
+        ttl = max(IN_FLIGHT_TTL_S, self.settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
         try:
             with self.app.backend.client.pipeline(transaction=False) as pipe:
                 for w in batch:

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 ADAPTERS: dict[str, str] = {
     "minilm": "workers.models.text:TextAdapter",
     "resnet": "workers.models.image:ImageAdapter",
+    "video": "workers.models.video:VideoAdapter",
+    "xmodal": "workers.models.xmodal:XModalAdapter",
 }
 
 
