@@ -29,6 +29,7 @@ from shared.errors import FleetError
 from shared.keys import task_name
 from shared.settings import MODALITIES, load_settings
 from workers import engine_registry
+from workers.runtime import refuse_early_cuda, validate_partitions
 
 log = logging.getLogger("fleet.worker")
 
@@ -55,12 +56,26 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
     if modality not in MODALITIES:
         raise SystemExit(f"FLEET_WORKER_MODALITY must be one of {MODALITIES}, not {modality!r}")
     mode = os.environ.get("FLEET_WORKER_MODE", "batch")
+    refuse_early_cuda()
+    validate_partitions(settings)
     engine = Engine(modality, settings, app, threaded=(mode == "batch"))
     engine.start()
     engine_registry.install(engine)
     if mode == "batch":
         app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"
     log.info("worker mode=%s modality=%s", mode, modality)
+
+
+@signals.worker_ready.connect
+def _log_ready(**_: Any) -> None:
+    # Celery's logging is configured by now (it is not yet in worker_init).
+    engine = engine_registry.current()
+    log.info(
+        "fleet worker ready modality=%s model=%s runtime=%s",
+        engine.modality,
+        engine.adapter.describe(),
+        engine.runtime.stats(),
+    )
 
 
 @signals.worker_shutdown.connect

@@ -1,9 +1,19 @@
-"""The per-process device runtime: device, CUDA stream, memory partition, threads.
+"""The per-process device runtime: device, CUDA stream, memory partition, staging arena.
 
 One :class:`DeviceRuntime` per worker process, created after the process starts (never
 before a fork: CUDA must not be initialised in a parent). On a machine without CUDA the same
 API runs on the CPU: no stream, the staging arena in host memory, and ``torch`` thread
 counts from config.
+
+Staging arena
+-------------
+``arena_mb`` bytes are allocated once at start: a pinned host buffer and, on CUDA, a device
+buffer of the same size, both as tensors this runtime owns (so PyTorch's caching allocator
+and its safety checks stay in charge; no raw pointers). :meth:`DeviceRuntime.stage` copies a
+batch's input tensors into the host buffer and, on CUDA, from there to the device buffer on
+the worker's stream, and returns views: steady state allocates nothing new for inputs. A
+batch too large for the arena falls back to ordinary allocation and is counted
+(``arena_overflows`` in the stats).
 """
 
 from __future__ import annotations
@@ -11,15 +21,59 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from shared.errors import DeviceError
 from shared.settings import DeviceConfig
 
+if TYPE_CHECKING:
+    from shared.settings import Settings
+
 log = logging.getLogger(__name__)
+
+MAX_GPU_FRACTION = 0.9  # headroom for the CUDA context and other processes
+_ALIGN = 256  # bytes; CUDA's allocation granularity for coalesced access
+
+
+def validate_partitions(settings: Settings) -> None:
+    """Check that the memory fractions configured on each GPU sum to at most 0.9.
+
+    Raises:
+        DeviceError: a GPU is over-committed (names the modalities and the sum).
+    """
+    per_gpu: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for name, m in settings.modalities.items():
+        dev = m.device.device
+        if dev.startswith("cuda"):
+            per_gpu[dev if ":" in dev else "cuda:0"].append((name, m.device.memory_fraction))
+    for gpu, parts in per_gpu.items():
+        total = sum(f for _, f in parts)
+        if total > MAX_GPU_FRACTION + 1e-9:
+            detail = ", ".join(f"{n}={f}" for n, f in parts)
+            raise DeviceError(
+                f"memory fractions on {gpu} sum to {total:.2f} > {MAX_GPU_FRACTION} ({detail})"
+            )
+
+
+def refuse_early_cuda() -> None:
+    """Refuse to start when CUDA was initialised before the worker's own start.
+
+    A module that touches CUDA at import time would have done so in whatever process
+    imported it first; under a forking pool that parent's CUDA context is unusable in the
+    children. The worker calls this before creating its runtime.
+
+    Raises:
+        DeviceError: CUDA is already initialised in this process.
+    """
+    if torch.cuda.is_initialized():
+        raise DeviceError(
+            "CUDA was initialised before the worker started (a module touching CUDA at import "
+            "time?); CUDA must be initialised only by the worker's DeviceRuntime"
+        )
 
 
 class DeviceRuntime:
@@ -40,7 +94,9 @@ class DeviceRuntime:
         self.stream: Any = None
         self.started = False
         self.warmup_s: float | None = None
-        self._arena: torch.Tensor | None = None
+        self.arena_overflows = 0
+        self._host: torch.Tensor | None = None
+        self._dev: torch.Tensor | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -56,12 +112,13 @@ class DeviceRuntime:
             torch.cuda.set_device(self.device)
             torch.cuda.set_per_process_memory_fraction(self.cfg.memory_fraction, self.device)
             self.stream = torch.cuda.Stream(device=self.device)
-        arena_bytes = self.cfg.arena_mb * 1024 * 1024
-        if arena_bytes:
-            pin = self.device.type == "cuda"
-            self._arena = torch.empty(arena_bytes, dtype=torch.uint8, pin_memory=pin)
+        nbytes = self.cfg.arena_mb * 1024 * 1024
+        if nbytes:
+            on_gpu = self.device.type == "cuda"
+            self._host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=on_gpu)
+            if on_gpu:
+                self._dev = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         self.started = True
-        log.info("device runtime started: %s", self.stats())
 
     @contextlib.contextmanager
     def batch_context(self) -> Iterator[None]:
@@ -74,7 +131,40 @@ class DeviceRuntime:
                 yield
             self.stream.synchronize()
 
-    def warmup(self, fn: Any) -> float:
+    def stage(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Place a batch's input tensors on the device through the staging arena.
+
+        Args:
+            tensors: CPU tensors (any dtype/shape), e.g. token ids ``(B, T)`` int64 or pixels
+                ``(B, 3, H, W)`` float32.
+
+        Returns:
+            Tensors of the same dtype and shape on ``self.device``. They are views into the
+            arena, valid until the next :meth:`stage` call: the caller must be done with
+            them by then (the engine runs one batch at a time per process).
+        """
+        if self._host is None:
+            return [t.to(self.device, non_blocking=True) for t in tensors]
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        total = sum(-(-n // _ALIGN) * _ALIGN for n in sizes)
+        if total > self._host.numel():
+            self.arena_overflows += 1
+            return [t.to(self.device, non_blocking=True) for t in tensors]
+        out: list[torch.Tensor] = []
+        offset = 0
+        for t, n in zip(tensors, sizes, strict=True):
+            host = self._host[offset : offset + n].view(t.dtype).view(t.shape)
+            host.copy_(t)
+            if self._dev is not None:
+                dev = self._dev[offset : offset + n].view(t.dtype).view(t.shape)
+                dev.copy_(host, non_blocking=True)  # on the current (worker's) stream
+                out.append(dev)
+            else:
+                out.append(host)
+            offset += -(-n // _ALIGN) * _ALIGN
+        return out
+
+    def warmup(self, fn: Callable[[], None]) -> float:
         """Time a warmup callable once; records and returns its duration in seconds."""
         t0 = time.perf_counter()
         fn()
@@ -90,8 +180,11 @@ class DeviceRuntime:
             "interop_threads": torch.get_num_interop_threads(),
             "stream": None,
             "memory_fraction": None,
-            "arena_bytes": 0 if self._arena is None else self._arena.numel(),
+            "arena_bytes": 0 if self._host is None else self._host.numel(),
+            "arena_pinned": bool(self._host is not None and self._host.is_pinned()),
+            "arena_overflows": self.arena_overflows,
             "warmup_s": self.warmup_s,
+            "cuda_reserved_mb": None,
         }
         if self.stream is not None:
             out["stream"] = int(self.stream.cuda_stream)

@@ -246,9 +246,7 @@ class ImageAdapter(ModelAdapter):
                 got = getattr(s, "shape", type(s).__name__)
                 raise ModelError(f"sample {i} has shape {got}, expected {want}")
         batch = torch.from_numpy(np.stack(samples).astype(np.float32, copy=False))
-        device = self.runtime.device
-        if device.type == "cuda":
-            batch = batch.pin_memory().to(device, non_blocking=True)
+        (batch,) = self.runtime.stage([batch])
         # The engine already runs this inside runtime.batch_context(); entering
         # inference_mode again is a no-op there and keeps direct callers (tests, the bench's
         # in-process limit) off autograd. batch_context itself is not re-entered: it would

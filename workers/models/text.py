@@ -73,8 +73,7 @@ class TextAdapter(ModelAdapter):
         for i, (ids, _) in enumerate(samples):
             ids_t[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[i, : len(ids)] = 1
-        dev = self.runtime.device
-        ids_t, mask = ids_t.to(dev, non_blocking=True), mask.to(dev, non_blocking=True)
+        ids_t, mask = self.runtime.stage([ids_t, mask])
         hidden = self.model(input_ids=ids_t, attention_mask=mask).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
