@@ -2,8 +2,9 @@
 
 Sources, highest first: keyword arguments to :func:`load_settings`, environment variables
 (``FLEET_REDIS__PORT=6400``; nested keys joined by ``__``), the TOML file named by
-``FLEET_CONFIG`` (default ``configs/fleet.toml`` under the current directory, then the one
-shipped beside this package's source tree), then the defaults below.
+``FLEET_CONFIG`` (one file or several joined by ``:``, deep-merged in order; default
+``configs/fleet.toml`` under the current directory, then the one shipped beside this
+package's source tree), then the defaults below.
 
 Secrets (Redis and Flower passwords) are never in the TOML file: they come from the
 environment or from files under ``stack.run_dir`` that ``fleet up`` creates with mode 0600.
@@ -159,7 +160,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_path())
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_paths(), deep_merge=True)
         return (init_settings, env_settings, toml)
 
     # -- derived values ---------------------------------------------------------------
@@ -195,13 +196,25 @@ class Settings(BaseSettings):
         return self.modalities[name]
 
 
-def config_path() -> Path:
-    """The TOML file in use: ``$FLEET_CONFIG``, ``./configs/fleet.toml``, or the repo's copy."""
+def config_paths() -> list[Path]:
+    """The TOML files in use, merged in order (later files override keys of earlier ones).
+
+    ``$FLEET_CONFIG`` is one path or several joined by ``:`` (e.g. the defaults plus an
+    overlay: ``configs/fleet.toml:configs/overlays/gpu.toml``); without it,
+    ``./configs/fleet.toml`` if present, else the copy beside this package's source tree.
+
+    Raises:
+        FileNotFoundError: a file named in ``$FLEET_CONFIG`` does not exist.
+    """
     env = os.environ.get("FLEET_CONFIG")
     if env:
-        return Path(env)
+        paths = [Path(p) for p in env.split(os.pathsep) if p]
+        for p in paths:
+            if not p.is_file():
+                raise FileNotFoundError(f"FLEET_CONFIG names {p}, which does not exist")
+        return paths
     local = Path("configs/fleet.toml")
-    return local if local.exists() else _REPO_CONFIG
+    return [local if local.exists() else _REPO_CONFIG]
 
 
 def load_settings(**overrides: Any) -> Settings:

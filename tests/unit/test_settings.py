@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from pydantic import ValidationError
 
-from shared.settings import config_path, ensure_secret, load_settings
+from shared.settings import config_paths, ensure_secret, load_settings
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "fleet.toml"
 
@@ -56,14 +56,14 @@ def test_fleet_toml_loads_with_its_values() -> None:
 
 def test_default_config_path_is_the_repo_file(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO_CONFIG.parent.parent)
-    assert config_path().resolve() == REPO_CONFIG
+    assert [p.resolve() for p in config_paths()] == [REPO_CONFIG]
 
 
 def test_repo_file_is_used_from_another_directory(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert config_path() == REPO_CONFIG
+    assert config_paths() == [REPO_CONFIG]
     assert load_settings().modality("text").batching.max_batch_size == 32
 
 
@@ -84,7 +84,7 @@ def test_env_overrides_nested_modality_key_and_keeps_the_rest(
     assert text.batching.max_queue_delay_ms == 4.0
     assert text.batching.preferred_batch_sizes == [8, 16, 32]
     assert text.model == "minilm"
-    assert text.device.prefetch_multiplier == 64
+    assert text.device.prefetch_multiplier == 256
 
 
 def test_env_overrides_redis_port_and_keeps_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,7 +112,7 @@ def test_fleet_config_names_the_file(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     cfg = write_config(tmp_path / "other.toml", redis_port=7001)
     monkeypatch.setenv("FLEET_CONFIG", str(cfg))
     s = load_settings()
-    assert config_path() == cfg
+    assert config_paths() == [cfg]
     assert s.redis.port == 7001
     assert s.priorities["high"].celery_priority == 2
     assert s.modality("text").model == "tiny"
@@ -193,3 +193,21 @@ def test_redis_url_quotes_special_characters_in_password() -> None:
     parts = urlsplit(url)
     assert unquote(parts.password or "") == password
     assert (parts.hostname, parts.port, parts.path) == ("127.0.0.1", 6401, "/2")
+
+
+def test_overlay_files_deep_merge_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    overlay = REPO_CONFIG.parent / "overlays" / "gpu.toml"
+    monkeypatch.setenv("FLEET_CONFIG", f"{REPO_CONFIG}:{overlay}")
+    s = load_settings()
+    assert s.modality("image").device.device == "cuda:0"  # from the overlay
+    assert s.modality("image").batching.max_batch_size == 32  # from the overlay
+    assert s.modality("image").model == "resnet18-random"  # kept from the base file
+    assert s.modality("text").max_retries == 5  # kept from the base file
+
+
+def test_missing_config_file_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FLEET_CONFIG", str(tmp_path / "nope.toml"))
+    with pytest.raises(FileNotFoundError, match=r"nope\.toml"):
+        load_settings()
