@@ -40,5 +40,15 @@ lint: venv
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Fleet vs plain-Celery baseline vs in-process limit; method: producer/bench/README.md.
+bench: venv
+	$(BIN)/fleet bench $(WORKLOAD)
+
+soak: venv
+	$(BIN)/fleet soak
+
+gpu-check: venv
+	$(BIN)/python -m workers.gpu_check
+
 clean: down
 	rm -rf .run reports .pytest_cache .ruff_cache

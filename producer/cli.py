@@ -174,6 +174,99 @@ def submit_image(
     _submit("image", image_inputs(file), priority, timeout_s, wait_s)
 
 
+def _submit_resolved(
+    modality: str,
+    make_inputs: Any,
+    priority: str,
+    timeout_s: float | None,
+    wait_s: float,
+    full: bool,
+) -> None:
+    """Submit, wait, resolve tensor outputs (TensorRefs) and print the result as JSON.
+
+    Arrays are printed as ``{"shape", "dtype"}`` summaries, or as nested lists with ``full``.
+    Input segments this command put in /dev/shm are released once the outcome is in (or
+    left to their TTL when not waiting).
+    """
+    from producer.client import FleetClient
+
+    try:
+        client = FleetClient.from_settings()
+        inputs = make_inputs(client)
+        try:
+            handle = client.submit(modality, inputs, priority=priority, timeout_s=timeout_s)
+        except BaseException:
+            client.release_inputs(inputs)
+            raise
+        if wait_s <= 0:
+            _print({"id": handle.id})
+            return
+        result = handle.get(timeout_s=wait_s)
+    except FleetError as exc:
+        _fail(exc)
+        return
+    except TimeoutError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    _print({"id": handle.id, "result": _jsonable(result, full)})
+
+
+def _jsonable(obj: Any, full: bool) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v, full) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_jsonable(v, full) for v in obj]
+    if hasattr(obj, "tolist") and hasattr(obj, "shape"):  # a numpy array
+        return obj.tolist() if full else {"shape": list(obj.shape), "dtype": str(obj.dtype)}
+    return obj
+
+
+FullOpt = Annotated[
+    bool, typer.Option("--full", help="print embedding arrays in full, not just their shapes")
+]
+
+
+@submit_app.command("video")
+def submit_video(
+    file: Annotated[Path, typer.Option(help="a video file (MP4/MOV, MKV/WebM, AVI, MPEG-TS)")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 120.0,
+    full: FullOpt = False,
+) -> None:
+    """Embed a video's sampled frames: per-frame embeddings and a clip embedding.
+
+    Files above 32 KiB travel through /dev/shm (the message carries a TensorRef).
+    """
+    if not file.is_file():
+        typer.echo(f"no such file: {file}", err=True)
+        raise typer.Exit(1)
+    _submit_resolved("video", lambda c: c.video_inputs(file), priority, timeout_s, wait_s, full)
+
+
+@submit_app.command("xmodal")
+def submit_xmodal(
+    image: Annotated[Path, typer.Option(help="an image file")],
+    text: Annotated[list[str], typer.Option(help="a text to score; repeat for several (1-16)")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 30.0,
+    full: FullOpt = False,
+) -> None:
+    """Score an image against texts with the cross-modal dual encoder (CLIP-style).
+
+    With the default random projection weights the scores are not semantically meaningful.
+    """
+    from producer.client import xmodal_inputs
+
+    if not image.is_file():
+        typer.echo(f"no such file: {image}", err=True)
+        raise typer.Exit(1)
+    _submit_resolved(
+        "xmodal", lambda c: xmodal_inputs(image, text), priority, timeout_s, wait_s, full
+    )
+
+
 @submit_app.command("raw")
 def submit_raw(
     modality: Annotated[str, typer.Argument()],
@@ -191,6 +284,50 @@ def submit_raw(
         _fail(InvalidInput(f"--inputs is not JSON: {exc}"))
         return
     _submit(modality, parsed, priority, timeout_s, wait_s)
+
+
+@app.command()
+def bench(
+    workload: Annotated[
+        str, typer.Argument(help="a name in configs/workloads (mixed, smoke, ...) or a path")
+    ] = "mixed",
+    repetitions: Annotated[int, typer.Option(help="repetitions; 0 = the workload's")] = 0,
+    modes: Annotated[str, typer.Option(help="comma list of fleet, baseline, limit")] = (
+        "fleet,baseline,limit"
+    ),
+    out_dir: Annotated[Path, typer.Option(help="where reports go")] = Path("reports/bench"),
+    plot: Annotated[bool, typer.Option(help="write the PNG plot")] = True,
+    list_workloads: Annotated[bool, typer.Option("--list", help="list workloads and exit")] = (
+        False
+    ),
+) -> None:
+    """Replay WORKLOAD against the fleet, a plain-Celery baseline and the in-process limit."""
+    from producer.bench.main import main, names
+
+    if list_workloads:
+        typer.echo("\n".join(names()))
+        return
+    raise typer.Exit(main(workload, repetitions, modes, out_dir, plot))
+
+
+@app.command()
+def soak(
+    requests: Annotated[int, typer.Option(help="requests after the warmup")] = 10_000,
+    warmup: Annotated[int, typer.Option(help="warmup requests before the first RSS reading")] = (
+        500
+    ),
+    wave: Annotated[int, typer.Option(help="requests per wave (submit, then wait for all)")] = (
+        500
+    ),
+    out: Annotated[Path, typer.Option(help="the JSON report")] = Path("reports/soak.json"),
+) -> None:
+    """Send REQUESTS real sentences through a warmed text worker; report its memory growth.
+
+    Runs a stack of its own (Redis + one text worker, free ports, a temporary run dir).
+    """
+    from producer.soak import SoakOptions, main
+
+    raise typer.Exit(main(SoakOptions(requests=requests, warmup=warmup, wave=wave, out=out)))
 
 
 @app.command()

@@ -103,6 +103,11 @@ class TransportSettings(_Section):
     min_shm_warn_bytes: int = 256 * 1024 * 1024
 
 
+class MetricsSettings(_Section):
+    host: str = "127.0.0.1"
+    port_base: int = 9101  # worker ports: base + modality index; 0 turns metrics off
+
+
 class DebugSettings(_Section):
     fault_injection: bool = False  # honour "_inject" inputs (tests and drills only)
 
@@ -140,6 +145,7 @@ class Settings(BaseSettings):
     limits: Limits = Field(default_factory=Limits)
     transport: TransportSettings = Field(default_factory=TransportSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 

@@ -24,6 +24,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(n: int) -> int:
+    """The first of ``n`` consecutive free loopback ports (worker metrics use base + i)."""
+    for _ in range(50):
+        base = free_port()
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {n} free ports")
+
+
 @pytest.fixture(scope="session")
 def fleet_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """Settings of the test stack; its FLEET_* variables are exported for subprocesses."""
@@ -35,6 +54,7 @@ def fleet_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
         "FLEET_STACK__RUN_DIR": str(run_dir),
         "FLEET_REDIS__PORT": str(free_port()),
         "FLEET_FLOWER__PORT": str(free_port()),
+        "FLEET_METRICS__PORT_BASE": str(free_port_block(4)),
         # Smaller batches keep the workers' warmup short; batching is still exercised.
         "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "16",
         "FLEET_MODALITIES__IMAGE__BATCHING__MAX_BATCH_SIZE": "4",

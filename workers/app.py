@@ -27,6 +27,7 @@ from celery.worker.control import inspect_command
 from shared.celery_app import make_app
 from shared.errors import FleetError
 from shared.keys import task_name
+from shared.metrics import metrics_port, serve
 from shared.settings import MODALITIES, load_settings
 from workers import engine_registry
 from workers.runtime import refuse_early_cuda, validate_partitions
@@ -70,11 +71,15 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
 def _log_ready(**_: Any) -> None:
     # Celery's logging is configured by now (it is not yet in worker_init).
     engine = engine_registry.current()
+    port = metrics_port(settings, engine.modality)
+    if port:
+        serve(engine.metrics, settings.metrics.host, port)
     log.info(
-        "fleet worker ready modality=%s model=%s runtime=%s",
+        "fleet worker ready modality=%s model=%s runtime=%s metrics=%s",
         engine.modality,
         engine.adapter.describe(),
         engine.runtime.stats(),
+        f"http://{settings.metrics.host}:{port}/metrics" if port else "off",
     )
 
 

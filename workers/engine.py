@@ -61,6 +61,7 @@ from shared.errors import (
     WorkerLost,
 )
 from shared.keys import delivery_count_key
+from shared.metrics import FleetMetrics
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
@@ -168,6 +169,8 @@ class Engine:
         self.faults = FaultInjector(settings.debug.fault_injection)
         self.writer = ResultWriter(app)
         self.stats = EngineStats()
+        self.metrics = FleetMetrics(modality)
+        self._bind_gauges()
         self.ready = False
         self._cv = threading.Condition()
         self._delayed: list[tuple[float, int, Pending]] = []  # retries waiting for backoff
@@ -390,6 +393,8 @@ class Engine:
         self._judge_model(ran)
         for d in ran:
             d.run_ms = elapsed * 1000.0
+        if ran:
+            self.metrics.observe_batch(len(ran), elapsed)
         self._post(self._retry_transient(done + ran))
 
     def _mark_in_flight(self, batch: list[Work]) -> None:
@@ -569,6 +574,12 @@ class Engine:
         worker_state.task_ready(req)
         self._progress_at.pop(req.id, None)
         queued_ms = (w.started_s - w.arrival_s) * 1000.0 if w and w.started_s else 0.0
+        self.metrics.observe_request(
+            w.env.priority if w else "unknown",
+            "ok" if o.error is None else o.error.code,
+            queued_ms / 1000.0 if w and w.started_s else None,
+            (time.time() - w.env.submitted_ms / 1000.0) if w else None,
+        )
         log.info(
             "request id=%s state=%s code=%s priority=%s queued_ms=%.1f run_ms=%.1f "
             "batch=%s size=%d attempts=%d total_ms=%.1f",
@@ -604,6 +615,15 @@ class Engine:
             "runtime": self.runtime.stats(),
             "model": self.adapter.describe(),
         }
+
+    def _bind_gauges(self) -> None:
+        """Point-in-time gauges, read at scrape time."""
+        m, metrics = self.modality, self.metrics
+        metrics.held.labels(m).set_function(lambda: len(self.batcher))
+        metrics.circuit_open.labels(m).set_function(lambda: float(self.breaker.state == "open"))
+        metrics.device_memory.labels(m).set_function(
+            lambda: (self.runtime.stats().get("cuda_reserved_mb") or 0.0) * 2**20
+        )
 
 
 def _as_fleet_error(exc: BaseException) -> FleetError:

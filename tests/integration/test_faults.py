@@ -31,6 +31,7 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "FLEET_STACK__RUN_DIR": str(tmp_path_factory.mktemp("fault-run")),
         "FLEET_REDIS__PORT": str(free_port()),
         "FLEET_REDIS__VISIBILITY_TIMEOUT_S": "2",
+        "FLEET_METRICS__PORT_BASE": "0",
         "FLEET_REDIS__RESTORE_SCAN_INTERVAL_S": "0.5",
         "FLEET_DEBUG__FAULT_INJECTION": "true",
         "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "8",

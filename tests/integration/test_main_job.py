@@ -39,7 +39,8 @@ def fleet_stats(client: FleetClient, node_prefix: str) -> dict[str, Any]:
 def test_cli_text_embedding_is_unit_norm_and_semantic(client: FleetClient) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "producer.cli", "submit", "text",
-         "--text", "A man is playing a guitar.", "--priority", "realtime"],
+         "--text", "A man is playing a guitar.", "--priority", "realtime",
+         "--timeout-s", "30"],  # a loaded CI machine must not turn this into a timing test
         capture_output=True, text=True, timeout=60, env=dict(os.environ),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -194,3 +195,19 @@ def test_flower_shows_each_request_with_its_batch(client: FleetClient, stack: An
     assert "batch_id" in str(info.get("result")), info
     with pytest.raises(Exception, match="401"):
         urlopen(f"{stack.flower_url()}/api/tasks", timeout=2)
+
+
+def test_worker_serves_prometheus_metrics(client: FleetClient, fleet_settings: Any) -> None:
+    from shared.metrics import metrics_port
+
+    client.submit("text", {"text": "Counted in Prometheus."}).get(30)
+    port = metrics_port(fleet_settings, "text")
+    with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    ok = [
+        line for line in text.splitlines()
+        if line.startswith("fleet_requests_total{") and 'outcome="ok"' in line
+    ]  # fmt: skip
+    assert ok and sum(float(line.rsplit(" ", 1)[1]) for line in ok) >= 1
+    assert 'fleet_batch_size_count{modality="text"}' in text
+    assert 'fleet_prefetch_held{modality="text"}' in text

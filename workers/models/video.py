@@ -311,22 +311,22 @@ class VideoAdapter(ImageAdapter):
         emb = np.empty((len(frames), dim), dtype=np.float32)
         done = [0] * len(samples)
         t0 = time.perf_counter()
-        device = self.runtime.device
         with torch.inference_mode():
             for start in range(0, len(frames), self.frame_batch_size):
                 stop = min(start + self.frame_batch_size, len(frames))
-                batch = torch.from_numpy(normalize_frames(frames[start:stop]))
-                if device.type == "cuda":
-                    batch = batch.pin_memory().to(device, non_blocking=True)
+                # Through the runtime's staging arena; the .cpu() below waits for this
+                # mini-batch, so the next stage() cannot overwrite a buffer still in use.
+                (batch,) = self.runtime.stage(
+                    [torch.from_numpy(normalize_frames(frames[start:stop]))]
+                )
                 pooled = model(pixel_values=batch).pooler_output.flatten(1)
                 emb[start:stop] = F.normalize(pooled.float(), dim=1).cpu().numpy()
                 for i in np.unique(owner[start:stop]).tolist():
                     done[i] += int(np.count_nonzero(owner[start:stop] == i))
                     self.report_progress(i, done[i], counts[i])
-        embed_s = time.perf_counter() - t0
+        self.last_timing = {"embed_s": time.perf_counter() - t0, "frames": float(len(frames))}
         per_sample = np.split(emb, np.cumsum(counts)[:-1])
         wires = self.tensors.pack_all(per_sample)
-        self.last_timing = {"embed_s": embed_s, "frames": float(len(frames))}
         return [
             self._result(s.video, e, w) for s, e, w in zip(samples, per_sample, wires, strict=True)
         ]

@@ -336,12 +336,13 @@ class XModalAdapter(ModelAdapter):
         for i, s in enumerate(samples):
             if not isinstance(s, XModalSample) or s.pixels.shape != want:
                 raise ModelError(f"sample {i} is not an XModalSample of {want} pixels")
-        dev = self.runtime.device
+        ids_t, mask = self._pad([ids for s in samples for ids in s.ids])
+        pixels = torch.from_numpy(np.stack([s.pixels for s in samples]))
+        pixels, ids_t, mask = self.runtime.stage([pixels, ids_t, mask])  # one arena fill
         with torch.inference_mode():
-            pixels = torch.from_numpy(np.stack([s.pixels for s in samples]))
-            pooled = model.vision_model(pixel_values=pixels.to(dev)).pooler_output
+            pooled = model.vision_model(pixel_values=pixels).pooler_output
             img = F.normalize(model.visual_projection(pooled).float(), dim=-1)
-            txt = F.normalize(self._encode_texts([ids for s in samples for ids in s.ids]), dim=-1)
+            txt = F.normalize(self._encode_texts(ids_t, mask), dim=-1)
             scale = float(model.logit_scale.exp().clamp(max=100.0))
         img_np = img.cpu().numpy().astype(np.float32)
         txt_np = txt.cpu().numpy().astype(np.float32)
@@ -370,17 +371,19 @@ class XModalAdapter(ModelAdapter):
             )
         return out
 
-    def _encode_texts(self, all_ids: list[list[int]]) -> torch.Tensor:
-        """Projected (not yet normalized) text features of token id lists, one batch."""
-        model = self.model
+    def _pad(self, all_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids padded to the longest, and their attention mask (CPU, int64)."""
         width = max(len(ids) for ids in all_ids)
         ids_t = torch.full((len(all_ids), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(all_ids), width), dtype=torch.long)
         for i, ids in enumerate(all_ids):
             ids_t[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[i, : len(ids)] = 1
-        dev = self.runtime.device
-        ids_t, mask = ids_t.to(dev), mask.to(dev)
+        return ids_t, mask
+
+    def _encode_texts(self, ids_t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Projected (not yet normalized) text features of padded token ids."""
+        model = self.model
         out = model.text_model(input_ids=ids_t, attention_mask=mask)
         if self.text_pooling == "pooler":
             pooled = out.pooler_output
