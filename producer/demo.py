@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from shared.settings import load_settings
 DATA = Path(__file__).resolve().parent.parent / "data"
 REPORT = Path("reports/demo.json")
 N_SENTENCES = 80
-PACE_S = 0.02  # seconds between submissions: ~50 requests/s, below the stack's capacity
+PACE_S = 0.04  # seconds between submissions: ~25 requests/s, well below the stack's capacity
 console = Console()
 
 
@@ -157,6 +158,9 @@ def plan() -> tuple[list[tuple[Job, dict[str, Any]]], list[str]]:
         ),
         (Job("bad", "text", "urgent", "unknown priority", "INVALID_PRIORITY"), {"text": "hi"}),
     ]
+    # Interleave modalities and priorities (a fixed shuffle): a steady mixed stream, not a
+    # burst of one kind that a 2-core machine would serve after its deadlines.
+    random.Random(7).shuffle(jobs)
     return jobs, sem_texts
 
 
