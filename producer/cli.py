@@ -20,6 +20,8 @@ from shared.settings import MODALITIES, load_settings
 app = typer.Typer(help="Multimodal inference worker fleet on Celery + Redis.", no_args_is_help=True)
 submit_app = typer.Typer(help="Submit one request and print its result as JSON.")
 app.add_typer(submit_app, name="submit")
+shm_app = typer.Typer(help="Inspect and clean the /dev/shm tensor segments of this host.")
+app.add_typer(shm_app, name="shm")
 
 
 def _print(obj: Any) -> None:
@@ -328,6 +330,33 @@ def soak(
     from producer.soak import SoakOptions, main
 
     raise typer.Exit(main(SoakOptions(requests=requests, warmup=warmup, wave=wave, out=out)))
+
+
+@shm_app.command("ls")
+def shm_ls() -> None:
+    """List segments: id, size, owner, age, expiry, whether the owner is alive."""
+    import time
+
+    from shared.transport import store_from_settings
+
+    store = store_from_settings(load_settings())
+    now = time.time()
+    segs = store.ls()
+    for seg in segs:
+        typer.echo(
+            f"{seg.id}  {seg.nbytes:>12} B  owner={seg.owner}  age={now - seg.created_at:.0f}s"
+            f"  expires_in={seg.expires_at - now:.0f}s  owner_alive={seg.alive_owner}"
+        )
+    typer.echo(f"{len(segs)} segments, {store.used_bytes()} bytes in {store.root}")
+
+
+@shm_app.command("gc")
+def shm_gc() -> None:
+    """Remove expired segments and those whose owner process is gone."""
+    from shared.transport import store_from_settings
+
+    removed = store_from_settings(load_settings()).gc()
+    typer.echo(f"removed {len(removed)}: " + " ".join(removed))
 
 
 @app.command()

@@ -302,7 +302,9 @@ class FleetClient:
         """
         store = self.__dict__.get("_shm_store")
         if store is None:
-            store = self.__dict__["_shm_store"] = shm_store(self.settings)
+            from shared.transport import store_from_settings
+
+            store = self.__dict__["_shm_store"] = store_from_settings(self.settings)
         return store
 
     def video_inputs(
@@ -396,20 +398,6 @@ ones through /dev/shm, so a task message stays under 64 KB whatever the video's 
 
 _SHM_KEYS = frozenset({"kind", "id", "shape", "dtype", "nbytes", "owner", "created_at", "ttl_s"})
 _INLINE_KEYS = frozenset({"kind", "dtype", "shape", "nbytes", "b64"})
-
-
-def shm_store(settings: Settings, role: str = "producer") -> ShmStore:
-    """A :class:`~shared.transport.ShmStore` configured from ``[transport]``."""
-    from shared.transport import ShmStore
-
-    t = settings.transport
-    return ShmStore(
-        root=t.shm_root,
-        capacity_bytes=t.capacity_bytes,
-        default_ttl_s=t.default_ttl_s,
-        capacity_fraction=t.capacity_fraction,
-        role=role,  # type: ignore[arg-type]
-    )
 
 
 def video_inputs(

@@ -30,6 +30,7 @@ from shared.keys import task_name
 from shared.metrics import metrics_port, serve
 from shared.settings import MODALITIES, load_settings
 from workers import engine_registry
+from workers.probe import PROBE_TASK, read_tensor
 from workers.runtime import refuse_early_cuda, validate_partitions
 
 log = logging.getLogger("fleet.worker")
@@ -47,6 +48,12 @@ def _register(modality: str) -> None:
 
 for _m in MODALITIES:
     _register(_m)
+
+
+@app.task(name=PROBE_TASK, throws=(FleetError,), acks_late=True)
+def transport_probe(tensor: dict[str, Any]) -> dict[str, Any]:
+    """Read one tensor sent through the transport (see ``workers.probe``)."""
+    return read_tensor(settings, tensor)
 
 
 @signals.worker_init.connect
@@ -71,6 +78,9 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
 def _log_ready(**_: Any) -> None:
     # Celery's logging is configured by now (it is not yet in worker_init).
     engine = engine_registry.current()
+    warning = _shm_warning()
+    if warning:
+        log.warning("%s", warning)
     port = metrics_port(settings, engine.modality)
     if port:
         serve(engine.metrics, settings.metrics.host, port)
@@ -81,6 +91,18 @@ def _log_ready(**_: Any) -> None:
         engine.runtime.stats(),
         f"http://{settings.metrics.host}:{port}/metrics" if port else "off",
     )
+
+
+def _shm_warning() -> str | None:
+    """A warning when /dev/shm is smaller than the transport's budget (Docker: 64 MB)."""
+    try:
+        from shared.transport import store_from_settings
+
+        return store_from_settings(settings, role="worker").check_capacity(
+            settings.transport.min_shm_warn_bytes
+        )
+    except FleetError as exc:
+        return f"shared-memory transport unavailable: {exc}"
 
 
 @signals.worker_shutdown.connect

@@ -10,9 +10,35 @@ Both wire forms are JSON objects told apart by ``"kind"``: ``"shm"`` or ``"inlin
 Importing this package never imports torch.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
 from shared.transport.inline import decode_inline, encode_inline
 from shared.transport.ref import ALLOWED_DTYPES, TensorRef
 from shared.transport.shm import SegmentInfo, ShmStore, default_root
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
+
+
+def store_from_settings(
+    settings: Settings, role: Literal["producer", "worker"] = "producer"
+) -> ShmStore:
+    """A :class:`ShmStore` configured from ``[transport]`` (root, byte budget, TTL).
+
+    Raises:
+        TransportError: the root cannot be used (see :class:`ShmStore`).
+    """
+    t = settings.transport
+    return ShmStore(
+        root=t.shm_root,
+        capacity_bytes=t.capacity_bytes,
+        default_ttl_s=t.default_ttl_s,
+        capacity_fraction=t.capacity_fraction,
+        role=role,
+    )
+
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -22,4 +48,5 @@ __all__ = [
     "decode_inline",
     "default_root",
     "encode_inline",
+    "store_from_settings",
 ]

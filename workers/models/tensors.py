@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shared.transport import ShmStore, TensorRef, encode_inline
+from shared.transport import ShmStore, TensorRef, encode_inline, store_from_settings
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -31,22 +31,6 @@ if TYPE_CHECKING:
 DEFAULT_INLINE_MAX_BYTES = 16 * 1024
 """Largest output array sent inline by default: 16 KiB raw, about 22 KB of base64 (e.g. 8
 embeddings of 512 float32). Larger ones go through shared memory."""
-
-
-def store_from_settings(settings: Settings, role: str = "worker") -> ShmStore:
-    """A :class:`ShmStore` configured from ``[transport]`` (root, budget, TTL).
-
-    Raises:
-        TransportError: the root cannot be used (see :class:`ShmStore`).
-    """
-    t = settings.transport
-    return ShmStore(
-        root=t.shm_root,
-        capacity_bytes=t.capacity_bytes,
-        default_ttl_s=t.default_ttl_s,
-        capacity_fraction=t.capacity_fraction,
-        role=role,  # type: ignore[arg-type]
-    )
 
 
 class TensorIO:
