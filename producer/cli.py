@@ -298,6 +298,10 @@ def bench(
         "fleet,baseline,limit"
     ),
     out_dir: Annotated[Path, typer.Option(help="where reports go")] = Path("reports/bench"),
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(help="Redis, logs, pidfiles of the run; default .run/bench/<name>-<time>"),
+    ] = None,
     plot: Annotated[bool, typer.Option(help="write the PNG plot")] = True,
     list_workloads: Annotated[bool, typer.Option("--list", help="list workloads and exit")] = (
         False
@@ -309,7 +313,7 @@ def bench(
     if list_workloads:
         typer.echo("\n".join(names()))
         return
-    raise typer.Exit(main(workload, repetitions, modes, out_dir, plot))
+    raise typer.Exit(main(workload, repetitions, modes, out_dir, plot, run_dir))
 
 
 @app.command()

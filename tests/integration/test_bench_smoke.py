@@ -1,0 +1,64 @@
+"""``fleet bench smoke`` end to end: its own Redis and workers, every mode, a full report.
+
+No timing assertion: this machine's numbers are noise. What is checked is that the run
+completes, the report has the documented structure, and every request came back with a
+result or a coded error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.bench]
+REPO = Path(__file__).resolve().parents[2]
+PRIOS = ("realtime", "high", "normal", "bulk")
+
+
+@pytest.mark.timeout(600)
+def test_bench_smoke_report(tmp_path: Path) -> None:
+    # The bench picks its own ports and run dir; drop the test stack's FLEET_* settings.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_") or k == "FLEET_CONFIG"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "bench", "smoke", "--out-dir", str(tmp_path),
+         "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=540, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Throughput" in proc.stdout and "Latency" in proc.stdout
+
+    latest = json.loads((tmp_path / "latest.json").read_text())
+    stamped = [p for p in tmp_path.glob("smoke-*.json")]
+    assert len(stamped) == 1 and json.loads(stamped[0].read_text()) == latest
+    assert re.fullmatch(r"smoke-\d{8}T\d{6}Z\.json", stamped[0].name)
+    assert (tmp_path / "latest.png").read_bytes()[:4] == b"\x89PNG"
+
+    r = latest
+    assert r["workload"] == "smoke" and r["repetitions"] >= 3
+    assert {"cores", "torch_threads", "device", "versions"} <= set(r["machine"])
+    for mode in ("fleet", "baseline", "limit"):
+        for m in ("text", "image"):
+            assert r["modes"][mode][m]["throughput_rps"] > 0
+    for mode in ("fleet", "baseline"):
+        for m in ("text", "image"):
+            for p in PRIOS:
+                assert {"p50", "p95", "p99", "max"} <= set(r["latency_ms"][mode][m][p])
+                assert 0.0 <= r["deadline_misses"][mode][m][p] <= 1.0
+            assert r["cold_start"][mode][m]["first_ms"] is not None
+    for m in ("text", "image"):
+        assert set(r["ratios"][m]) == {"fleet_over_baseline", "fleet_over_limit"}
+
+    # Every request got a result or a coded error (smoke sends a few invalid texts on purpose).
+    for mode in ("fleet", "baseline"):
+        out = r["outcomes"][mode]
+        assert out["sent"] > 0
+        assert out["ok"] + sum(out["errors"].values()) == out["sent"]
+        assert "NO_RESULT" not in out["errors"] and "SEND_FAILED" not in out["errors"]
+        assert all(re.fullmatch(r"[A-Z_]+", code) for code in out["errors"])
+        assert out["errors"].get("INVALID_INPUT", 0) > 0  # the edge-case inputs
