@@ -282,10 +282,13 @@ class FleetClient:
         return results
 
     def queue_depth(self, modality: str) -> dict[str, int]:
-        """Messages waiting in ``modality``'s queue, per priority class (one round trip)."""
+        """Messages waiting in ``modality``'s queue, per priority class (one round trip).
+
+        Uses a pooled broker connection: cheap enough to call before every submission.
+        """
         names = [p.label for p in Priority]
         prios = [Priority.parse(n).celery_priority(self.settings) for n in names]
-        with self.app.broker_connection() as conn:
+        with self.app.pool.acquire(block=True) as conn:
             client = conn.default_channel.client
             with client.pipeline(transaction=False) as pipe:
                 for p in prios:

@@ -80,6 +80,8 @@ class BatchingConfig(_Section):
     length_buckets: list[int] = Field(default_factory=list)
     max_batch_bytes: int = 256 * 1024 * 1024
     max_high_waiting: int = 5
+    realtime_lane: bool = False  # a second inference thread serves REALTIME requests alone
+    realtime_budget_ms: float = 25.0  # without the lane: batch time cap while REALTIME flows
 
 
 class DeviceConfig(_Section):

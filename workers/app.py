@@ -66,8 +66,14 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
     mode = os.environ.get("FLEET_WORKER_MODE", "batch")
     refuse_early_cuda()
     validate_partitions(settings)
-    engine = Engine(modality, settings, app, threaded=(mode == "batch"))
-    engine.start()
+    try:
+        engine = Engine(modality, settings, app, threaded=(mode == "batch"))
+        engine.start()
+    except Exception as exc:
+        # Celery logs and swallows exceptions of signal handlers; a worker without its
+        # engine would still answer pings. SystemExit is not swallowed: refuse to start.
+        log.exception("engine failed to start")
+        raise SystemExit(f"fleet worker {modality}: engine failed to start: {exc}") from exc
     engine_registry.install(engine)
     if mode == "batch":
         app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"

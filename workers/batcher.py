@@ -14,12 +14,17 @@ Ordering
 Expiry
     A request whose deadline has passed is never run: :meth:`Batcher.next_batch` removes it
     and returns it in ``expired``; the engine fails it with ``DEADLINE_EXCEEDED``.
+Lanes
+    With ``realtime_lane`` on, REALTIME requests form batches of their own for a second
+    inference thread (the REALTIME lane: :meth:`Batcher.next_batch` with
+    ``lane=Lane.REALTIME``), and the main lane never sees them: a REALTIME request then waits
+    behind no lower-priority work at all, and lower-priority batches stay full.
 Size
     At most ``max_batch_size`` requests and at most ``max_batch_bytes`` of staging memory
-    (the head always fits alone). While REALTIME traffic is present (a REALTIME request seen
-    within ``realtime_grace_s``), a batch is also capped so that its predicted run time stays
-    within ``realtime_budget_ms``: a REALTIME request then waits behind at most one short
-    batch of lower-priority work, not a full one.
+    (the head always fits alone). Without a REALTIME lane, while REALTIME traffic is present
+    (a REALTIME request seen within ``realtime_grace_s``), a batch is also capped so that its
+    predicted run time stays within ``realtime_budget_ms``: a REALTIME request then waits
+    behind at most one short batch of lower-priority work, not a full one.
 Flush triggers (a batch is released when any holds)
     1. FULL: the head's bucket holds ``max_batch_size`` requests (or the size cap).
     2. DELAY: the oldest request of the bucket has waited ``max_queue_delay_ms``.
@@ -48,6 +53,13 @@ from enum import StrEnum
 from typing import Any
 
 from shared.priority import Priority
+
+
+class Lane(StrEnum):
+    """Which inference thread asks: the main one, or the REALTIME lane's."""
+
+    MAIN = "main"
+    REALTIME = "realtime"
 
 
 class Trigger(StrEnum):
@@ -102,6 +114,7 @@ class Policy:
     window_size: int = 0  # prefetch window (0 = unknown, WINDOW trigger off)
     realtime_budget_ms: float = 25.0
     realtime_grace_s: float = 1.0
+    realtime_lane: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,16 +204,20 @@ class Batcher:
     def size_cap(self, bucket: str, now: float) -> int:
         """Largest batch allowed now for ``bucket`` (max size, or the REALTIME time budget)."""
         cap = self.policy.max_batch_size
-        if self.realtime_present(now):
+        if not self.policy.realtime_lane and self.realtime_present(now):
             cap = self.model.max_size_within(bucket, self.policy.realtime_budget_ms / 1e3, cap)
         return cap
 
-    def next_batch(self, now: float) -> Decision:
-        """Decide, at monotonic time ``now``, whether a batch runs and which requests."""
+    def next_batch(self, now: float, lane: Lane = Lane.MAIN) -> Decision:
+        """Decide, at monotonic time ``now``, whether a batch runs for ``lane``, and which.
+
+        Without ``realtime_lane`` every request is the main lane's.
+        """
         expired = self._drop_expired(now)
-        if not self._held:
+        pool = self._lane_requests(lane)
+        if not pool:
             return Decision([], None, expired, None)
-        ordered = sorted(self._held.values(), key=Pending.sort_key)
+        ordered = sorted(pool, key=Pending.sort_key)
         head = ordered[0]
         members = [p for p in ordered if p.bucket == head.bucket]
         cap = self.size_cap(head.bucket, now)
@@ -213,6 +230,12 @@ class Batcher:
         return Decision(batch, trigger, expired, None)
 
     # -- internals ----------------------------------------------------------------------
+    def _lane_requests(self, lane: Lane) -> list[Pending]:
+        if not self.policy.realtime_lane:
+            return list(self._held.values()) if lane is Lane.MAIN else []
+        want_rt = lane is Lane.REALTIME
+        return [p for p in self._held.values() if (p.priority is Priority.REALTIME) == want_rt]
+
     def _drop_expired(self, now: float) -> list[Pending]:
         gone = [p for p in self._held.values() if p.deadline_s is not None and now > p.deadline_s]
         for p in gone:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import logging
 import os
 import socket
@@ -65,7 +66,7 @@ from shared.metrics import FleetMetrics
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
-from workers.batcher import Batcher, Pending, Policy, Trigger
+from workers.batcher import Batcher, Lane, Pending, Policy, Trigger
 from workers.circuit import CircuitBreaker
 from workers.faults import FaultInjector
 from workers.models import make_adapter
@@ -153,9 +154,9 @@ class Engine:
         self.cfg = cfg
         self.settings = settings
         self.app = app
-        self.runtime = DeviceRuntime(cfg.device)
-        self.adapter = make_adapter(modality, settings, self.runtime)
         b = cfg.batching
+        self.runtime = DeviceRuntime(cfg.device, lanes=2 if b.realtime_lane else 1)
+        self.adapter = make_adapter(modality, settings, self.runtime)
         self.batcher = Batcher(
             Policy(
                 max_batch_size=b.max_batch_size,
@@ -163,6 +164,8 @@ class Engine:
                 max_batch_bytes=b.max_batch_bytes,
                 max_high_waiting=b.max_high_waiting,
                 window_size=cfg.device.prefetch_multiplier,
+                realtime_budget_ms=b.realtime_budget_ms,
+                realtime_lane=b.realtime_lane,
             )
         )
         self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)
@@ -179,10 +182,10 @@ class Engine:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._threaded = threaded
         self._stop = False
-        self._batch_seq = 0
+        self._batch_seq = itertools.count(1)  # next() is atomic under the GIL: lanes share it
         self._host = socket.gethostname().split(".")[0]
         self._inline = False  # no event loop: complete on the inference thread
 
@@ -198,8 +201,13 @@ class Engine:
             # The loop thread and the inference thread share the GIL; a short switch
             # interval bounds how long a finished torch op waits to get it back.
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-            self._thread = threading.Thread(target=self._loop, name="fleet-inference", daemon=True)
-            self._thread.start()
+            lanes = [Lane.MAIN, Lane.REALTIME][: self.runtime.lanes]
+            for i, lane in enumerate(lanes):
+                t = threading.Thread(
+                    target=self._loop, args=(lane, i), name=f"fleet-{lane}", daemon=True
+                )
+                t.start()
+                self._threads.append(t)
             window, size = self.cfg.device.prefetch_multiplier, self.cfg.batching.max_batch_size
             if window < size:
                 log.warning(
@@ -220,8 +228,8 @@ class Engine:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        for t in self._threads:
+            t.join(timeout=30)
 
     def attach(self, hub: Any) -> None:
         """Complete requests on the consumer's event loop (``hub``), or inline if ``None``."""
@@ -231,12 +239,21 @@ class Engine:
         hub.add_reader(self._wake_r, self.drain)
 
     def _warmup(self) -> None:
-        sizes = sorted({1, self.batcher.policy.max_batch_size})
+        """Run every bucket at batch size 1 and at the largest size it can reach (twice each:
+        the first run pays one-time costs, the second is timed and seeds the latency model).
+
+        The largest size is ``max_batch_size`` bounded by ``max_batch_bytes``, so a bucket of
+        long texts is warmed at the size it will really run at (Triton's ``model_warmup``
+        likewise runs the shapes the model will see)."""
+        pol = self.batcher.policy
         for bucket in self.adapter.buckets():
-            for n in sizes:
+            one = self.adapter.example_inputs(1, bucket)[0]
+            per_request = max(self.adapter.prepare(one).nbytes, 1)
+            largest = max(1, min(pol.max_batch_size, pol.max_batch_bytes // per_request))
+            for n in sorted({1, largest}):
                 inputs = self.adapter.example_inputs(n, bucket)
                 samples = [self.adapter.preprocess(self.adapter.prepare(i)) for i in inputs]
-                for _ in range(2):  # the first run pays one-time costs; time the second
+                for _ in range(2):
                     t0 = time.perf_counter()
                     with self.runtime.batch_context():
                         self.adapter.run_batch(samples)
@@ -303,7 +320,7 @@ class Engine:
         )
         with self._cv:
             self.batcher.add(pending)
-            self._cv.notify()
+            self._cv.notify_all()  # either lane may take it
 
     def _check_redelivery(self, req: Any) -> bool:
         """For a redelivered message: raise WorkerLost if poison; True if a crash suspect."""
@@ -321,7 +338,8 @@ class Engine:
         self._complete([_Done(None, req, Outcome(req.id, error=exc))])
 
     # -- inference thread ---------------------------------------------------------------
-    def _loop(self) -> None:
+    def _loop(self, lane: Lane = Lane.MAIN, index: int = 0) -> None:
+        self.runtime.bind_lane(index)
         while True:
             with self._cv:
                 while True:
@@ -329,7 +347,7 @@ class Engine:
                         return
                     now = time.monotonic()
                     self._release_delayed(now)
-                    d = self.batcher.next_batch(now)
+                    d = self.batcher.next_batch(now, lane)
                     if d.expired:
                         self._expire(d.expired)
                     if d.batch:
@@ -361,8 +379,7 @@ class Engine:
         self._post([_Done(p.item, p.item.req, Outcome(p.id, error=err)) for p in expired])
 
     def _run(self, batch: list[Work], trigger: Trigger | None) -> None:
-        self._batch_seq += 1
-        batch_id = f"{self._host}-{os.getpid()}-{self._batch_seq}"
+        batch_id = f"{self._host}-{os.getpid()}-{next(self._batch_seq)}"
         now = time.monotonic()
         for w in batch:
             w.started_s, w.batch_id, w.batch_size = now, batch_id, len(batch)
@@ -440,6 +457,7 @@ class Engine:
             )
             with self._cv:
                 heapq.heappush(self._delayed, (pending.arrival_s, id(pending), pending))
+                self._cv.notify_all()
             self._post_item(_Retry(w, err, countdown))
         return final
 
@@ -564,7 +582,16 @@ class Engine:
         req, o, w = d.req, d.outcome, d.work
         if o.error is None:
             self.stats.succeeded += 1
-            summary = {"batch_id": w.batch_id, "batch_size": w.batch_size} if w else {}
+            summary = (
+                {
+                    "batch_id": w.batch_id,
+                    "batch_size": w.batch_size,
+                    "queued_ms": round((w.started_s - w.arrival_s) * 1000.0, 2),
+                    "run_ms": round(d.run_ms, 2),
+                }
+                if w
+                else {}
+            )
             req.send_event("task-succeeded", result=repr(summary), runtime=d.run_ms / 1000.0)
         else:
             self.stats.failed += 1

@@ -14,12 +14,20 @@ batch's input tensors into the host buffer and, on CUDA, from there to the devic
 the worker's stream, and returns views: steady state allocates nothing new for inputs. A
 batch too large for the arena falls back to ordinary allocation and is counted
 (``arena_overflows`` in the stats).
+
+Lanes
+-----
+A worker may run two inference threads (the main lane and the REALTIME lane). Each lane
+gets its own CUDA stream and its own half of the arena; a thread says which lane it is with
+:meth:`DeviceRuntime.bind_lane`, and ``stream``/``stage``/``batch_context`` then use that
+lane's resources.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -88,15 +96,32 @@ class DeviceRuntime:
         DeviceError: from :meth:`start` when CUDA is asked for but not available.
     """
 
-    def __init__(self, cfg: DeviceConfig) -> None:
+    def __init__(self, cfg: DeviceConfig, lanes: int = 1) -> None:
         self.cfg = cfg
+        self.lanes = lanes
         self.device = torch.device("cpu")
-        self.stream: Any = None
+        self.streams: list[Any] = []
         self.started = False
         self.warmup_s: float | None = None
         self.arena_overflows = 0
         self._host: torch.Tensor | None = None
         self._dev: torch.Tensor | None = None
+        self._local = threading.local()
+
+    def bind_lane(self, lane: int) -> None:
+        """Make the calling thread use lane ``lane``'s stream and arena slot."""
+        if not 0 <= lane < self.lanes:
+            raise ValueError(f"lane {lane} out of range (this runtime has {self.lanes})")
+        self._local.lane = lane
+
+    @property
+    def lane(self) -> int:
+        return getattr(self._local, "lane", 0)
+
+    @property
+    def stream(self) -> Any:
+        """The calling thread's CUDA stream (``None`` on the CPU)."""
+        return self.streams[self.lane] if self.streams else None
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -111,7 +136,7 @@ class DeviceRuntime:
             self.device = torch.device(want if ":" in want else "cuda:0")
             torch.cuda.set_device(self.device)
             torch.cuda.set_per_process_memory_fraction(self.cfg.memory_fraction, self.device)
-            self.stream = torch.cuda.Stream(device=self.device)
+            self.streams = [torch.cuda.Stream(device=self.device) for _ in range(self.lanes)]
         nbytes = self.cfg.arena_mb * 1024 * 1024
         if nbytes:
             on_gpu = self.device.type == "cuda"
@@ -122,14 +147,15 @@ class DeviceRuntime:
 
     @contextlib.contextmanager
     def batch_context(self) -> Iterator[None]:
-        """Run a batch: ``torch.inference_mode()`` and, on CUDA, the worker's own stream."""
+        """Run a batch: ``torch.inference_mode()`` and, on CUDA, the lane's own stream."""
+        stream = self.stream
         with torch.inference_mode():
-            if self.stream is None:
+            if stream is None:
                 yield
                 return
-            with torch.cuda.stream(self.stream):
+            with torch.cuda.stream(stream):
                 yield
-            self.stream.synchronize()
+            stream.synchronize()
 
     def stage(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Place a batch's input tensors on the device through the staging arena.
@@ -147,11 +173,12 @@ class DeviceRuntime:
             return [t.to(self.device, non_blocking=True) for t in tensors]
         sizes = [t.numel() * t.element_size() for t in tensors]
         total = sum(-(-n // _ALIGN) * _ALIGN for n in sizes)
-        if total > self._host.numel():
+        slot = (self._host.numel() // self.lanes) // _ALIGN * _ALIGN
+        if total > slot:
             self.arena_overflows += 1
             return [t.to(self.device, non_blocking=True) for t in tensors]
         out: list[torch.Tensor] = []
-        offset = 0
+        offset = self.lane * slot
         for t, n in zip(tensors, sizes, strict=True):
             host = self._host[offset : offset + n].view(t.dtype).view(t.shape)
             host.copy_(t)
@@ -178,6 +205,7 @@ class DeviceRuntime:
             "device": str(self.device),
             "torch_threads": torch.get_num_threads(),
             "interop_threads": torch.get_num_interop_threads(),
+            "lanes": self.lanes,
             "stream": None,
             "memory_fraction": None,
             "arena_bytes": 0 if self._host is None else self._host.numel(),
@@ -186,8 +214,8 @@ class DeviceRuntime:
             "warmup_s": self.warmup_s,
             "cuda_reserved_mb": None,
         }
-        if self.stream is not None:
-            out["stream"] = int(self.stream.cuda_stream)
+        if self.streams:
+            out["stream"] = [int(st.cuda_stream) for st in self.streams]
             out["memory_fraction"] = self.cfg.memory_fraction
             out["cuda_reserved_mb"] = torch.cuda.memory_reserved(self.device) / 2**20
         return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from shared.priority import Priority
-from workers.batcher import Batcher, Decision, LatencyModel, Pending, Policy, Trigger
+from workers.batcher import Batcher, Decision, Lane, LatencyModel, Pending, Policy, Trigger
 
 RT, HIGH, NORMAL, BULK = Priority.REALTIME, Priority.HIGH, Priority.NORMAL, Priority.BULK
 
@@ -467,3 +467,41 @@ def test_removing_unknown_request_returns_none() -> None:
 def test_empty_batcher_waits_for_arrival() -> None:
     d = batcher().next_batch(now=0.0)
     assert (d.batch, d.trigger, d.expired, d.wake_at_s) == ([], None, [], None)
+
+
+# -- REALTIME lane ----------------------------------------------------------------------
+
+
+def test_realtime_lane_takes_only_realtime_requests() -> None:
+    b = batcher(
+        req("k1", BULK, at=0.0), req("rt", RT, at=0.5), req("k2", BULK, at=0.1),
+        realtime_lane=True,
+    )  # fmt: skip
+    d = b.next_batch(now=0.5, lane=Lane.REALTIME)
+    assert ids(d) == ["rt"] and d.trigger is Trigger.REALTIME
+    assert len(b) == 2  # the BULK requests stay for the main lane
+
+
+def test_main_lane_never_sees_realtime_requests_when_the_lane_is_on() -> None:
+    b = batcher(req("rt", RT, at=0.0), req("k", BULK, at=0.0), realtime_lane=True)
+    d = b.next_batch(now=0.0, lane=Lane.MAIN)
+    assert ids(d) == []  # no REALTIME trigger for the main lane: BULK waits its delay
+    d = b.next_batch(now=1.0, lane=Lane.MAIN)
+    assert ids(d) == ["k"] and d.trigger is Trigger.DELAY
+
+
+def test_with_a_realtime_lane_main_batches_are_not_capped() -> None:
+    bulk = [req(f"k{i}", BULK, at=0.0) for i in range(20)]
+    b = batcher(
+        req("rt", RT, at=0.0), *bulk, model=fitted(5.0), realtime_budget_ms=25.0,
+        max_batch_size=32, realtime_lane=True,
+    )  # fmt: skip
+    assert b.size_cap("b", now=0.1) == 32  # without the lane: 5 (25 ms at 5 ms each)
+    d = b.next_batch(now=1.0, lane=Lane.MAIN)
+    assert len(d.batch) == 20
+
+
+def test_realtime_lane_is_empty_without_the_option() -> None:
+    b = batcher(req("rt", RT, at=0.0))
+    assert ids(b.next_batch(now=0.0, lane=Lane.REALTIME)) == []
+    assert ids(b.next_batch(now=0.0, lane=Lane.MAIN)) == ["rt"]

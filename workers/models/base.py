@@ -18,6 +18,7 @@ Adapters never import Celery; the engine owns messages, acks and results.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,7 +57,15 @@ class ModelAdapter(ABC):
         self.cfg = cfg
         self.settings = settings
         self.runtime = runtime
-        self.progress_sink: Callable[[int, int, int], None] | None = None
+        self._local = threading.local()  # each inference thread (lane) has its own sink
+
+    @property
+    def progress_sink(self) -> Callable[[int, int, int], None] | None:
+        return getattr(self._local, "sink", None)
+
+    @progress_sink.setter
+    def progress_sink(self, sink: Callable[[int, int, int], None] | None) -> None:
+        self._local.sink = sink
 
     def report_progress(self, index: int, done: int, total: int) -> None:
         """Report progress of a long request (e.g. video frames embedded so far).

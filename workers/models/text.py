@@ -63,8 +63,16 @@ class TextAdapter(ModelAdapter):
         if truncated:
             ids = ids[: self.max_length - 1] + ids[-1:]  # keep [SEP] as the tokenizer would
         bucket = next(b for b in self.length_buckets if len(ids) <= b)
-        # 2 int64 tensors (ids, mask) of the bucket's width per row: staging bytes per request.
-        return Prepared(f"len{bucket}", len(ids), 2 * 8 * bucket, (ids, truncated))
+        return Prepared(f"len{bucket}", len(ids), self._activation_bytes(bucket), (ids, truncated))
+
+    def _activation_bytes(self, width: int) -> int:
+        """Working memory of one request padded to ``width`` tokens, for the batch budget.
+
+        About four float32 hidden-state tensors live at once per layer (input, attention
+        output, the 4x-wide intermediate counted as one more): ``width * hidden * 4 B * 4``.
+        An estimate: what matters is that a batch of long texts is bounded, not the last byte.
+        """
+        return width * self.dim * 4 * 4
 
     def run_batch(self, samples: list[Any]) -> list[dict[str, Any]]:
         width = max(len(ids) for ids, _ in samples)
