@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from shared.errors import FleetError
+from shared.keys import realtime_queue_name
 from shared.settings import MODALITIES, load_settings
 
 app = typer.Typer(help="Multimodal inference worker fleet on Celery + Redis.", no_args_is_help=True)
@@ -63,9 +64,13 @@ def worker(
     # glibc: a fixed mmap threshold returns large freed tensor buffers (> 128 KiB) to the OS
     # instead of fragmenting the heap; measured by `make soak`: RSS growth +10% -> +2.4%.
     env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
+    # With a REALTIME lane the worker reads <modality>.realtime on a channel of its own
+    # (workers/realtime.py); otherwise both queues share the main prefetch window.
+    lane = mode == "batch" and settings.modality(modality).batching.realtime_lane
+    queues = modality if lane else f"{modality},{realtime_queue_name(modality)}"
     argv = [
         sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-        "-Q", modality, "-P", "solo", "-c", "1", "-n", f"{modality}@%h",
+        "-Q", queues, "-P", "solo", "-c", "1", "-n", f"{modality}@%h",
         f"--prefetch-multiplier={window}", "-E", "--without-mingle", "--without-gossip",
         "-l", loglevel,
     ]  # fmt: skip

@@ -230,7 +230,7 @@ class FleetClient:
                     keys.task_name(env.modality),
                     kwargs=env.to_kwargs(),
                     task_id=task_id,
-                    queue=keys.queue_name(env.modality),
+                    queue=keys.queue_for(env.modality, env.priority),
                     priority=Priority.parse(env.priority).celery_priority(self.settings),
                     producer=producer,
                 )
@@ -291,8 +291,9 @@ class FleetClient:
         with self.app.pool.acquire(block=True) as conn:
             client = conn.default_channel.client
             with client.pipeline(transaction=False) as pipe:
-                for p in prios:
-                    pipe.llen(keys.priority_list_key(keys.queue_name(modality), p))
+                for name, p in zip(names, prios, strict=True):
+                    queue = keys.queue_for(modality, name)
+                    pipe.llen(keys.priority_list_key(queue, p))
                 counts = pipe.execute()
         return dict(zip(names, (int(c) for c in counts), strict=True))
 

@@ -7,7 +7,8 @@ Decisions (see DESIGN.md, Failure semantics):
 - At-least-once: ``task_acks_late`` (ack after the result is stored),
   ``task_reject_on_worker_lost``, and a Redis ``visibility_timeout`` above the longest task.
 - One queue per modality; priorities inside each through the Redis transport's
-  ``priority_steps`` (one list per step, 0 served first).
+  ``priority_steps`` (one list per step, 0 served first). REALTIME requests go to the
+  modality's ``.realtime`` queue, which workers read on a channel of its own.
 - Task events on (``worker_send_task_events``, ``task_send_sent_event``) so Flower sees
   every request.
 """
@@ -52,7 +53,8 @@ def make_app(settings: Settings, name: str = "fleet") -> Celery:
         result_extended=False,
         worker_send_task_events=True,
         task_send_sent_event=True,
-        task_queues=[Queue(keys.queue_name(m)) for m in MODALITIES],
+        task_queues=[Queue(keys.queue_name(m)) for m in MODALITIES]
+        + [Queue(keys.realtime_queue_name(m)) for m in MODALITIES],
         task_routes={keys.task_name(m): {"queue": keys.queue_name(m)} for m in MODALITIES},
         task_default_queue=keys.queue_name("text"),
         task_default_priority=settings.priorities["normal"].celery_priority,

@@ -1,6 +1,7 @@
 """Every Celery name and Redis key the product uses, in one place.
 
-Queues: one per modality, named after it (``text``, ``image``, ``video``, ``xmodal``).
+Queues: one per modality, named after it (``text``, ``image``, ``video``, ``xmodal``), and one
+for its REALTIME requests (``text.realtime``, ...).
 Celery's Redis transport stores each priority step of a queue in its own list: the step-0
 list is the queue name itself, step ``p`` is ``f"{queue}{PRIORITY_SEP}{p}"``.
 """
@@ -24,6 +25,20 @@ def task_name(modality: str) -> str:
 def queue_name(modality: str) -> str:
     """The Celery queue of a modality; the same string."""
     return modality
+
+
+def realtime_queue_name(modality: str) -> str:
+    """The queue of a modality's REALTIME requests: ``text.realtime``.
+
+    REALTIME requests travel apart so that a worker can read them on a channel whose
+    prefetch window lower-priority messages never fill (see ``workers.realtime``).
+    """
+    return f"{modality}.realtime"
+
+
+def queue_for(modality: str, priority_label: str) -> str:
+    """The queue a request of ``priority_label`` (``"realtime"``, ...) is sent to."""
+    return realtime_queue_name(modality) if priority_label == "realtime" else queue_name(modality)
 
 
 def priority_list_key(queue: str, celery_priority: int) -> str:

@@ -81,6 +81,7 @@ class BatchingConfig(_Section):
     max_batch_bytes: int = 256 * 1024 * 1024
     max_high_waiting: int = 5
     realtime_lane: bool = False  # a second inference thread serves REALTIME requests alone
+    realtime_prefetch: int = 16  # the REALTIME queue's own prefetch window (with the lane)
     realtime_budget_ms: float = 25.0  # without the lane: batch time cap while REALTIME flows
 
 

@@ -31,6 +31,7 @@ from shared.metrics import metrics_port, serve
 from shared.settings import MODALITIES, load_settings
 from workers import engine_registry
 from workers.probe import PROBE_TASK, read_tensor
+from workers.realtime import realtime_consumer_step
 from workers.runtime import refuse_early_cuda, validate_partitions
 
 log = logging.getLogger("fleet.worker")
@@ -77,6 +78,9 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
     engine_registry.install(engine)
     if mode == "batch":
         app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"
+        if engine.cfg.batching.realtime_lane:
+            step = realtime_consumer_step(modality, engine.cfg.batching.realtime_prefetch)
+            app.steps["consumer"].add(step)
     log.info("worker mode=%s modality=%s", mode, modality)
 
 

@@ -40,7 +40,6 @@ import itertools
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections import Counter, deque
@@ -76,7 +75,6 @@ from workers.runtime import DeviceRuntime
 
 log = logging.getLogger("fleet.engine")
 
-SWITCH_INTERVAL_S = float(os.environ.get("FLEET_SWITCH_INTERVAL_S", "0.0005"))
 MAX_DELIVERIES = 3  # in-flight deliveries after which a message is poison
 IN_FLIGHT_TTL_S = 7 * 86400
 PROGRESS_INTERVAL_S = 0.25  # at most this often per request: progress is for humans
@@ -198,9 +196,6 @@ class Engine:
         load_s = time.perf_counter() - t0
         self.runtime.warmup(self._warmup)
         if self._threaded:
-            # The loop thread and the inference thread share the GIL; a short switch
-            # interval bounds how long a finished torch op waits to get it back.
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
             lanes = [Lane.MAIN, Lane.REALTIME][: self.runtime.lanes]
             for i, lane in enumerate(lanes):
                 t = threading.Thread(
@@ -340,6 +335,7 @@ class Engine:
     # -- inference thread ---------------------------------------------------------------
     def _loop(self, lane: Lane = Lane.MAIN, index: int = 0) -> None:
         self.runtime.bind_lane(index)
+
         while True:
             with self._cv:
                 while True:

@@ -96,15 +96,21 @@ class Sender:
             except FleetError as exc:
                 self.table.complete(rec.id, self.tb.now_ms(), False, exc.code)
                 continue
-            celery_prio = (
-                prio.celery_priority(settings) if self.fifo_priority is None else self.fifo_priority
+            fifo = self.fifo_priority is not None
+            celery_prio = self.fifo_priority if fifo else prio.celery_priority(settings)
+            # The fleet routes as FleetClient does (REALTIME to <modality>.realtime); the
+            # baseline is plain Celery: one FIFO queue.
+            queue = (
+                keys.queue_name(env.modality)
+                if fifo
+                else keys.queue_for(env.modality, env.priority)
             )
             try:
                 self.client.app.send_task(
                     keys.task_name(env.modality),
                     kwargs=env.to_kwargs(),
                     task_id=rec.id,
-                    queue=keys.queue_name(env.modality),
+                    queue=queue,
                     priority=celery_prio,
                     producer=producer,
                 )

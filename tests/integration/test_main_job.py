@@ -211,3 +211,19 @@ def test_worker_serves_prometheus_metrics(client: FleetClient, fleet_settings: A
     assert ok and sum(float(line.rsplit(" ", 1)[1]) for line in ok) >= 1
     assert 'fleet_batch_size_count{modality="text"}' in text
     assert 'fleet_prefetch_held{modality="text"}' in text
+
+
+def test_realtime_overtakes_a_full_prefetch_window_of_bulk(client: FleetClient) -> None:
+    lines = (DATA / "text" / "botchan_sentences.txt").read_text().splitlines()
+    backlog = [SubmitRequest("text", {"text": t}, "bulk") for t in lines if t.strip()][:600]
+    bulk = client.submit_many(backlog)
+    assert sum(client.queue_depth("text").values()) > 0  # a backlog is waiting
+    rt = client.submit("text", {"text": "Urgent."}, "realtime", timeout_s=30)
+    assert rt.envelope.priority == "realtime"
+    rt_done = client.wait_all([rt], timeout_s=60)[0]
+    bulk_done = client.wait_all(bulk, timeout_s=120)
+    assert rt_done is not None and "result" in rt_done
+    # REALTIME travels on its own queue and channel: it does not wait for the BULK backlog
+    # (600 requests, several seconds of work) ahead of it, nor for the window it fills.
+    finished_before = sum(1 for o in bulk_done if o and o["done_ms"] <= rt_done["done_ms"])
+    assert finished_before < len(bulk) // 2, finished_before
