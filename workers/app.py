@@ -93,7 +93,11 @@ def _log_ready(**_: Any) -> None:
         log.warning("%s", warning)
     port = metrics_port(settings, engine.modality)
     if port:
-        serve(engine.metrics, settings.metrics.host, port)
+        try:
+            serve(engine.metrics, settings.metrics.host, port)
+        except OSError as exc:  # e.g. another stack on this host holds the port
+            log.warning("metrics endpoint not started on port %d: %s", port, exc)
+            port = None
     log.info(
         "fleet worker ready modality=%s model=%s runtime=%s metrics=%s",
         engine.modality,

@@ -35,6 +35,8 @@ Failure handling
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import heapq
 import itertools
 import logging
@@ -75,6 +77,7 @@ from workers.runtime import DeviceRuntime
 
 log = logging.getLogger("fleet.engine")
 
+TRIM_EVERY_BATCHES = 10  # give glibc's freed-but-kept heap pages back (see _trim_heap)
 MAX_DELIVERIES = 3  # in-flight deliveries after which a message is poison
 IN_FLIGHT_TTL_S = 7 * 86400
 PROGRESS_INTERVAL_S = 0.25  # at most this often per request: progress is for humans
@@ -183,6 +186,7 @@ class Engine:
         self._threads: list[threading.Thread] = []
         self._threaded = threaded
         self._stop = False
+        self._trim_count = itertools.count(1)
         self._batch_seq = itertools.count(1)  # next() is atomic under the GIL: lanes share it
         self._host = socket.gethostname().split(".")[0]
         self._inline = False  # no event loop: complete on the inference thread
@@ -409,6 +413,8 @@ class Engine:
         if ran:
             self.metrics.observe_batch(len(ran), elapsed)
         self._post(self._retry_transient(done + ran))
+        if next(self._trim_count) % TRIM_EVERY_BATCHES == 0:
+            _trim_heap()
 
     def _mark_in_flight(self, batch: list[Work]) -> None:
         # Outlive every redelivery, however long a dead worker takes to come back.
@@ -647,6 +653,29 @@ class Engine:
         metrics.device_memory.labels(m).set_function(
             lambda: (self.runtime.stats().get("cuda_reserved_mb") or 0.0) * 2**20
         )
+
+
+def _trim_heap() -> None:
+    """Return freed heap memory to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    Batches of varying shapes leave glibc holding freed arenas: the worker's RSS grew 10 %
+    over a 10,000-request soak. A fixed ``MALLOC_MMAP_THRESHOLD_`` cured that but sent every
+    tensor buffer through mmap/munmap and cost 20 % of text throughput in system time; a
+    trim every ``TRIM_EVERY_BATCHES`` batches costs well under a millisecond each.
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 def _as_fleet_error(exc: BaseException) -> FleetError:

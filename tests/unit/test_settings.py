@@ -48,7 +48,21 @@ def test_fleet_toml_loads_with_its_values() -> None:
     assert set(s.priorities) == {"realtime", "high", "normal", "bulk"}
     assert s.modality("text").model == "minilm"
     assert s.modality("text").batching.max_batch_size == 32
-    assert s.modality("text").batching.length_buckets == [16, 32, 64, 128, 256]
+    assert s.modality("text").batching.length_buckets == [
+        8,
+        12,
+        16,
+        20,
+        24,
+        28,
+        32,
+        40,
+        48,
+        64,
+        96,
+        128,
+        256,
+    ]
     assert s.modality("image").batching.max_queue_delay_ms == 2.0
     assert s.limits.max_inline_bytes == 8 * 1024 * 1024
     assert s.models["minilm"].kind == "minilm"
