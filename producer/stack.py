@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.request
 from base64 import b64encode
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,10 +257,10 @@ class Stack:
         (self.pids / f"{name}.pid").write_text(str(proc.pid))
         return Proc(name, proc.pid)
 
-    def _wait(self, check: object, what: str, proc: Proc, timeout_s: float) -> None:
+    def _wait(self, check: Callable[[], bool], what: str, proc: Proc, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if check():  # type: ignore[operator]
+            if check():
                 return
             if not _alive(proc.pid):
                 raise StackError(f"{what} exited during start-up:\n{self.log_tail(proc.name)}")
