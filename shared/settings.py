@@ -104,6 +104,7 @@ class TransportSettings(_Section):
     shm_threshold_bytes: int = 65536  # tensors at least this large go through shm
     shared_host: bool = True  # False: producers and workers on different hosts, inline only
     min_shm_warn_bytes: int = 256 * 1024 * 1024
+    recycle_bytes: int = Field(default=0, ge=0)  # pool released files >= 1 MiB for reuse; 0 off
 
 
 class MetricsSettings(_Section):

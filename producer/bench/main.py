@@ -1,5 +1,8 @@
 """Entry point of ``fleet bench``: load the workload, run it, write and print the report.
 
+A workload with a ``tensor`` source (``transport``) runs ``producer/bench/transport.py``
+instead of the fleet/baseline/limit modes (``--modes`` does not apply to it).
+
 Exit codes: 0 the run completed (its warnings are in the report) or the workload is a
 documented placeholder and was skipped; 1 the workload is invalid or the bench could not run.
 """
@@ -34,6 +37,10 @@ def main(
     if not w.runnable:
         err.print(f"bench: workload {w.name!r} skipped: {w.skip_reason}")
         return 0
+    from producer.bench.transport import is_transport, run_transport
+
+    if is_transport(w):  # its own runner: tensors to the probe task, not modes
+        return run_transport(w, repetitions, out_dir, run_dir.resolve() if run_dir else None, err)
     wanted = tuple(m for m in modes.split(",") if m)
     unknown = [m for m in wanted if m not in MODES]
     if unknown or not wanted:

@@ -25,10 +25,13 @@ def load_inputs(spec: SourceSpec) -> list[dict[str, Any]]:
     """All inputs of a source, in order.
 
     Raises:
-        SourceError: missing or empty data, or a ``tensor`` source (needs the shm transport).
+        SourceError: missing or empty data, or a ``tensor`` source (the transport runner's).
     """
     if spec.kind == "tensor":
-        raise SourceError("tensor sources need the /dev/shm transport; not runnable yet")
+        raise SourceError(
+            "tensor sources are sent by the transport runner (producer/bench/transport.py), "
+            "not as requests"
+        )
     path = spec.resolved_path()
     if not path.exists():
         raise SourceError(f"source path {path} does not exist")

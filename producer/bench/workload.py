@@ -57,8 +57,8 @@ class SourceSpec(_Spec):
 
     Kinds: ``lines`` (a text file, one request per non-blank line), ``jsonl`` (one request
     per line, the text in ``field``), ``images`` (image files under ``path`` matching
-    ``pattern``, sorted by name), ``tensor`` (synthetic tensors of ``sizes_bytes``; needs the
-    /dev/shm transport and a worker that reads them: not runnable yet).
+    ``pattern``, sorted by name), ``tensor`` (synthetic tensors of ``sizes_bytes``, sent to
+    ``fleet.transport_probe`` by ``producer/bench/transport.py`` instead of the request modes).
     """
 
     kind: Literal["lines", "jsonl", "images", "tensor"]

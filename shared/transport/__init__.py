@@ -37,6 +37,7 @@ def store_from_settings(
         default_ttl_s=t.default_ttl_s,
         capacity_fraction=t.capacity_fraction,
         role=role,
+        recycle_bytes=t.recycle_bytes,
     )
 
 

@@ -5,6 +5,8 @@ Layout::
     /dev/shm/mmfleet-<uid>/                 mode 0700, owned by this uid, never a symlink
         t<32 hex>.arrow                     a segment, mode 0600, immutable once visible
         .tmp-t<32 hex>-<pid>-<host>.arrow   a segment being written (renamed when complete)
+        .pool-t<32 hex>.arrow               a released segment file kept for reuse (recycling
+                                            stores only; its pages are already allocated)
 
 Segment format: an Arrow IPC *file* (random-access format, uncompressed) holding one record
 batch with one non-nullable column ``data``: the tensor's elements flattened in C order as a
@@ -36,6 +38,22 @@ or reclaimed (tmpfs frees the pages when the last mapping goes). This module nev
 or rewrites a published segment (it only unlinks), and writes go through ``write()`` into a
 file reserved under a lock, never through a mapping: a full /dev/shm shows up as ENOSPC
 (mapped to ``ShmCapacityError``), not as SIGBUS in a writer or a reader.
+
+Recycling (opt-in, ``recycle_bytes > 0``): with 4 KiB tmpfs pages, allocating a segment's pages
+costs more than copying into them (measured for 128 MiB: a put into fresh pages about 4
+memcpys of the same bytes, into allocated ones about 2, and unlinking it 1.4). A recycling
+store's :meth:`ShmStore.release` renames the released file to a pool name
+(``.pool-<random>``) instead of unlinking it, up to ``recycle_bytes`` in all; a later
+:meth:`ShmStore.put` claims the pool file closest in size (at least as large, else at most
+64 KiB smaller), truncates it to the exact size and writes the new segment into its
+allocated pages, under a new random id. A pool file is reused only when nobody else holds it
+open or mapped: after the rename no process can open it by id any more, and a write lease
+(``F_SETLEASE F_WRLCK``, which the kernel grants only when no other open file description of
+the inode exists, mappings included) proves that no earlier reader still maps it; otherwise
+it is unlinked (its pages go when the last mapping does). So a view returned by
+:meth:`ShmStore.get` never sees another tensor's data. Pool files are counted in the capacity
+budget, dropped first when a put needs room, and reclaimed by :meth:`ShmStore.gc` once idle
+for ``recycle_idle_s`` (:meth:`ShmStore.trim_pool` drops them all).
 
 Capacity: puts are serialised by an ``flock`` on the root while the budget is checked and the
 temp file is sized (``ftruncate`` to the exact IPC size), so concurrent processes cannot
@@ -112,6 +130,11 @@ FORMAT_VERSION = "1"
 _META = "mmfleet."
 _SEGMENT_RE = re.compile(r"(t[0-9a-f]{32})\.arrow")
 _TMP_RE = re.compile(r"\.tmp-(t[0-9a-f]{32})-([0-9]{1,10})-([A-Za-z0-9._-]{1,64})\.arrow")
+_POOL_RE = re.compile(r"\.pool-(t[0-9a-f]{32})\.arrow")
+_MIN_RECYCLE_BYTES = 1 << 20  # smaller files are cheap to allocate: unlinked, never pooled
+# A pool file this much smaller than a new segment still serves it (the rest is allocated by
+# the write): two tensors of one shape differ by a few bytes of metadata (times, ids, pids).
+_RECYCLE_SLACK_BYTES = 64 << 10
 _MIN_SHM_WARN_BYTES = 256 * 1024 * 1024
 
 # Arrow storage type of each allowed dtype. bool -> uint8: see the module docstring.
@@ -329,12 +352,16 @@ class ShmStore:
         default_ttl_s: lifetime of a segment when :meth:`put` is given none, in seconds.
         capacity_fraction: fraction of the filesystem used when ``capacity_bytes`` is None.
         role: ``"producer"`` or ``"worker"``, the first part of the default owner string.
+        recycle_bytes: keep released segment files of at least 1 MiB, up to this many bytes
+            in all, and write later segments into them (see "Recycling" in the module
+            docstring). 0 (the default): released segments are unlinked at once.
+        recycle_idle_s: :meth:`gc` unlinks pool files unused for this long, in seconds.
 
     Raises:
         TransportError: the parent directory is missing (no /dev/shm: use the inline
             transport), or ``root`` is a symlink, not a directory, owned by another uid or
             not mode 0700.
-        ValueError: a non-positive TTL, capacity or fraction.
+        ValueError: a non-positive TTL, capacity or fraction, or a negative recycle budget.
 
     The store keeps no per-process state besides its settings, so one instance may be
     created before a fork and used in the children (the owner pid is read at each put).
@@ -348,6 +375,8 @@ class ShmStore:
         *,
         capacity_fraction: float = 0.5,
         role: Literal["producer", "worker"] = "producer",
+        recycle_bytes: int = 0,
+        recycle_idle_s: float = 30.0,
     ) -> None:
         if not (math.isfinite(default_ttl_s) and default_ttl_s > 0):
             raise ValueError(f"default_ttl_s must be > 0, got {default_ttl_s}")
@@ -357,6 +386,10 @@ class ShmStore:
             raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
         if role not in ("producer", "worker"):
             raise ValueError(f"role must be 'producer' or 'worker', got {role!r}")
+        if recycle_bytes < 0 or not (math.isfinite(recycle_idle_s) and recycle_idle_s > 0):
+            raise ValueError("recycle_bytes must be >= 0 and recycle_idle_s > 0")
+        self.recycle_bytes = int(recycle_bytes)
+        self.recycle_idle_s = float(recycle_idle_s)
         self.root = Path(root) if root is not None else default_root()
         self.default_ttl_s = float(default_ttl_s)
         self.role = role
@@ -439,7 +472,7 @@ class ShmStore:
         return st.f_bavail * st.f_frsize
 
     def used_bytes(self) -> int:
-        """Bytes held by this store's files: segments and in-progress temp files.
+        """Bytes held by this store's files: segments, in-progress temp files and pool files.
 
         File sizes, each inode once (a segment is briefly linked under two names while it is
         published). Released segments still mapped by a reader are not counted, although tmpfs
@@ -449,7 +482,11 @@ class ShmStore:
         seen: set[int] = set()
         with os.scandir(self.root) as it:
             for entry in it:
-                if not (_SEGMENT_RE.fullmatch(entry.name) or _TMP_RE.fullmatch(entry.name)):
+                if not (
+                    _SEGMENT_RE.fullmatch(entry.name)
+                    or _TMP_RE.fullmatch(entry.name)
+                    or _POOL_RE.fullmatch(entry.name)
+                ):
                     continue
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -580,10 +617,23 @@ class ShmStore:
         final = self._path(ref.id)
         tmp = self.root / f".tmp-{ref.id}-{os.getpid()}-{hostname()}{SEGMENT_SUFFIX}"
         with self._lock():
-            self._reserve_check(size)
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-            )
+            # A pool file of about ``size``: its pages are allocated already; only what it
+            # lacks (if anything) is new to the budget.
+            claimed = self._claim_pooled(size, tmp) if self.recycle_bytes else None
+            if claimed is None:
+                self._reserve_check(size)
+                fd = os.open(
+                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+                )
+            else:
+                fd, have = claimed
+                try:
+                    if size > have:
+                        self._reserve_check(size - have)  # counts the claimed file already
+                except BaseException:
+                    os.close(fd)
+                    _unlink_quiet(tmp)
+                    raise
             try:
                 os.fchmod(fd, 0o600)  # exact mode whatever the umask
                 # Sized (sparse) at once so that concurrent puts count it in used_bytes()
@@ -619,15 +669,15 @@ class ShmStore:
     def _reserve_check(self, size: int) -> None:
         """Raise ShmCapacityError unless ``size`` more bytes fit (caller holds the lock)."""
         used = self.used_bytes()
-        if used + size > self.capacity_bytes:
-            # Reclaim expired and orphaned segments once before refusing.
-            if self.gc():
+        # Before refusing: drop recycled files, then reclaim expired and orphaned segments.
+        for reclaim in (self.trim_pool, self.gc):
+            if used + size > self.capacity_bytes and reclaim():
                 used = self.used_bytes()
-            if used + size > self.capacity_bytes:
-                raise ShmCapacityError(
-                    f"shared-memory budget exceeded: {_fmt_bytes(size)} requested, "
-                    f"{_fmt_bytes(used)} of {_fmt_bytes(self.capacity_bytes)} in use"
-                )
+        if used + size > self.capacity_bytes:
+            raise ShmCapacityError(
+                f"shared-memory budget exceeded: {_fmt_bytes(size)} requested, "
+                f"{_fmt_bytes(used)} of {_fmt_bytes(self.capacity_bytes)} in use"
+            )
         free = self.fs_free_bytes()
         if size > free:
             raise ShmCapacityError(
@@ -759,6 +809,10 @@ class ShmStore:
     def release(self, ref: TensorRef | Mapping[str, Any] | str) -> bool:
         """Delete a segment; idempotent. Readers that mapped it keep their views.
 
+        A recycling store (``recycle_bytes > 0``) renames a file of at least 1 MiB into its
+        pool instead, while the pool has room: the id is gone all the same, and the file is
+        rewritten only once no reader maps it any more (see the module docstring).
+
         Args:
             ref: a :class:`TensorRef`, its wire dict, or a bare id.
 
@@ -776,11 +830,87 @@ class ShmStore:
             return False
         if not stat.S_ISREG(st.st_mode):
             raise TensorRefError(f"tensor {seg_id}: not a regular file")
+        if self.recycle_bytes and st.st_size >= _MIN_RECYCLE_BYTES and self._pool(path, st):
+            return True
         try:
             os.unlink(path)
         except FileNotFoundError:
             return False
         return True
+
+    # -- recycling (see the module docstring) ----------------------------------------------
+    def _pool_entries(self) -> list[tuple[Path, os.stat_result]]:
+        out = []
+        with os.scandir(self.root) as it:
+            for entry in it:
+                if _POOL_RE.fullmatch(entry.name):
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        out.append((self.root / entry.name, st))
+        return out
+
+    def pool_bytes(self) -> int:
+        """Bytes held by released files kept for reuse (0 unless recycling)."""
+        return sum(st.st_size for _, st in self._pool_entries())
+
+    def _pool(self, path: Path, st: os.stat_result) -> bool:
+        """Move a released segment into the pool if the budget allows; False: not pooled."""
+        with self._lock():
+            if self.pool_bytes() + st.st_size > self.recycle_bytes:
+                return False
+            try:
+                # rename: the id's name is gone at once (no new reader can open it), and the
+                # inode, with its allocated pages, stays for a later put.
+                os.rename(path, self.root / f".pool-{new_id()}{SEGMENT_SUFFIX}")
+            except FileNotFoundError:
+                return False  # released concurrently; the caller's unlink says so
+        return True
+
+    def _claim_pooled(self, size: int, tmp: Path) -> tuple[int, int] | None:
+        """``(descriptor, its size)`` of a pool file renamed to ``tmp``, or None (caller
+        holds the lock). The closest fit at least ``size`` large is preferred, then the
+        closest one at most ``_RECYCLE_SLACK_BYTES`` smaller. Only a file that no other open
+        file description refers to is returned."""
+        candidates = sorted(
+            (
+                (p, st)
+                for p, st in self._pool_entries()
+                if st.st_size >= size - _RECYCLE_SLACK_BYTES
+            ),
+            key=lambda e: (e[1].st_size < size, abs(e[1].st_size - size)),
+        )
+        for path, _ in candidates:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue  # reclaimed meanwhile, or not a regular file
+            st = os.fstat(fd)
+            usable = stat.S_ISREG(st.st_mode) and st.st_uid == self._uid and st.st_nlink == 1
+            if usable:
+                try:
+                    # Fresh times first: gc() must not take the claimed file for a stale one.
+                    os.utime(fd)
+                    os.rename(path, tmp)
+                except OSError:
+                    os.close(fd)
+                    continue
+                if _sole_opener(fd):
+                    return fd, st.st_size
+                path = tmp  # still mapped by a reader: never rewrite it; drop our name
+            os.close(fd)
+            _unlink_quiet(path)
+        return None
+
+    def trim_pool(self) -> list[str]:
+        """Unlink every pool file; returns their names. Mapped pages go with the last mapping."""
+        removed = []
+        for path, _ in self._pool_entries():
+            _unlink_quiet(path)
+            removed.append(path.name)
+        return removed
 
     def _read_meta(self, seg_id: str) -> tuple[_Meta, int]:
         """Metadata and file size of a segment; touches only the IPC footer's pages."""
@@ -841,8 +971,9 @@ class ShmStore:
                 future time to expire segments.
 
         Returns:
-            What was removed: segment ids, and the file names (starting with ``.tmp-``) of
-            temp files left by writers that died or stalled longer than ``default_ttl_s``.
+            What was removed: segment ids, the file names (starting with ``.tmp-``) of temp
+            files left by writers that died or stalled longer than ``default_ttl_s``, and
+            those (starting with ``.pool-``) of pool files idle longer than ``recycle_idle_s``.
             Unreadable segment files older than ``default_ttl_s`` (by mtime) are removed too.
 
         Safe to run concurrently with readers (their mappings stay valid) and with writers
@@ -870,6 +1001,11 @@ class ShmStore:
                 if stale:
                     _unlink_quiet(path)
                     removed.append(m[1])
+            elif _POOL_RE.fullmatch(name):
+                # ctime: set by the rename into the pool (and by a claim's utime).
+                if now - st.st_ctime > self.recycle_idle_s:
+                    _unlink_quiet(path)
+                    removed.append(name)
             elif m := _TMP_RE.fullmatch(name):
                 writer_pid, host = int(m[2]), m[3]
                 dead = host == hostname() and not pid_alive(writer_pid)
@@ -879,6 +1015,22 @@ class ShmStore:
         if removed:
             log.info("shm gc removed %d file(s) from %s", len(removed), self.root)
         return removed
+
+
+def _sole_opener(fd: int) -> bool:
+    """True when ``fd``'s open file description is the only one of its inode, system-wide.
+
+    A write lease is granted only then; every reader that opened or mapped the file holds
+    another description (a mapping keeps its file open). The lease is dropped at once.
+    EAGAIN: another opener. Anything else (leases disabled, an unsupported filesystem): not
+    provably alone, so False.
+    """
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    except OSError:
+        return False
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    return True
 
 
 def _is_enospc(exc: BaseException) -> bool:

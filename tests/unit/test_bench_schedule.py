@@ -17,6 +17,7 @@ from producer.bench.schedule import (
     open_schedule,
     poisson_offsets,
 )
+from producer.bench.transport import is_transport
 from producer.bench.workload import (
     WorkloadError,
     list_workloads,
@@ -179,7 +180,8 @@ def test_shipped_workloads_parse_and_cover_the_issue() -> None:
     backlog = next(p for p in burst.phases if p.arrival == "burst")
     assert backlog.count == 2000 and {m.priority for m in backlog.mix} == {"bulk"}
     transport = load_workload("transport")
-    assert not transport.runnable and "shm" in transport.skip_reason
+    assert transport.runnable and is_transport(transport) and not is_transport(smoke)
+    assert transport.sources["tensors"].sizes_bytes == [1 << 20, 16 << 20, 128 << 20]
 
 
 def test_unknown_workload_lists_the_known_ones() -> None:

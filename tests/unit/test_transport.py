@@ -634,6 +634,152 @@ def test_corrupt_segment_handled(store: ShmStore) -> None:
     assert store.gc(now=time.time() + store.default_ttl_s + 1) == [seg_id]
 
 
+# -- recycling -----------------------------------------------------------------------------
+MIB = 1 << 20
+KIB = 1 << 10
+
+
+def pool_files(root: Path) -> list[str]:
+    return [n for n in segment_files(root) if n.startswith(".pool-")]
+
+
+@pytest.fixture
+def rstore(root: Path) -> ShmStore:
+    return ShmStore(root, capacity_bytes=1 << 30, recycle_bytes=64 * MIB)
+
+
+def test_recycling_is_off_by_default(store: ShmStore) -> None:
+    ref = store.put(np.ones(2 * MIB, np.uint8))
+    assert store.release(ref)
+    assert segment_files(store.root) == []
+
+
+def test_recycled_file_is_rewritten_under_a_new_id(rstore: ShmStore) -> None:
+    a, b = sample("float32", (MIB,), 1), sample("float32", (MIB,), 2)  # 4 MiB each
+    ra = rstore.put(a)
+    inode = (rstore.root / f"{ra.id}.arrow").stat().st_ino
+    assert rstore.release(ra)
+    [pooled] = pool_files(rstore.root)
+    assert rstore.pool_bytes() > a.nbytes and rstore.used_bytes() == rstore.pool_bytes()
+    with pytest.raises(TensorRefError, match="unknown tensor"):
+        rstore.get(ra)  # a released id never resolves again
+    rb = rstore.put(b)
+    assert rb.id != ra.id and rb.id not in pooled
+    path = rstore.root / f"{rb.id}.arrow"
+    assert path.stat().st_ino == inode  # the same pages, now holding b
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert segment_files(rstore.root) == [f"{rb.id}.arrow"]
+    np.testing.assert_array_equal(rstore.get(rb), b)
+    # A slightly larger one reuses it too (the rest is allocated by the write) ...
+    assert rstore.release(rb)
+    larger = sample("float32", (MIB + 1000,), 6)
+    rl = rstore.put(larger)
+    assert (rstore.root / f"{rl.id}.arrow").stat().st_ino == inode
+    np.testing.assert_array_equal(rstore.get(rl), larger)
+    rb = rl
+    # ... and a smaller tensor a larger file, truncated to its exact size.
+    assert rstore.release(rb)
+    small = sample("float32", (MIB // 2,), 3)
+    rs = rstore.put(small)
+    np.testing.assert_array_equal(rstore.get(rs), small)
+    assert rstore.used_bytes() < a.nbytes
+    assert rstore.release(rs)
+    assert rstore.trim_pool() and segment_files(rstore.root) == []
+
+
+@pytest.mark.parametrize("reader", ["get", "get_torch"])
+def test_a_mapped_file_is_never_rewritten(rstore: ShmStore, reader: str) -> None:
+    if reader == "get_torch":
+        pytest.importorskip("torch")
+    a, b = sample("float32", (MIB,), 4), sample("float32", (MIB,), 5)
+    ra = rstore.put(a)
+    view = getattr(rstore, reader)(ra)  # holds a mapping of the file
+    rstore.release(ra)
+    rb = rstore.put(b)  # finds the pool file still mapped: drops it, writes a fresh one
+    np.testing.assert_array_equal(np.asarray(view), a)  # the reader still sees a, not b
+    np.testing.assert_array_equal(rstore.get(rb), b)
+    assert pool_files(rstore.root) == []  # unlinked; its pages go with the mapping
+    del view
+    rstore.release(rb)
+    rstore.trim_pool()
+
+
+def test_mapped_in_another_process_is_never_rewritten(rstore: ShmStore) -> None:
+    a, b = sample("uint8", (2 * MIB,), 6), sample("uint8", (2 * MIB,), 7)
+    ra = rstore.put(a, detach=True)
+    code = """
+        import sys, time
+        import numpy as np
+        from shared.transport import ShmStore, TensorRef
+        store = ShmStore(sys.argv[1])
+        view = store.get(TensorRef.model_validate_json(sys.argv[2]))
+        print("mapped", flush=True)
+        sys.stdin.readline()
+        print(int(view.astype(np.int64).sum()), flush=True)
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), str(rstore.root), ra.model_dump_json()],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "mapped"
+        rstore.release(ra)
+        rb = rstore.put(b)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert int(child.stdout.readline()) == int(a.astype(np.int64).sum())
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    np.testing.assert_array_equal(rstore.get(rb), b)
+    rstore.release(rb)
+    rstore.trim_pool()
+
+
+def test_pool_budget_small_files_and_gc(root: Path) -> None:
+    store = ShmStore(root, capacity_bytes=1 << 30, recycle_bytes=5 * MIB)
+    refs = [store.put(np.zeros(3 * MIB, np.uint8)) for _ in range(2)]
+    tiny = store.put(np.zeros(1000, np.uint8))
+    for r in [*refs, tiny]:
+        assert store.release(r)
+    assert len(pool_files(root)) == 1  # the second 3 MiB file would pass the 5 MiB budget
+    assert segment_files(root) == pool_files(root)  # small files are never pooled
+    assert store.gc() == []  # not idle yet
+    [name] = store.gc(now=time.time() + store.recycle_idle_s + 1)
+    assert name.startswith(".pool-") and segment_files(root) == []
+
+
+def test_growing_a_claimed_file_respects_the_budget(root: Path) -> None:
+    store = ShmStore(root, capacity_bytes=2 * MIB + 20 * KIB, recycle_bytes=4 * MIB)
+    store.release(store.put(np.zeros(2 * MIB, np.uint8)))
+    with pytest.raises(ShmCapacityError, match="budget exceeded"):
+        store.put(np.zeros(2 * MIB + 40 * KIB, np.uint8))  # 40 KiB more than the pool file
+    assert segment_files(root) == []  # the claimed file is gone with the refused put
+
+
+def test_pool_is_dropped_before_a_put_is_refused(root: Path) -> None:
+    store = ShmStore(root, capacity_bytes=6 * MIB, recycle_bytes=6 * MIB)
+    store.release(store.put(np.zeros(3 * MIB, np.uint8)))
+    assert len(pool_files(root)) == 1
+    big = store.put(np.zeros(4 * MIB, np.uint8))  # 3 pooled + 4 > 6: the pool goes first
+    assert segment_files(root) == [f"{big.id}.arrow"]
+    store.release(big)
+    store.trim_pool()
+    # Both reclaims when the pool alone is not enough: pool (3 MiB), then an expired segment.
+    store.put(np.zeros(2 * MIB, np.uint8), ttl_s=0.05)
+    store.release(store.put(np.zeros(3 * MIB, np.uint8)))
+    assert len(pool_files(root)) == 1
+    time.sleep(0.1)
+    big = store.put(np.zeros(5 * MIB, np.uint8))
+    assert segment_files(root) == [f"{big.id}.arrow"]
+    store.release(big)
+    store.trim_pool()
+    with pytest.raises(ValueError):
+        ShmStore(root, recycle_bytes=-1)
+
+
 # -- hostile files -------------------------------------------------------------------------
 def test_extension_types_refused(store: ShmStore) -> None:
     # A canonical extension type pyarrow knows (registered): arrow.fixed_shape_tensor.
