@@ -28,11 +28,13 @@ import socket
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from producer.stack import isolated_environment
 
 REPO = Path(__file__).resolve().parent.parent
 SENTENCES = REPO / "data" / "text" / "botchan_sentences.txt"
@@ -134,38 +136,6 @@ def waves_of(total: int, size: int) -> list[int]:
     return [size] * (total // size) + ([total % size] if total % size else [])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def soak_environment(run_dir: Path, extra: dict[str, str]) -> Iterator[Any]:
-    """Set the soak stack's ``FLEET_*`` variables (own run dir and ports); restore after."""
-    from shared.settings import load_settings
-
-    env = {
-        "FLEET_STACK__RUN_DIR": str(run_dir),
-        "FLEET_REDIS__PORT": str(free_port()),
-        "FLEET_FLOWER__PORT": str(free_port()),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        **extra,
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield load_settings()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def worker_stats(client: Any, modality: str = "text") -> dict[str, Any]:
     """The ``fleet_stats`` reply of the ``modality`` worker ({} when it does not answer)."""
     node = f"{modality}@{socket.gethostname()}"
@@ -213,7 +183,7 @@ class Soak:
         )
         ok = False
         try:
-            with soak_environment(run_dir, self.opts.env) as settings:
+            with isolated_environment(run_dir, self.opts.env) as settings:
                 stack = Stack(settings)
                 self.log(f"soak: starting Redis + text worker (run dir {run_dir})")
                 try:

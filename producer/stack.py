@@ -21,11 +21,48 @@ import sys
 import time
 import urllib.request
 from base64 import b64encode
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from shared.settings import Settings, ensure_secret
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def isolated_environment(run_dir: Path, extra: dict[str, str] | None = None) -> Iterator[Settings]:
+    """``FLEET_*`` variables for a stack of its own: run dir, free Redis and Flower ports,
+    metrics off (so it never collides with a ``make up`` stack on this host); ``extra`` wins.
+    Yields the settings so built; restores the environment afterwards.
+    """
+    from shared.settings import load_settings
+
+    env = {
+        "FLEET_STACK__RUN_DIR": str(run_dir),
+        "FLEET_REDIS__PORT": str(free_port()),
+        "FLEET_FLOWER__PORT": str(free_port()),
+        "FLEET_METRICS__PORT_BASE": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        **(extra or {}),
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield load_settings()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class StackError(RuntimeError):

@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from producer.bench.sources import InputCatalog
 from producer.bench.stats import combine_lag, combine_reps, summarize_rep
 from producer.bench.workload import REPO, Workload
 from producer.client import FleetClient
+from producer.stack import isolated_environment
 from shared.settings import Settings, load_settings
 
 log = logging.getLogger("fleet.bench")
@@ -112,34 +112,11 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def bench_environment(workload: Workload, run_dir: Path) -> Iterator[Settings]:
-    """Set the bench's ``FLEET_*`` variables (own run dir, ports, overrides); restore after."""
-    env = {
-        "FLEET_STACK__RUN_DIR": str(run_dir),
-        "FLEET_REDIS__PORT": str(free_port()),
-        "FLEET_FLOWER__PORT": str(free_port()),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        **workload.env_overrides(),
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield load_settings()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    """The bench's own stack environment plus the workload's ``FLEET_*`` overrides."""
+    with isolated_environment(run_dir, workload.env_overrides()) as settings:
+        yield settings
 
 
 class Bench:
