@@ -29,9 +29,39 @@ def _print(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=None, separators=(",", ":")))
 
 
-def _fail(exc: FleetError) -> None:
-    _print({"error": exc.to_dict()})
+def _fail(exc: FleetError, task_id: str | None = None) -> None:
+    _print({**({"id": task_id} if task_id else {}), "error": exc.to_dict()})
     raise typer.Exit(2)
+
+
+def _require_file(path: Path) -> None:
+    """A readable regular file, else a JSON ``INVALID_INPUT`` error and exit 2."""
+    from shared.errors import InvalidInput
+
+    if not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file or does not exist"
+        _fail(InvalidInput(f"cannot read {str(path)!r}: {what}"))
+
+
+def _broker_errors() -> tuple[type[BaseException], ...]:
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return (OperationalError, RedisConnectionError, ConnectionError)
+
+
+BROKER_ERRORS = _broker_errors()
+
+
+def _broker_down(exc: BaseException) -> None:
+    """The broker cannot be reached: one clear line instead of a traceback; exit 1."""
+    settings = load_settings()
+    typer.echo(
+        f"cannot reach Redis at {settings.redis.host}:{settings.redis.port} "
+        f"({type(exc).__name__}); is the stack up? (`make up`)",
+        err=True,
+    )
+    raise typer.Exit(1)
 
 
 # -- workers -------------------------------------------------------------------------------
@@ -141,6 +171,9 @@ def _submit(
     except FleetError as exc:
         _fail(exc)
         return
+    except BROKER_ERRORS as exc:
+        _broker_down(exc)
+        return
     except TimeoutError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
@@ -175,9 +208,7 @@ def submit_image(
     """Embed an image with the configured vision model."""
     from producer.client import image_inputs
 
-    if not file.is_file():
-        typer.echo(f"no such file: {file}", err=True)
-        raise typer.Exit(1)
+    _require_file(file)
     _submit("image", image_inputs(file), priority, timeout_s, wait_s)
 
 
@@ -195,8 +226,9 @@ def _submit_resolved(
     Input segments this command put in /dev/shm are released once the outcome is in (or
     left to their TTL when not waiting).
     """
-    from producer.client import FleetClient
+    from producer.client import FleetClient, ResultHandle
 
+    handle: ResultHandle | None = None
     try:
         client = FleetClient.from_settings()
         inputs = make_inputs(client)
@@ -210,7 +242,10 @@ def _submit_resolved(
             return
         result = handle.get(timeout_s=wait_s)
     except FleetError as exc:
-        _fail(exc)
+        _fail(exc, handle.id if handle is not None else None)
+        return
+    except BROKER_ERRORS as exc:
+        _broker_down(exc)
         return
     except TimeoutError as exc:
         typer.echo(str(exc), err=True)
@@ -245,9 +280,7 @@ def submit_video(
 
     Files above 32 KiB travel through /dev/shm (the message carries a TensorRef).
     """
-    if not file.is_file():
-        typer.echo(f"no such file: {file}", err=True)
-        raise typer.Exit(1)
+    _require_file(file)
     _submit_resolved("video", lambda c: c.video_inputs(file), priority, timeout_s, wait_s, full)
 
 
@@ -266,9 +299,7 @@ def submit_xmodal(
     """
     from producer.client import xmodal_inputs
 
-    if not image.is_file():
-        typer.echo(f"no such file: {image}", err=True)
-        raise typer.Exit(1)
+    _require_file(image)
     _submit_resolved(
         "xmodal", lambda c: xmodal_inputs(image, text), priority, timeout_s, wait_s, full
     )

@@ -118,6 +118,7 @@ class _Done:
     req: Any
     outcome: Outcome
     run_ms: float = 0.0
+    priority: str = "unknown"  # for requests refused before they became Work
 
 
 _Posted = _Done | _Progress | _Retry | tuple[str, list[Work]]
@@ -283,22 +284,26 @@ class Engine:
         """A message entered the prefetch window (event-loop thread)."""
         self.stats.received += 1
         worker_state.task_reserved(req)
+        label = "unknown"
         try:
             env = TaskEnvelope.from_kwargs(req.kwargs)
+            label = env.priority
             if env.modality != self.modality:
                 raise UnsupportedModality(
                     f"modality {env.modality!r} sent to the {self.modality!r} queue"
                 )
             priority = Priority.parse(env.priority)
+            if env.expired():  # waited in Redis past its deadline: do not even validate it
+                raise DeadlineExceeded("deadline passed before it could run")
             suspect = self._check_redelivery(req)
             inputs, fault = self.faults.split(env.inputs)
             prepared = self.adapter.prepare(inputs)
         except FleetError as exc:
-            self._finish_now(req, exc)
+            self._finish_now(req, exc, label)
             return
         except Exception as exc:  # an adapter bug must not kill the consumer
             log.exception("prepare failed id=%s", req.id)
-            self._finish_now(req, InvalidInput(f"input could not be prepared: {exc}"))
+            self._finish_now(req, InvalidInput(f"input could not be prepared: {exc}"), label)
             return
         now = time.monotonic()
         deadline_s = None
@@ -333,8 +338,8 @@ class Engine:
             )
         return in_flight > 0
 
-    def _finish_now(self, req: Any, exc: FleetError) -> None:
-        self._complete([_Done(None, req, Outcome(req.id, error=exc))])
+    def _finish_now(self, req: Any, exc: FleetError, priority: str = "unknown") -> None:
+        self._complete([_Done(None, req, Outcome(req.id, error=exc), priority=priority)])
 
     # -- inference thread ---------------------------------------------------------------
     def _loop(self, lane: Lane = Lane.MAIN, index: int = 0) -> None:
@@ -604,7 +609,7 @@ class Engine:
         self._progress_at.pop(req.id, None)
         queued_ms = (w.started_s - w.arrival_s) * 1000.0 if w and w.started_s else 0.0
         self.metrics.observe_request(
-            w.env.priority if w else "unknown",
+            w.env.priority if w else d.priority,
             "ok" if o.error is None else o.error.code,
             queued_ms / 1000.0 if w and w.started_s else None,
             (time.time() - w.env.submitted_ms / 1000.0) if w else None,

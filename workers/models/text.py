@@ -52,6 +52,10 @@ class TextAdapter(ModelAdapter):
             raise InvalidInput("text input must be {'text': <string>}")
         if not text.strip():
             raise InvalidInput("text is empty or only whitespace")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput("text is not valid Unicode (it holds a lone surrogate)") from None
         limit = self.settings.limits.max_text_chars
         if len(text) > limit:
             raise PayloadTooLarge(f"text has {len(text)} characters; the limit is {limit}")
