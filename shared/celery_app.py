@@ -2,8 +2,8 @@
 
 Decisions (see DESIGN.md, Failure semantics):
 
-- JSON only, both ways (``accept_content`` and ``result_accept_content``): a pickled message
-  is refused by the consumer and never runs.
+- JSON only, both ways (``accept_content`` and ``result_accept_content``):
+  a message in any other format (pickle included) is refused by the consumer, never run.
 - At-least-once: ``task_acks_late`` (ack after the result is stored),
   ``task_reject_on_worker_lost``, and a Redis ``visibility_timeout`` above the longest task.
 - One queue per modality; priorities inside each through the Redis transport's

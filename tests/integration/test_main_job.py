@@ -6,6 +6,7 @@ import base64
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -130,9 +131,13 @@ def test_pickled_message_is_refused_and_never_runs(client: FleetClient) -> None:
         {"request": {"modality": "text", "priority": "normal", "inputs": {"text": "pickled"}}},
         {},
     )
+    # Raw bytes with the pickle content type, as an attacker or a misconfigured producer
+    # would push them: the worker must refuse to deserialize them.
+    raw = pickle.dumps(body)
     with client.app.connection_for_write() as conn:
         conn.Producer().publish(
-            body, exchange="text", routing_key="text", serializer="pickle",
+            raw, exchange="text", routing_key="text",
+            content_type="application/x-python-serialize", content_encoding="binary",
             headers={"task": "fleet.text", "id": task_id, "lang": "py"},
             priority=6, declare=[Queue("text")],
         )  # fmt: skip
