@@ -306,9 +306,7 @@ class Engine:
             self._finish_now(req, InvalidInput(f"input could not be prepared: {exc}"), label)
             return
         now = time.monotonic()
-        deadline_s = None
-        if env.deadline_ms is not None:
-            deadline_s = now + (env.deadline_ms - time.time() * 1000.0) / 1000.0
+        deadline_s = _monotonic_deadline(env.deadline_ms)
         work = Work(req, env, prepared, now, fault=fault)
         # A suspect of a crash gets a bucket of its own: it runs alone.
         bucket = f"{prepared.bucket}#suspect-{req.id}" if suspect else prepared.bucket
@@ -456,7 +454,7 @@ class Engine:
                 id=w.req.id,
                 priority=Priority.parse(w.env.priority),
                 arrival_s=time.monotonic() + countdown,
-                deadline_s=None,
+                deadline_s=_monotonic_deadline(w.env.deadline_ms),
                 bucket=w.prepared.bucket,
                 length=w.prepared.length,
                 nbytes=w.prepared.nbytes,
@@ -658,6 +656,13 @@ class Engine:
         metrics.device_memory.labels(m).set_function(
             lambda: (self.runtime.stats().get("cuda_reserved_mb") or 0.0) * 2**20
         )
+
+
+def _monotonic_deadline(deadline_ms: float | None) -> float | None:
+    """A wall-clock deadline (epoch ms, the producer's clock) on this process's monotonic clock."""
+    if deadline_ms is None:
+        return None
+    return time.monotonic() + (deadline_ms - time.time() * 1000.0) / 1000.0
 
 
 def _trim_heap() -> None:
