@@ -122,7 +122,26 @@ class Sender:
         return out
 
 
-class OpenLoop(threading.Thread):
+class _GeneratorThread(threading.Thread):
+    """A sending thread: holds one producer connection for its whole phase; records a crash
+    in ``error`` (the runner reports it) instead of dying silently."""
+
+    sender: Sender
+    error: BaseException | None
+
+    def run(self) -> None:
+        try:
+            with self.sender.client.app.producer_or_acquire() as producer:
+                self._run(producer)
+        except BaseException as exc:
+            self.error = exc
+            log.exception("%s failed", self.name)
+
+    def _run(self, producer: object) -> None:
+        raise NotImplementedError
+
+
+class OpenLoop(_GeneratorThread):
     """Sends an open-loop schedule; ``t0`` is the repetition's start (monotonic seconds)."""
 
     def __init__(
@@ -141,14 +160,6 @@ class OpenLoop(threading.Thread):
         self.max_group = max_group
         self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            with self.sender.client.app.producer_or_acquire() as producer:
-                self._run(producer)
-        except BaseException as exc:
-            self.error = exc
-            log.exception("open-loop generator failed")
-
     def _run(self, producer: object) -> None:
         plan, t0, n, i = self.plan, self.t0, len(self.plan), 0
         while i < n and not self.stop_flag.is_set():
@@ -164,7 +175,7 @@ class OpenLoop(threading.Thread):
             i = j
 
 
-class ClosedLoop(threading.Thread):
+class ClosedLoop(_GeneratorThread):
     """Keeps ``phase.concurrency`` requests in flight for the phase's count or duration."""
 
     def __init__(
@@ -177,14 +188,6 @@ class ClosedLoop(threading.Thread):
         self.stop_flag = stop
         self.freed: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with self.sender.client.app.producer_or_acquire() as producer:
-                self._run(producer)
-        except BaseException as exc:
-            self.error = exc
-            log.exception("closed-loop generator failed")
 
     def _on_done(self, _rec: Record) -> None:
         self.freed.put(1)
