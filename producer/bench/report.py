@@ -4,7 +4,8 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
 
     workload, workload_spec, started_utc, finished_utc, duration_s, repetitions, machine
     modes.{fleet,baseline}.{modality}: throughput_rps (median), throughput_spread
-        {min,median,max}, throughput_reps, offered_rps, requests, ok, errors
+        {min,median,max}, throughput_reps, drain_rps.{priority}, offered_rps, requests, ok,
+        errors
     modes.limit.{modality}: throughput_rps, throughput_spread, throughput_reps,
         best_batch_size, sweep_rps, unsorted_rps
     latency_ms.{fleet,baseline}.{modality}.{priority}: p50, p95, p99, max, n, spread
@@ -173,6 +174,7 @@ def build_report(res: BenchResult) -> dict[str, Any]:
                 "throughput_rps": s["throughput_rps"],
                 "throughput_spread": s["throughput_spread"],
                 "throughput_reps": s["throughput_reps"],
+                "drain_rps": s["drain_rps"],
                 "offered_rps": _offered_rps(mr, m, w),
                 "requests": s["requests"],
                 "ok": s["ok"],
@@ -412,7 +414,7 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     con.print(t)
     lat = Table(title="Latency, ms from the scheduled send (median across repetitions)")
     for col in ("modality", "priority", "mode", "n", "p50", "p95", "p99", "max", "miss",
-                "queue p50", "compute p50"):  # fmt: skip
+                "queue p50", "compute p50", "drain/s"):  # fmt: skip
         lat.add_column(col, justify="left" if col in ("modality", "priority", "mode") else "right")
     for m in sorted({m for mode in report["latency_ms"].values() for m in mode}):
         prios = _prio_order(report, m)
@@ -426,7 +428,8 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
                 c = report["compute_ms"][mode][m].get(p, {}).get("p50")
                 stats = [_f(s[k]) for k in ("p50", "p95", "p99", "max")]
                 miss_s = "-" if miss is None else f"{miss:.1%}"
-                lat.add_row(m, p, mode, str(s["n"]), *stats, miss_s, _f(q), _f(c))
+                drain = report["modes"][mode][m].get("drain_rps", {}).get(p)
+                lat.add_row(m, p, mode, str(s["n"]), *stats, miss_s, _f(q), _f(c), _f(drain))
     con.print(lat)
     cold = Table(title="Fresh worker and per-request overhead (ms)")
     for col in ("modality", "mode", "ready s", "first request", "warm idle", "idle overhead",

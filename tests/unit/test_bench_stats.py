@@ -11,6 +11,7 @@ from producer.bench.records import Record
 from producer.bench.stats import (
     combine_lag,
     combine_reps,
+    drain_rps,
     latency_summary,
     percentile,
     spread,
@@ -82,12 +83,36 @@ def test_latency_summary_and_spread() -> None:
     assert spread([None]) is None
 
 
-def test_throughput_counts_successes_over_scheduled_to_done_window() -> None:
+def test_drain_rate_counts_successes_over_scheduled_to_done_window() -> None:
     rs = [rec(i, sched_ms=100.0 * i, done_ms=100.0 * i + 50, ok=True) for i in range(10)]
     rs.append(rec(10, sched_ms=1000.0, done_ms=1100.0, ok=False, code="INVALID_INPUT"))
     # 10 successes between 0 ms (first scheduled) and 950 ms (last success done).
-    assert throughput_rps(rs) == pytest.approx(10 / 0.95)
-    assert throughput_rps(rs[:1]) is None
+    assert drain_rps(rs) == pytest.approx(10 / 0.95)
+    assert drain_rps(rs[:1]) is None
+
+
+def test_throughput_is_the_completion_rate_while_load_is_applied() -> None:
+    # Load from 0 to 10 s (one send every 100 ms), warmup before 2 s. The worker finishes
+    # 5 warmup requests inside the window too: they count, since it spent the window on them.
+    every = [
+        rec(i, sched_ms=100.0 * i, done_ms=100.0 * i + 500, ok=True, measured=i >= 20)
+        for i in range(101)
+    ]
+    measured = [r for r in every if r.measured]
+    # Window 2,000 .. 10,000 ms: done times 2,000..10,000 are i = 15..95 (81 completions).
+    assert throughput_rps(measured, every) == pytest.approx(81 / 8.0)
+    # Only measured requests, "first send .. last done": what the drain rate says instead.
+    assert drain_rps(measured) == pytest.approx(81 / 8.5)
+    # Failures do not count.
+    for r in every[50:60]:
+        r.ok, r.code = False, "INVALID_INPUT"
+    assert throughput_rps(measured, every) == pytest.approx(71 / 8.0)
+
+
+def test_throughput_of_a_burst_is_its_drain_rate() -> None:
+    # Everything scheduled at t=0 (window of 0 s): throughput is the drain rate.
+    rs = [rec(i, sched_ms=0.0, done_ms=10.0 * (i + 1), ok=True) for i in range(50)]
+    assert throughput_rps(rs, rs) == pytest.approx(50 / 0.5)
 
 
 def test_latency_is_from_scheduled_time_not_send_time() -> None:
