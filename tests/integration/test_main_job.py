@@ -117,6 +117,16 @@ def test_batches_form_under_load_and_match_single_results(client: FleetClient) -
         int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()
     }
     assert max(k for k, v in new_sizes.items() if v > 0) > 1, new_sizes
+    # The batch's acks shared pipelines, and every message is acked: kombu's unacked hash
+    # and index (what a restart would redeliver) hold nothing once the results are in.
+    with client.app.connection_for_write() as conn:
+        redis = conn.default_channel.client
+        deadline = time.monotonic() + 10
+        while redis.hlen("unacked") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert redis.hlen("unacked") == 0 and redis.zcard("unacked_index") == 0
+    acked = fleet_stats(client, "text@")["acked_in_batches"] - before["acked_in_batches"]
+    assert acked >= 2, acked
     alone = client.submit("text", {"text": texts[5]}, "realtime").get(30)["embedding"]
     batched = outs[5]["result"]["embedding"]  # type: ignore[index]
     assert max(abs(a - b) for a, b in zip(alone, batched, strict=True)) < 1e-4
