@@ -67,6 +67,7 @@ from shared.metrics import FleetMetrics
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
+from workers.acks import ack_batch
 from workers.batcher import Batcher, Lane, Pending, Policy, Trigger
 from workers.circuit import CircuitBreaker
 from workers.faults import FaultInjector
@@ -119,6 +120,7 @@ class _Done:
     outcome: Outcome
     run_ms: float = 0.0
     priority: str = "unknown"  # for requests refused before they became Work
+    stored: bool | None = None  # None: not yet written; False: the write failed
 
 
 _Posted = _Done | _Progress | _Retry | tuple[str, list[Work]]
@@ -131,6 +133,7 @@ class EngineStats:
     failed: int = 0
     expired: int = 0
     retried: int = 0
+    acked_in_batches: int = 0  # acks that shared a Redis pipeline (workers.acks)
     batches: int = 0
     batch_sizes: Counter[int] = field(default_factory=Counter)
     triggers: Counter[str] = field(default_factory=Counter)
@@ -199,6 +202,8 @@ class Engine:
         t0 = time.perf_counter()
         self.adapter.load()
         load_s = time.perf_counter() - t0
+        if self.runtime.lanes > 1:
+            self.runtime.install_yield_points(self.adapter.torch_modules())
         self.runtime.warmup(self._warmup)
         if self._threaded:
             lanes = [Lane.MAIN, Lane.REALTIME][: self.runtime.lanes]
@@ -351,13 +356,19 @@ class Engine:
                     now = time.monotonic()
                     self._release_delayed(now)
                     d = self.batcher.next_batch(now, lane)
-                    if d.expired:
-                        self._expire(d.expired)
-                    if d.batch:
+                    if d.batch or d.expired:
                         break
                     self._cv.wait(timeout=self._wait_s(d.wake_at_s, now))
+            if d.expired:  # outside the lock: failing them writes to Redis
+                self._expire(d.expired)
+            if not d.batch:
+                continue
             try:
-                self._run([p.item for p in d.batch], d.trigger)
+                if lane is Lane.REALTIME:
+                    with self.runtime.realtime_section():
+                        self._run([p.item for p in d.batch], d.trigger)
+                else:
+                    self._run([p.item for p in d.batch], d.trigger)
             except Exception:  # never let the inference thread die silently
                 log.exception("batch crashed; failing its requests")
                 self._post(
@@ -393,6 +404,7 @@ class Engine:
             err = CircuitOpen(f"the {self.modality} model's circuit breaker is open")
             self._post([_Done(w, w.req, Outcome(w.req.id, error=err)) for w in batch])
             return
+        self.runtime.yield_now()
         self._mark_in_flight(batch)
         self._post_started(batch)
         done: list[_Done] = []
@@ -415,6 +427,7 @@ class Engine:
             d.run_ms = elapsed * 1000.0
         if ran:
             self.metrics.observe_batch(len(ran), elapsed)
+        self.runtime.yield_now()
         self._post(self._retry_transient(done + ran))
         if next(self._trim_count) % TRIM_EVERY_BATCHES == 0:
             _trim_heap()
@@ -508,8 +521,28 @@ class Engine:
         if self._inline:
             self._complete(done)
             return
+        # The results are stored here, on the inference thread, the moment the batch ends:
+        # a client sees its result without waiting for the event loop, which may be busy
+        # fetching messages. Events and acks follow on the loop thread (kombu's channels
+        # are not thread-safe); the ack still comes after the stored result.
+        self._store(done)
         self._done.extend(done)
         self._wake()
+
+    def _store(self, done: list[_Done]) -> bool:
+        try:
+            self.writer.write(
+                [d.outcome for d in done],
+                also_delete=[delivery_count_key(d.req.id) for d in done],
+            )
+            ok = True
+        except Exception:
+            # Not acked: the messages return after the visibility timeout (at-least-once).
+            log.exception("storing %d results failed; leaving them unacked", len(done))
+            ok = False
+        for d in done:
+            d.stored = ok
+        return ok
 
     def _post_item(self, item: _Posted) -> None:
         if self._inline:
@@ -568,17 +601,16 @@ class Engine:
                 w.req.on_accepted(os.getpid(), time.monotonic())
 
     def _complete(self, done: list[_Done]) -> None:
+        unstored = [d for d in done if d.stored is None]
+        if unstored:
+            self._store(unstored)
+        done = [d for d in done if d.stored]
         if not done:
             return
         try:
-            self.writer.write(
-                [d.outcome for d in done],
-                also_delete=[delivery_count_key(d.req.id) for d in done],
-            )
-        except Exception:
-            # Not acked: the messages return after the visibility timeout (at-least-once).
-            log.exception("storing %d results failed; leaving them unacked", len(done))
-            return
+            self.stats.acked_in_batches += ack_batch(d.req for d in done)
+        except Exception:  # stored, not acked: redelivered after the visibility timeout
+            log.exception("acking %d requests failed", len(done))
         now = time.monotonic()
         for d in done:
             self._finish_one(d, now)
@@ -602,7 +634,6 @@ class Engine:
             self.stats.failed += 1
             self.stats.errors[o.error.code] += 1
             req.send_event("task-failed", exception=repr(o.error), traceback="")
-        req.acknowledge()
         worker_state.task_ready(req)
         self._progress_at.pop(req.id, None)
         queued_ms = (w.started_s - w.arrival_s) * 1000.0 if w and w.started_s else 0.0
@@ -639,6 +670,7 @@ class Engine:
             "failed": s.failed,
             "expired": s.expired,
             "retried": s.retried,
+            "acked_in_batches": s.acked_in_batches,
             "batches": s.batches,
             "batch_sizes": {str(k): v for k, v in sorted(s.batch_sizes.items())},
             "triggers": dict(s.triggers),

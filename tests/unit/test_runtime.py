@@ -69,3 +69,61 @@ def test_partitions_on_one_gpu_must_sum_to_at_most_0_9() -> None:
 def test_no_early_cuda_in_a_cpu_process() -> None:
     refuse_early_cuda()  # would raise if anything imported so far had initialised CUDA
     assert not torch.cuda.is_initialized()
+
+
+class _Stack(torch.nn.Module):
+    """Four linear layers in a ModuleList, as a transformer encoder holds its layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_main_lane_pauses_at_a_yield_point_while_a_realtime_batch_runs() -> None:
+    import threading
+
+    rt = DeviceRuntime(DeviceConfig(arena_mb=1), lanes=2)
+    rt.start()
+    model = _Stack()
+    assert rt.install_yield_points([model]) == 4  # each Linear inside the ModuleList
+    finished = threading.Event()
+
+    def main_lane() -> None:
+        rt.bind_lane(0)
+        with torch.inference_mode():
+            model(torch.ones(2, 8))
+        finished.set()
+
+    with rt.realtime_section():
+        t = threading.Thread(target=main_lane)
+        t.start()
+        # While the REALTIME section is open the main lane stays parked at its first layer.
+        assert not finished.wait(0.3)
+        assert t.is_alive()
+    assert finished.wait(5)  # the section closed: it resumes and completes
+    t.join(5)
+    stats = rt.stats()
+    assert stats["realtime_pauses"] == 1 and stats["realtime_paused_s"] >= 0.25
+    assert stats["yield_points"] == 4
+
+
+def test_realtime_lane_and_a_lone_lane_never_pause() -> None:
+    rt = DeviceRuntime(DeviceConfig(arena_mb=1), lanes=2)
+    rt.start()
+    model = _Stack()
+    rt.install_yield_points([model])
+    rt.bind_lane(1)  # the REALTIME lane itself runs through its own section
+    with rt.realtime_section(), torch.inference_mode():
+        model(torch.ones(1, 8))
+    single = DeviceRuntime(DeviceConfig(arena_mb=1), lanes=1)
+    single.start()
+    other = _Stack()
+    single.install_yield_points([other])
+    with single.realtime_section(), torch.inference_mode():
+        other(torch.ones(1, 8))  # one lane: nothing to yield to
+    assert rt.stats()["realtime_pauses"] == 0 and single.stats()["realtime_pauses"] == 0

@@ -97,6 +97,13 @@ class ModelAdapter(ABC):
     def example_inputs(self, batch_size: int, bucket: str | None = None) -> list[dict[str, Any]]:
         """Real-shaped inputs for warmup: ``batch_size`` requests (in ``bucket`` if given)."""
 
+    def torch_modules(self) -> list[Any]:
+        """The ``torch.nn.Module`` objects this adapter runs (its attributes that are
+        modules); the runtime puts its lane yield points in them."""
+        import torch
+
+        return [v for v in vars(self).values() if isinstance(v, torch.nn.Module)]
+
     def buckets(self) -> list[str]:
         """Every bucket key this adapter can produce (warmup runs each)."""
         return ["default"]
