@@ -21,9 +21,10 @@ has been received:
   the producer process: the physical floor of moving the bytes once. Best of
   ``max(repetitions, 5)``.
 
-The worker (``fleet.transport_probe``) maps or decodes the tensor and sums every element in
-float64: a full read. Its in-process cost (``ShmStore.get`` + the same sum, in the producer,
-best of N) is given as ``probe_read_ms``, so that the path itself (``shm_ms - probe_read_ms``)
+The worker (``fleet.transport_probe``) maps or decodes the tensor and reads every byte into a
+checksum (``workers.probe.byte_checksum``): a full read. Its in-process cost (``ShmStore.get``
++ the same checksum, in the producer, best of N) is given as ``probe_read_ms``, so that the
+path itself (``shm_ms - probe_read_ms``, its ratio to memcpy in ``shm_path_over_memcpy``)
 can be told from the probe's own work.
 
 Messages: each path's raw Redis message is measured by sending one probe to a queue nobody
@@ -59,6 +60,7 @@ from rich.table import Table
 from producer.bench.runner import BenchError, bench_environment
 from producer.bench.stats import spread
 from producer.bench.workload import REPO, Workload
+from workers.probe import byte_checksum
 
 PATHS = ("shm", "shm_recycled", "inline")
 PEEK_QUEUE = "peek"  # as long as "text": a peeked message has the real message's length
@@ -218,7 +220,7 @@ class TransportBench:
         self, nbytes: int, client: Any, redis: Any, store: Any, recycling: Any
     ) -> dict[str, Any]:
         arr = tensor_of(nbytes)
-        expected = float(np.sum(arr, dtype=np.float64))
+        expected = byte_checksum(arr)
         n_fast = max(self.reps, MIN_MEMCPY_REPS)
         memcpy = _memcpy_ms(arr, n_fast)
         read = _probe_read_ms(store, arr, n_fast)
@@ -268,9 +270,7 @@ class TransportBench:
         app = client.app
 
         def check(out: dict[str, Any]) -> None:
-            ok = out.get("nbytes") == arr.nbytes and np.isclose(
-                out.get("sum", np.nan), expected, rtol=1e-9, atol=1e-6
-            )
+            ok = out.get("nbytes") == arr.nbytes and out.get("checksum") == expected
             if not ok:
                 raise BenchError(f"the probe read something else: {out}")
 
@@ -407,7 +407,7 @@ class TransportBench:
                 "ms": "median of the repetitions; spread gives min/median/max",
                 "memcpy_ms": "np.copyto into a preallocated, touched array; best of N",
                 "shm_over_memcpy": "median shm_ms / memcpy_ms",
-                "probe_read_ms": "ShmStore.get + np.sum(float64) in the producer, best of N: "
+                "probe_read_ms": "ShmStore.get + byte_checksum in the producer, best of N: "
                 "the probe's own work on a mapped tensor",
                 "message_bytes": "raw Redis list entry (LRANGE of a probe sent to an "
                 "unconsumed queue of the same name length)",
@@ -499,7 +499,7 @@ def _probe_read_ms(store: Any, arr: np.ndarray, n: int) -> float:
         for _ in range(n):
             t0 = time.perf_counter()
             view = store.get(ref)
-            float(np.sum(view, dtype=np.float64))
+            byte_checksum(view)
             del view
             ts.append(_ms(time.perf_counter() - t0))
     finally:
@@ -564,6 +564,10 @@ def _size_summary(
         "shm_over_memcpy": _ratio(shm.median(), m),
         "shm_min_over_memcpy": _ratio(min(shm.e2e_ms, default=None), m),
         "shm_recycled_over_memcpy": _ratio(rec.median(), m),
+        # The path alone: end to end less the probe's own full read of the mapped bytes
+        # (its consumer work, the same whatever the transport).
+        "shm_path_over_memcpy": _ratio(_less(shm.median(), read_ms), m),
+        "shm_recycled_path_over_memcpy": _ratio(_less(rec.median(), read_ms), m),
         "inline_over_shm": _ratio(inl.median(), shm.median()),
         "inline_over_shm_recycled": _ratio(inl.median(), rec.median()),
         "message_bytes_shm": shm.message_bytes,
@@ -594,6 +598,10 @@ def _size_summary(
 
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
+
+
+def _less(total: float | None, part: float) -> float | None:
+    return None if total is None else total - part
 
 
 def _rest(total: float | None, put: float | None, read: float) -> float | None:
