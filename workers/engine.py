@@ -81,6 +81,7 @@ log = logging.getLogger("fleet.engine")
 TRIM_EVERY_BATCHES = 10  # give glibc's freed-but-kept heap pages back (see _trim_heap)
 MAX_DELIVERIES = 3  # in-flight deliveries after which a message is poison
 IN_FLIGHT_TTL_S = 7 * 86400
+REALTIME_LANE_INDEX = 1  # the runtime lane index of the REALTIME inference thread
 PROGRESS_INTERVAL_S = 0.25  # at most this often per request: progress is for humans
 
 
@@ -521,11 +522,13 @@ class Engine:
         if self._inline:
             self._complete(done)
             return
-        # The results are stored here, on the inference thread, the moment the batch ends:
-        # a client sees its result without waiting for the event loop, which may be busy
-        # fetching messages. Events and acks follow on the loop thread (kombu's channels
-        # are not thread-safe); the ack still comes after the stored result.
-        self._store(done)
+        if self.runtime.lane == REALTIME_LANE_INDEX:
+            # A REALTIME lane's results are stored here, the moment its batch ends: its
+            # client does not wait for the event loop, which may be busy with a batch of 32
+            # completions. (The main lane leaves the encoding and the round trip to the loop
+            # thread and goes on computing.) Events and acks follow on the loop thread
+            # (kombu's channels are not thread-safe); the ack still comes after the result.
+            self._store(done)
         self._done.extend(done)
         self._wake()
 
