@@ -374,7 +374,8 @@ def soak(
 
 @shm_app.command("ls")
 def shm_ls() -> None:
-    """List segments: id, size, owner, age, expiry, whether the owner is alive."""
+    """List segments: id, size, owner, age, expiry, whether the owner is alive (or
+    ``detached``: kept for its TTL only)."""
     import time
 
     from shared.transport import store_from_settings
@@ -383,9 +384,11 @@ def shm_ls() -> None:
     now = time.time()
     segs = store.ls()
     for seg in segs:
+        # A detached segment (pid 0) is tied to its TTL only: no owner to be alive or dead.
+        owner_state = "detached" if seg.pid == 0 else f"owner_alive={seg.alive_owner}"
         typer.echo(
             f"{seg.id}  {seg.nbytes:>12} B  owner={seg.owner}  age={now - seg.created_at:.0f}s"
-            f"  expires_in={seg.expires_at - now:.0f}s  owner_alive={seg.alive_owner}"
+            f"  expires_in={seg.expires_at - now:.0f}s  {owner_state}"
         )
     typer.echo(f"{len(segs)} segments, {store.used_bytes()} bytes in {store.root}")
 

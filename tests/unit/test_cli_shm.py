@@ -1,0 +1,38 @@
+"""``fleet shm ls``: what an operator reads about each segment."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from producer.cli import app
+from shared.transport import ShmStore
+
+
+@pytest.fixture
+def shm_root(monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = Path("/dev/shm") / f"mmfleet-test-cli-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("FLEET_TRANSPORT__SHM_ROOT", str(root))
+    yield root
+    for f in root.glob("*") if root.exists() else []:
+        f.unlink()
+    if root.exists():
+        root.rmdir()
+
+
+def test_shm_ls_tells_detached_segments_from_owned_ones(shm_root: Path) -> None:
+    store = ShmStore(root=shm_root)
+    owned = store.put(np.zeros(1000, dtype=np.float32))  # owned by this (live) process
+    detached = store.put(np.ones(10, dtype=np.uint8), detach=True)
+    out = CliRunner().invoke(app, ["shm", "ls"])
+    assert out.exit_code == 0, out.output
+    lines = {line.split()[0]: line for line in out.output.splitlines() if line.startswith("t")}
+    assert "owner_alive=True" in lines[owned.id] and str(os.getpid()) in lines[owned.id]
+    assert lines[detached.id].endswith("detached")
+    assert "4000 B" in lines[owned.id] and "10 B" in lines[detached.id]
+    assert out.output.splitlines()[-1].startswith("2 segments")
