@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from shared.transport import ShmStore
 
 
 @pytest.fixture
-def shm_root(monkeypatch: pytest.MonkeyPatch) -> Path:
+def shm_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     root = Path("/dev/shm") / f"mmfleet-test-cli-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("FLEET_TRANSPORT__SHM_ROOT", str(root))
     yield root
