@@ -667,7 +667,7 @@ def print_transport_report(report: dict[str, Any], console: Console | None = Non
             _bytes(s.get("message_bytes_inline")),
         )
     con.print(t)
-    p = Table(title="Where the shm time goes, ms (medians; read = the probe's own get + sum)")
+    p = Table(title="Where the shm time goes, ms (medians; read = the probe's own get + checksum)")
     for c in ("size", "put", "put recycled", "probe read", "rest", "release", "encode inline",
               "redis memory delta, shm series (B)"):  # fmt: skip
         p.add_column(c, justify="left" if c == "size" else "right")
