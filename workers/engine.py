@@ -81,7 +81,6 @@ log = logging.getLogger("fleet.engine")
 TRIM_EVERY_BATCHES = 10  # give glibc's freed-but-kept heap pages back (see _trim_heap)
 MAX_DELIVERIES = 3  # in-flight deliveries after which a message is poison
 IN_FLIGHT_TTL_S = 7 * 86400
-REALTIME_LANE_INDEX = 1  # the runtime lane index of the REALTIME inference thread
 PROGRESS_INTERVAL_S = 0.25  # at most this often per request: progress is for humans
 
 
@@ -364,11 +363,13 @@ class Engine:
                 self._expire(d.expired)
             if not d.batch:
                 continue
+            section = (
+                self.runtime.realtime_section()
+                if lane is Lane.REALTIME
+                else contextlib.nullcontext()
+            )
             try:
-                if lane is Lane.REALTIME:
-                    with self.runtime.realtime_section():
-                        self._run([p.item for p in d.batch], d.trigger)
-                else:
+                with section:
                     self._run([p.item for p in d.batch], d.trigger)
             except Exception:  # never let the inference thread die silently
                 log.exception("batch crashed; failing its requests")
@@ -522,7 +523,7 @@ class Engine:
         if self._inline:
             self._complete(done)
             return
-        if self.runtime.lane == REALTIME_LANE_INDEX:
+        if self.runtime.on_realtime_lane:
             # A REALTIME lane's results are stored here, the moment its batch ends: its
             # client does not wait for the event loop, which may be busy with a batch of 32
             # completions. (The main lane leaves the encoding and the round trip to the loop

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_GPU_FRACTION = 0.9  # headroom for the CUDA context and other processes
+REALTIME_LANE = 1  # lane index of the REALTIME inference thread (0: the main lane)
 MAX_PAUSE_S = 2.0  # longest the main lane waits at one yield point for a REALTIME batch
 _ALIGN = 256  # bytes; CUDA's allocation granularity for coalesced access
 
@@ -168,8 +169,13 @@ class DeviceRuntime:
         wait here while a REALTIME batch runs."""
         self._yield_point(None, None)
 
+    @property
+    def on_realtime_lane(self) -> bool:
+        """True on the REALTIME lane's thread (a runtime with two lanes only)."""
+        return self.lanes > 1 and self.lane == REALTIME_LANE
+
     def _yield_point(self, _module: Any, _args: Any) -> None:
-        if not self._rt_active or self.lane != 0 or self.lanes < 2:
+        if not self._rt_active or self.lanes < 2 or self.on_realtime_lane:
             return
         t0 = time.perf_counter()
         with self._rt_cv:
