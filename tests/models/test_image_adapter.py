@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from shared.errors import ImageDecodeError, InvalidInput, ModelError, PayloadTooLarge
-from shared.settings import DeviceConfig, ModelConfig, Settings, load_settings
+from shared.settings import ModelConfig, Settings, load_settings
 from workers.models.image import ImageAdapter
 from workers.runtime import DeviceRuntime
 
@@ -28,18 +28,6 @@ PHOTOS = ["skimage_astronaut.png", "skimage_coffee.png", "skimage_chelsea.png"]
 
 def b64(name: str) -> str:
     return base64.b64encode((IMAGES / name).read_bytes()).decode("ascii")
-
-
-@pytest.fixture(scope="module")
-def settings() -> Settings:
-    return load_settings()
-
-
-@pytest.fixture(scope="module")
-def runtime() -> DeviceRuntime:
-    rt = DeviceRuntime(DeviceConfig())
-    rt.start()
-    return rt
 
 
 @pytest.fixture(scope="module")

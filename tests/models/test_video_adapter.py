@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from shared.errors import (
     TensorRefError,
     VideoDecodeError,
 )
-from shared.settings import DeviceConfig, ModelConfig, Settings, load_settings
+from shared.settings import ModelConfig, Settings, load_settings
 from shared.transport import ShmStore, decode_inline
 from workers.models import make_adapter
 from workers.models.image import ImageAdapter
@@ -55,27 +53,8 @@ def zeroed_middle(path: Path, n: int = 2000) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def shm_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("video-shm") / "store"
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def settings(shm_root: Path) -> Settings:
-    return load_settings(transport={"shm_root": str(shm_root)})
-
-
-@pytest.fixture(scope="module")
 def store(settings: Settings) -> ShmStore:
     return ShmStore(root=settings.transport.shm_root, role="producer")
-
-
-@pytest.fixture(scope="module")
-def runtime() -> DeviceRuntime:
-    rt = DeviceRuntime(DeviceConfig())
-    rt.start()
-    return rt
 
 
 @pytest.fixture(scope="module")

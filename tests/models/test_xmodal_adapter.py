@@ -11,7 +11,6 @@ import base64
 import json
 import shutil
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 import torch
 
 from shared.errors import ImageDecodeError, InvalidInput, ModelError, PayloadTooLarge
-from shared.settings import DeviceConfig, ModelConfig, Settings, load_settings
+from shared.settings import ModelConfig, Settings
 from shared.transport import ShmStore, decode_inline
 from workers.models import make_adapter
 from workers.models.xmodal import XModalAdapter, XModalSample
@@ -46,25 +45,6 @@ def caption_pairs() -> list[tuple[Path, list[str]]]:
 
 PAIRS = caption_pairs()
 ALL_CAPTIONS = [c for _, caps in PAIRS for c in caps]
-
-
-@pytest.fixture(scope="module")
-def shm_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("xmodal-shm") / "store"
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def settings(shm_root: Path) -> Settings:
-    return load_settings(transport={"shm_root": str(shm_root)})
-
-
-@pytest.fixture(scope="module")
-def runtime() -> DeviceRuntime:
-    rt = DeviceRuntime(DeviceConfig())
-    rt.start()
-    return rt
 
 
 @pytest.fixture(scope="module")
