@@ -159,27 +159,8 @@ def flower_info() -> None:
 def _submit(
     modality: str, inputs: dict[str, Any], priority: str, timeout_s: float | None, wait_s: float
 ) -> None:
-    from producer.client import FleetClient
-
-    try:
-        client = FleetClient.from_settings()
-        handle = client.submit(modality, inputs, priority=priority, timeout_s=timeout_s)
-        if wait_s <= 0:
-            _print({"id": handle.id})
-            return
-        out = handle.outcome(timeout_s=wait_s)
-    except FleetError as exc:
-        _fail(exc)
-        return
-    except BROKER_ERRORS as exc:
-        _broker_down(exc)
-        return
-    except TimeoutError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(1) from None
-    _print({"id": handle.id, **out})
-    if "error" in out:
-        raise typer.Exit(2)
+    """Submit plain JSON inputs, wait, and print the result (or the error) as JSON."""
+    _submit_resolved(modality, lambda _client: inputs, priority, timeout_s, wait_s, full=True)
 
 
 PriorityOpt = Annotated[str, typer.Option(help="realtime, high, normal or bulk")]

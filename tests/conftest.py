@@ -14,20 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from producer.stack import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def free_port_block(n: int) -> int:
     """The first of ``n`` consecutive free loopback ports (worker metrics use base + i)."""
     for _ in range(50):
-        base = free_port()
+        base = free_port()  # producer.stack's
         socks = []
         try:
             for i in range(n):
@@ -46,24 +42,17 @@ def free_port_block(n: int) -> int:
 @pytest.fixture(scope="session")
 def fleet_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """Settings of the test stack; its FLEET_* variables are exported for subprocesses."""
-    from shared.settings import load_settings
+    from producer.stack import isolated_environment
 
-    run_dir = tmp_path_factory.mktemp("fleet-run")
-    env = {
+    overrides = {
         "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
-        "FLEET_STACK__RUN_DIR": str(run_dir),
-        "FLEET_REDIS__PORT": str(free_port()),
-        "FLEET_FLOWER__PORT": str(free_port()),
-        "FLEET_METRICS__PORT_BASE": str(free_port_block(4)),
+        "FLEET_METRICS__PORT_BASE": str(free_port_block(4)),  # the metrics test scrapes them
         # Smaller batches keep the workers' warmup short; batching is still exercised.
         "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "16",
         "FLEET_MODALITIES__IMAGE__BATCHING__MAX_BATCH_SIZE": "4",
     }
-    mp = pytest.MonkeyPatch()
-    for k, v in env.items():
-        mp.setenv(k, v)
-    yield load_settings()
-    mp.undo()
+    with isolated_environment(tmp_path_factory.mktemp("fleet-run"), overrides) as settings:
+        yield settings
 
 
 @pytest.fixture(scope="session")

@@ -16,22 +16,18 @@ import pytest
 
 from producer.client import FleetClient, SubmitRequest
 from shared.errors import FleetError
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from producer.stack import Stack
-    from shared.settings import load_settings
+    from producer.stack import Stack, isolated_environment
 
-    env = {
+    overrides = {
         "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
-        "FLEET_STACK__RUN_DIR": str(tmp_path_factory.mktemp("fault-run")),
-        "FLEET_REDIS__PORT": str(free_port()),
         "FLEET_REDIS__VISIBILITY_TIMEOUT_S": "2",
-        "FLEET_METRICS__PORT_BASE": "0",
         "FLEET_REDIS__RESTORE_SCAN_INTERVAL_S": "0.5",
         "FLEET_DEBUG__FAULT_INJECTION": "true",
         "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "8",
@@ -41,15 +37,11 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "FLEET_MODALITIES__TEXT__CIRCUIT_COOLDOWN_S": "1.5",
         "FLEET_MODALITIES__TEXT__RETRY_BACKOFF_S": "0.01",
     }
-    mp = pytest.MonkeyPatch()
-    for k, v in env.items():
-        mp.setenv(k, v)
-    settings = load_settings()
-    st = Stack(settings)
-    st.up(["text"], flower=False)
-    yield st
-    st.down()
-    mp.undo()
+    with isolated_environment(tmp_path_factory.mktemp("fault-run"), overrides) as settings:
+        st = Stack(settings)
+        st.up(["text"], flower=False)
+        yield st
+        st.down()
 
 
 @pytest.fixture(scope="module")

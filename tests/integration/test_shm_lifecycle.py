@@ -22,7 +22,7 @@ import pytest
 
 from producer.client import FleetClient
 from shared.transport import ShmStore
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
 from workers.probe import PROBE_TASK, byte_checksum
 
 pytestmark = pytest.mark.integration
@@ -34,32 +34,25 @@ KIB, MIB = 1 << 10, 1 << 20
 
 @pytest.fixture(scope="module")
 def shm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from producer.stack import Stack
-    from shared.settings import load_settings
+    from producer.stack import Stack, isolated_environment
 
     root = Path(f"/dev/shm/mmfleet-{os.getuid()}-lifecycle-{uuid.uuid4().hex[:12]}")
-    env = {
+    overrides = {
         "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
-        "FLEET_STACK__RUN_DIR": str(tmp_path_factory.mktemp("shm-run")),
-        "FLEET_REDIS__PORT": str(free_port()),
-        "FLEET_METRICS__PORT_BASE": "0",
         "FLEET_TRANSPORT__SHM_ROOT": str(root),
         "FLEET_TRANSPORT__DEFAULT_TTL_S": str(TTL_S),
         "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "1",
         "FLEET_MODALITIES__TEXT__BATCHING__PREFERRED_BATCH_SIZES": "[1]",
         "FLEET_MODALITIES__TEXT__BATCHING__LENGTH_BUCKETS": "[16]",
     }
-    mp = pytest.MonkeyPatch()
-    for k, v in env.items():
-        mp.setenv(k, v)
-    st = Stack(load_settings())
-    try:
-        st.up(["text"], flower=False)
-        yield st
-    finally:
-        st.down()
-        mp.undo()
-        shutil.rmtree(root, ignore_errors=True)
+    with isolated_environment(tmp_path_factory.mktemp("shm-run"), overrides) as settings:
+        st = Stack(settings)
+        try:
+            st.up(["text"], flower=False)
+            yield st
+        finally:
+            st.down()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
