@@ -118,6 +118,15 @@ class MetricsSettings(_Section):
     port_base: int = 9101  # worker ports: base + modality index; 0 turns metrics off
 
 
+class EventSettings(_Section):
+    """Celery task events (Flower's view) sent by batching workers (``workers.events``)."""
+
+    # Buffered task events go out at most this often (one PUBLISH of a task.multi list),
+    # instead of once per event-loop turn: a message's arrival no longer costs a round trip.
+    flush_interval_ms: float = Field(default=25.0, ge=0.0, le=1000.0)
+    buffer_limit: int = Field(default=128, ge=1)  # flush at once when this many are waiting
+
+
 class DebugSettings(_Section):
     fault_injection: bool = False  # honour "_inject" inputs (tests and drills only)
 
@@ -154,6 +163,7 @@ class Settings(BaseSettings):
     priorities: dict[str, PriorityClass] = Field(default_factory=dict)
     limits: Limits = Field(default_factory=Limits)
     transport: TransportSettings = Field(default_factory=TransportSettings)
+    events: EventSettings = Field(default_factory=EventSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     modalities: dict[str, ModalityConfig] = Field(default_factory=dict)

@@ -18,6 +18,7 @@ from celery.worker.request import create_request_cls
 from celery.worker.strategy import hybrid_to_proto2, proto1_to_proto2
 
 from workers import engine_registry
+from workers.events import coalesce_task_events
 
 
 def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[..., None]:
@@ -26,6 +27,8 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     engine.attach(consumer.hub)
     hostname = consumer.hostname
     eventer = consumer.event_dispatcher
+    ev = engine.settings.events
+    coalesce_task_events(eventer, consumer.hub, ev.flush_interval_ms, ev.buffer_limit)
     send_events = bool(eventer and eventer.enabled and task.send_events)
     Req = create_request_cls(
         symbol_by_name(task.Request), task, consumer.pool, hostname, eventer, app=app
