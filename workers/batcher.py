@@ -196,6 +196,12 @@ class Batcher:
         """Drop a held request (revoked, or handled elsewhere)."""
         return self._held.pop(request_id, None)
 
+    def lane_of(self, p: Pending) -> Lane:
+        """The lane that runs ``p``: REALTIME requests on the REALTIME lane when it is on."""
+        if self.policy.realtime_lane and p.priority is Priority.REALTIME:
+            return Lane.REALTIME
+        return Lane.MAIN
+
     def realtime_present(self, now: float) -> bool:
         """True when a REALTIME request arrived within ``realtime_grace_s`` of ``now``."""
         last = self._last_realtime_s
@@ -233,8 +239,7 @@ class Batcher:
     def _lane_requests(self, lane: Lane) -> list[Pending]:
         if not self.policy.realtime_lane:
             return list(self._held.values()) if lane is Lane.MAIN else []
-        want_rt = lane is Lane.REALTIME
-        return [p for p in self._held.values() if (p.priority is Priority.REALTIME) == want_rt]
+        return [p for p in self._held.values() if self.lane_of(p) is lane]
 
     def _drop_expired(self, now: float) -> list[Pending]:
         gone = [p for p in self._held.values() if p.deadline_s is not None and now > p.deadline_s]

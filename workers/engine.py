@@ -180,7 +180,10 @@ class Engine:
         self.metrics = FleetMetrics(modality)
         self._bind_gauges()
         self.ready = False
-        self._cv = threading.Condition()
+        # One lock, one condition per lane: an arrival wakes only the lane that will run it
+        # (waking both made the idle REALTIME lane scan the whole window per BULK message).
+        self._lock = threading.Lock()
+        self._lane_cv = {lane: threading.Condition(self._lock) for lane in Lane}
         self._delayed: list[tuple[float, int, Pending]] = []  # retries waiting for backoff
         self._done: deque[_Posted] = deque()
         self._progress_at: dict[str, float] = {}
@@ -230,9 +233,9 @@ class Engine:
         )
 
     def stop(self) -> None:
-        with self._cv:
+        with self._lock:
             self._stop = True
-            self._cv.notify_all()
+            self._notify_all()
         for t in self._threads:
             t.join(timeout=30)
 
@@ -325,9 +328,9 @@ class Engine:
             nbytes=prepared.nbytes,
             item=work,
         )
-        with self._cv:
+        with self._lock:
             self.batcher.add(pending)
-            self._cv.notify_all()  # either lane may take it
+            self._lane_cv[self.batcher.lane_of(pending)].notify()
 
     def _check_redelivery(self, req: Any) -> bool:
         """For a redelivered message: raise WorkerLost if poison; True if a crash suspect."""
@@ -349,7 +352,8 @@ class Engine:
         self.runtime.bind_lane(index)
 
         while True:
-            with self._cv:
+            cv = self._lane_cv[lane]
+            with self._lock:
                 while True:
                     if self._stop:
                         return
@@ -358,7 +362,7 @@ class Engine:
                     d = self.batcher.next_batch(now, lane)
                     if d.batch or d.expired:
                         break
-                    self._cv.wait(timeout=self._wait_s(d.wake_at_s, now))
+                    cv.wait(timeout=self._wait_s(d.wake_at_s, now))
             if d.expired:  # outside the lock: failing them writes to Redis
                 self._expire(d.expired)
             if not d.batch:
@@ -388,6 +392,12 @@ class Engine:
         while self._delayed and self._delayed[0][0] <= now:
             _, _, pending = heapq.heappop(self._delayed)
             self.batcher.add(pending)
+            self._lane_cv[self.batcher.lane_of(pending)].notify()
+
+    def _notify_all(self) -> None:
+        """Wake every lane (caller holds ``self._lock``)."""
+        for cv in self._lane_cv.values():
+            cv.notify_all()
 
     def _expire(self, expired: list[Pending]) -> None:
         self.stats.expired += len(expired)
@@ -475,9 +485,9 @@ class Engine:
                 nbytes=w.prepared.nbytes,
                 item=w,
             )
-            with self._cv:
+            with self._lock:
                 heapq.heappush(self._delayed, (pending.arrival_s, id(pending), pending))
-                self._cv.notify_all()
+                self._notify_all()  # whichever lane wakes first releases it when due
             self._post_item(_Retry(w, err, countdown))
         return final
 

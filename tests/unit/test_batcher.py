@@ -505,3 +505,11 @@ def test_realtime_lane_is_empty_without_the_option() -> None:
     b = batcher(req("rt", RT, at=0.0))
     assert ids(b.next_batch(now=0.0, lane=Lane.REALTIME)) == []
     assert ids(b.next_batch(now=0.0, lane=Lane.MAIN)) == ["rt"]
+
+
+def test_lane_of_sends_realtime_to_its_lane_only_when_the_lane_is_on() -> None:
+    rt, bulk = req("rt", Priority.REALTIME), req("b", Priority.BULK)
+    with_lane = batcher(realtime_lane=True)
+    assert with_lane.lane_of(rt) is Lane.REALTIME and with_lane.lane_of(bulk) is Lane.MAIN
+    without = batcher()
+    assert without.lane_of(rt) is Lane.MAIN and without.lane_of(bulk) is Lane.MAIN
