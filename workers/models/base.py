@@ -48,6 +48,29 @@ class Prepared:
     payload: Any = field(repr=False)
 
 
+def option(cfg: Any, key: str, default: Any, cast: Any) -> Any:
+    """A ``[models.<name>]`` key as ``cast``, or ``default`` when it is absent.
+
+    ``bool`` accepts true/false, yes/no, on/off, 1/0 (any case) from strings (environment
+    overrides arrive as strings; ``bool("false")`` would be True).
+
+    Raises:
+        ValueError: the value cannot be read as ``cast``.
+    """
+    value = getattr(cfg, key, default)
+    if cast is bool and isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"model config {key!r} must be a boolean, got {value!r}")
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"model config {key!r} must be {cast.__name__}, got {value!r}") from None
+
+
 class ModelAdapter(ABC):
     """Base class: one model serving one modality in one worker process."""
 

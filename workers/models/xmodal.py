@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge
-from workers.models.base import ModelAdapter, Prepared
+from workers.models.base import ModelAdapter, Prepared, option
 from workers.models.image import ImageAdapter, _model_name, example_png
 from workers.models.imaging import IMAGENET_MEAN, IMAGENET_STD
 from workers.models.tensors import DEFAULT_INLINE_MAX_BYTES, TensorIO
@@ -85,14 +85,6 @@ class XModalSample:
     pixels: np.ndarray  # float32 (3, S, S), normalized for the vision tower
     ids: list[list[int]]
     truncated: list[bool]
-
-
-def _cfg(cfg: ModelConfig, key: str, default: Any, cast: Any) -> Any:
-    value = getattr(cfg, key, default)
-    try:
-        return cast(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"model config {key!r}: cannot use {value!r}") from None
 
 
 def _packaged_minilm() -> str:
@@ -134,17 +126,17 @@ class XModalAdapter(ModelAdapter):
         self.name = _model_name(cfg, settings)
         self.checkpoint = str(getattr(cfg, "checkpoint", "") or "")
         self.text_checkpoint = str(getattr(cfg, "text_checkpoint", "") or "")
-        self.seed = _cfg(cfg, "seed", 0, int)
-        self.image_size = _cfg(cfg, "image_size", 224, int)
-        self.patch_size = _cfg(cfg, "patch_size", 16, int)
-        self.vision_hidden_size = _cfg(cfg, "vision_hidden_size", 192, int)
-        self.vision_layers = _cfg(cfg, "vision_layers", 12, int)
-        self.vision_heads = _cfg(cfg, "vision_heads", 3, int)
-        self.vision_intermediate_size = _cfg(cfg, "vision_intermediate_size", 768, int)
-        self.projection_dim = _cfg(cfg, "projection_dim", 512, int)
-        self.logit_scale_init = _cfg(cfg, "logit_scale", 100.0, float)
-        self.max_texts = _cfg(cfg, "max_texts", 16, int)
-        self.max_text_tokens = _cfg(cfg, "max_text_tokens", 77, int)
+        self.seed = option(cfg, "seed", 0, int)
+        self.image_size = option(cfg, "image_size", 224, int)
+        self.patch_size = option(cfg, "patch_size", 16, int)
+        self.vision_hidden_size = option(cfg, "vision_hidden_size", 192, int)
+        self.vision_layers = option(cfg, "vision_layers", 12, int)
+        self.vision_heads = option(cfg, "vision_heads", 3, int)
+        self.vision_intermediate_size = option(cfg, "vision_intermediate_size", 768, int)
+        self.projection_dim = option(cfg, "projection_dim", 512, int)
+        self.logit_scale_init = option(cfg, "logit_scale", 100.0, float)
+        self.max_texts = option(cfg, "max_texts", 16, int)
+        self.max_text_tokens = option(cfg, "max_text_tokens", 77, int)
         self.text_pooling = str(getattr(cfg, "text_pooling", "mean"))
         mean = tuple(float(x) for x in getattr(cfg, "image_mean", IMAGENET_MEAN))
         std = tuple(float(x) for x in getattr(cfg, "image_std", IMAGENET_STD))
@@ -173,7 +165,7 @@ class XModalAdapter(ModelAdapter):
         # The image modality's adapter does the image checks and decoding (not its model).
         self._images = ImageAdapter(cfg, settings, runtime)
         self.tensors = TensorIO(
-            settings, _cfg(cfg, "output_inline_max_bytes", DEFAULT_INLINE_MAX_BYTES, int)
+            settings, option(cfg, "output_inline_max_bytes", DEFAULT_INLINE_MAX_BYTES, int)
         )
         self.bucket = str(self.image_size)
         self.model: Any = None

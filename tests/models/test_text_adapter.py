@@ -1,0 +1,73 @@
+"""The text adapter (all-MiniLM-L6-v2, real weights): the TorchScript encoder is the eager one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared.settings import Settings
+from tests.conftest import DATA
+from workers.models import make_adapter
+from workers.models.base import option
+from workers.runtime import DeviceRuntime
+
+
+def sentences() -> list[str]:
+    lines = (DATA / "text" / "botchan_sentences.txt").read_text().splitlines()
+    picked = [t for t in lines if t.strip()][:200]
+    return sorted(picked, key=len)[::10]  # short to long: widths differ inside the batch
+
+
+def test_traced_encoder_gives_the_eager_embeddings(
+    settings: Settings, runtime: DeviceRuntime
+) -> None:
+    adapter = make_adapter("text", settings, runtime)
+    adapter.load()
+    assert adapter.traced is not None and adapter.describe()["torchscript"] is True
+    assert adapter.torch_modules() == []  # no Python hooks run inside a trace
+    samples = [adapter.preprocess(adapter.prepare({"text": t})) for t in sentences()]
+    with torch.inference_mode():
+        traced = adapter.run_batch(samples)
+        adapter.traced = None
+        eager = adapter.run_batch(samples)
+        single = adapter.run_batch(samples[-1:])
+    assert len({len(ids) for ids, _ in samples}) > 5  # really mixed widths, so padding is tested
+    for t, e in zip(traced, eager, strict=True):
+        assert max(abs(a - b) for a, b in zip(t["embedding"], e["embedding"], strict=True)) < 1e-5
+    # Padding does not change a text's embedding: alone it matches its row in the batch.
+    assert (
+        max(abs(a - b) for a, b in zip(single[0]["embedding"], eager[-1]["embedding"], strict=True))
+        < 1e-4
+    )
+
+
+def test_torchscript_off_runs_eagerly_with_yield_points(
+    settings: Settings, runtime: DeviceRuntime
+) -> None:
+    cfg = settings.models["minilm"].model_copy(update={"torchscript": "false"})
+    s = settings.model_copy(update={"models": {**settings.models, "minilm": cfg}})
+    adapter = make_adapter("text", s, runtime)
+    adapter.load()
+    assert adapter.traced is None and adapter.torch_modules() == [adapter.model]
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"), [("true", True), ("OFF", False), ("1", True), (False, False)]
+)
+def test_option_reads_booleans_from_strings(raw: object, want: bool) -> None:
+    class Cfg:
+        flag = raw
+
+    assert option(Cfg(), "flag", True, bool) is want
+    assert option(Cfg(), "absent", 7, int) == 7
+
+
+def test_option_refuses_what_it_cannot_read() -> None:
+    class Cfg:
+        flag = "maybe"
+        size = "big"
+
+    with pytest.raises(ValueError, match="boolean"):
+        option(Cfg(), "flag", True, bool)
+    with pytest.raises(ValueError, match="int"):
+        option(Cfg(), "size", 1, int)
