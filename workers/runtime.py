@@ -35,12 +35,19 @@ such op of a lower-priority batch (a few ms), never for the batch, and then has 
 The main lane also yields between a batch's phases (:meth:`DeviceRuntime.yield_now`). A
 pause is bounded (``MAX_PAUSE_S``) so a stuck REALTIME batch cannot stall the main lane for
 good. On CUDA the REALTIME lane's stream also gets the higher stream priority.
+
+A model run through TorchScript (the text encoder by default) runs no Python hooks, so it
+has no yield points inside; but it runs without the GIL, so the lanes no longer contend
+for it. There, and everywhere with two lanes, the main lane's thread also runs at a higher
+nice value (``main_lane_nice``, 5), so that a core it shares with the REALTIME lane or the
+event loop goes to them first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -127,6 +134,7 @@ class DeviceRuntime:
         self._rt_cv = threading.Condition()
         self._rt_active = 0
         self.yield_points = 0
+        self.main_lane_nice = 0  # the main lane thread's nice value once bound
         self.pauses = 0  # main-lane pauses for REALTIME batches, and their total time
         self.paused_s = 0.0
 
@@ -188,6 +196,17 @@ class DeviceRuntime:
         if not 0 <= lane < self.lanes:
             raise ValueError(f"lane {lane} out of range (this runtime has {self.lanes})")
         self._local.lane = lane
+        if lane == 0 and self.lanes > 1 and self.cfg.main_lane_nice:
+            self._renice_thread(self.cfg.main_lane_nice)
+
+    def _renice_thread(self, nice: int) -> None:
+        """Give the calling thread its own nice value (Linux: per thread; raising it needs no
+        privilege). Best effort: elsewhere, or if refused, it logs and goes on."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            self.main_lane_nice = nice
+        except (OSError, AttributeError) as exc:
+            log.warning("could not set the main lane's nice to %d: %s", nice, exc)
 
     @property
     def lane(self) -> int:
@@ -287,6 +306,7 @@ class DeviceRuntime:
             "torch_threads": torch.get_num_threads(),
             "gil_switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 3),
             "yield_points": self.yield_points,
+            "main_lane_nice": self.main_lane_nice,
             "realtime_pauses": self.pauses,
             "realtime_paused_s": round(self.paused_s, 3),
             "interop_threads": torch.get_num_interop_threads(),

@@ -127,3 +127,24 @@ def test_realtime_lane_and_a_lone_lane_never_pause() -> None:
     with single.realtime_section(), torch.inference_mode():
         other(torch.ones(1, 8))  # one lane: nothing to yield to
     assert rt.stats()["realtime_pauses"] == 0 and single.stats()["realtime_pauses"] == 0
+
+
+def test_main_lane_thread_runs_at_the_configured_nice_and_others_do_not() -> None:
+    import os
+    import threading
+
+    rt = DeviceRuntime(DeviceConfig(arena_mb=1, main_lane_nice=7), lanes=2)
+    rt.start()
+    seen: dict[int, int] = {}
+
+    def bind(lane: int) -> None:
+        before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        rt.bind_lane(lane)
+        seen[lane] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) - before
+
+    for lane in (0, 1):
+        t = threading.Thread(target=bind, args=(lane,))
+        t.start()
+        t.join()
+    assert seen == {0: 7, 1: 0}  # only the main lane's own thread was reniced
+    assert rt.stats()["main_lane_nice"] == 7
