@@ -71,6 +71,27 @@ def option(cfg: Any, key: str, default: Any, cast: Any) -> Any:
         raise ValueError(f"model config {key!r} must be {cast.__name__}, got {value!r}") from None
 
 
+def require_loaded(model: Any, name: str) -> Any:
+    """``model``, or :class:`~shared.errors.ModelError` if :meth:`ModelAdapter.load` has not
+    set it yet (``run_batch`` before ``load``)."""
+    if model is None:
+        from shared.errors import ModelError
+
+        raise ModelError(f"model {name!r}: run_batch called before load()")
+    return model
+
+
+def check_pixel_shapes(pixels: list[Any], want: tuple[int, ...]) -> None:
+    """Raise :class:`~shared.errors.ModelError` for the first array not of shape ``want``
+    (a preprocessed image is float32 ``(3, S, S)``)."""
+    from shared.errors import ModelError
+
+    for i, p in enumerate(pixels):
+        if getattr(p, "shape", None) != want:
+            got = getattr(p, "shape", type(p).__name__)
+            raise ModelError(f"sample {i} has shape {got}, expected {want}")
+
+
 class ModelAdapter(ABC):
     """Base class: one model serving one modality in one worker process."""
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge
-from workers.models.base import ModelAdapter, Prepared
+from workers.models.base import ModelAdapter, Prepared, check_pixel_shapes, require_loaded
 from workers.models.imaging import decode_image, probe_image
 
 if TYPE_CHECKING:
@@ -235,16 +235,10 @@ class ImageAdapter(ModelAdapter):
         Raises:
             ModelError: called before :meth:`load`, or a sample of the wrong shape.
         """
-        model = self._model
-        if model is None:
-            raise ModelError(f"model {self.name!r}: run_batch called before load()")
+        model = require_loaded(self._model, self.name)
         if not samples:
             return []
-        want = (3, self.image_size, self.image_size)
-        for i, s in enumerate(samples):
-            if not isinstance(s, np.ndarray) or s.shape != want:
-                got = getattr(s, "shape", type(s).__name__)
-                raise ModelError(f"sample {i} has shape {got}, expected {want}")
+        check_pixel_shapes(samples, (3, self.image_size, self.image_size))
         batch = torch.from_numpy(np.stack(samples).astype(np.float32, copy=False))
         (batch,) = self.runtime.stage([batch])
         # The engine already runs this inside runtime.batch_context(); entering

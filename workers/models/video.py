@@ -69,7 +69,7 @@ import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge, VideoDecodeError
 from shared.transport import TensorRef
-from workers.models.base import Prepared, option
+from workers.models.base import Prepared, option, require_loaded
 from workers.models.image import ImageAdapter
 from workers.models.tensors import DEFAULT_INLINE_MAX_BYTES, TensorIO
 from workers.models.videodecode import (
@@ -288,9 +288,7 @@ class VideoAdapter(ImageAdapter):
             ModelError: called before :meth:`load`, or a sample that is not a VideoSample.
             ShmCapacityError: the output segments do not fit (none is left behind).
         """
-        model = self._model
-        if model is None:
-            raise ModelError(f"model {self.name!r}: run_batch called before load()")
+        model = require_loaded(self._model, self.name)
         if not samples:
             return []
         for i, s in enumerate(samples):

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge
-from workers.models.base import ModelAdapter, Prepared, option
+from workers.models.base import ModelAdapter, Prepared, check_pixel_shapes, option, require_loaded
 from workers.models.image import ImageAdapter, _model_name, example_png
 from workers.models.imaging import IMAGENET_MEAN, IMAGENET_STD
 from workers.models.tensors import DEFAULT_INLINE_MAX_BYTES, TensorIO
@@ -319,15 +319,13 @@ class XModalAdapter(ModelAdapter):
             ModelError: called before :meth:`load`, or a malformed sample.
             ShmCapacityError: the text embeddings do not fit in shared memory.
         """
-        model = self.model
-        if model is None:
-            raise ModelError(f"model {self.name!r}: run_batch called before load()")
+        model = require_loaded(self.model, self.name)
         if not samples:
             return []
-        want = (3, self.image_size, self.image_size)
         for i, s in enumerate(samples):
-            if not isinstance(s, XModalSample) or s.pixels.shape != want:
-                raise ModelError(f"sample {i} is not an XModalSample of {want} pixels")
+            if not isinstance(s, XModalSample):
+                raise ModelError(f"sample {i} is a {type(s).__name__}, expected an XModalSample")
+        check_pixel_shapes([s.pixels for s in samples], (3, self.image_size, self.image_size))
         ids_t, mask = self._pad([ids for s in samples for ids in s.ids])
         pixels = torch.from_numpy(np.stack([s.pixels for s in samples]))
         pixels, ids_t, mask = self.runtime.stage([pixels, ids_t, mask])  # one arena fill
