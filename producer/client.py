@@ -226,16 +226,49 @@ class FleetClient:
         with self.app.producer_or_acquire() as producer:
             for env in envs:
                 task_id = str(uuid.uuid4())
-                self.app.send_task(
-                    keys.task_name(env.modality),
-                    kwargs=env.to_kwargs(),
-                    task_id=task_id,
-                    queue=keys.queue_for(env.modality, env.priority),
-                    priority=Priority.parse(env.priority).celery_priority(self.settings),
-                    producer=producer,
+                self.publish(
+                    producer,
+                    env,
+                    task_id,
+                    keys.queue_for(env.modality, env.priority),
+                    Priority.parse(env.priority).celery_priority(self.settings),
                 )
                 handles.append(ResultHandle(self, task_id, env))
         return handles
+
+    def publish(
+        self, producer: Any, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int
+    ) -> None:
+        """Send one task message (Celery protocol 2, with its ``task-sent`` event).
+
+        ``app.send_task`` without the result subscription: Celery's ``send_task`` also
+        subscribes to the task's result channel on the backend's pubsub (and unsubscribes
+        when the returned ``AsyncResult`` is collected), two commands per request that a
+        client reading results by polling (``poll``/``wait_all``) never uses; a quarter of
+        the bench generator's sending thread, on the cores the workers need. ``get()``
+        subscribes when it is called (Celery's ``AsyncResult.get`` reads a result that is
+        already stored, then waits on the channel).
+
+        Args:
+            producer: a kombu producer from ``app.producer_or_acquire()``.
+            env: the validated request; travels as the task's kwargs.
+            queue: a queue name from :mod:`shared.keys`; celery_priority: 0 (first) .. 9.
+
+        Raises:
+            kombu/redis connection errors, as ``send_task``.
+        """
+        amqp = self.app.amqp
+        name = keys.task_name(env.modality)
+        message = amqp.create_task_message(
+            task_id,
+            name,
+            (),
+            env.to_kwargs(),
+            reply_to=self.app.thread_oid,
+            create_sent_event=self.app.conf.task_send_sent_event,
+        )
+        with producer.connection._reraise_as_library_errors():
+            amqp.send_task_message(producer, name, message, queue=queue, priority=celery_priority)
 
     def poll(self, handles: Sequence[ResultHandle]) -> list[dict[str, Any] | None]:
         """Read the outcomes of many requests in one round trip, without waiting.

@@ -92,6 +92,9 @@ class DeviceConfig(_Section):
     memory_fraction: float = Field(default=0.4, gt=0.0, le=1.0)
     arena_mb: int = 64
     prefetch_multiplier: int = Field(default=16, ge=1)
+    # Messages a batching worker takes from Redis per round trip, up to the window's free
+    # slots (workers.broker; 1 = kombu's one BRPOP per message).
+    fetch_limit: int = Field(default=64, ge=1)
     # sys.setswitchinterval for the worker process (CPython's default is 5 ms). The event
     # loop, the main and the REALTIME inference threads share the GIL; an inference thread
     # coming back from a GIL-free torch op waits up to one interval for the GIL. Measured

@@ -78,6 +78,12 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
     engine_registry.install(engine)
     if mode == "batch":
         app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"
+        # The baseline stays plain Celery: kombu's own transport, one BRPOP per message.
+        app.conf.broker_transport = "workers.broker:Transport"
+        app.conf.broker_transport_options = {
+            **app.conf.broker_transport_options,
+            "fetch_limit": engine.cfg.device.fetch_limit,
+        }
         if engine.cfg.batching.realtime_lane:
             step = realtime_consumer_step(modality, engine.cfg.batching.realtime_prefetch)
             app.steps["consumer"].add(step)

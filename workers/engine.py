@@ -191,6 +191,8 @@ class Engine:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._threads: list[threading.Thread] = []
+        # The broker channels messages arrive on (their fetch counters go into the stats).
+        self.channels: list[Any] = []
         self._threaded = threaded
         self._stop = False
         self._trim_count = itertools.count(1)
@@ -685,6 +687,7 @@ class Engine:
             "expired": s.expired,
             "retried": s.retried,
             "acked_in_batches": s.acked_in_batches,
+            "fetched_in_batches": sum(getattr(ch, "fetched_in_batches", 0) for ch in self.channels),
             "batches": s.batches,
             "batch_sizes": {str(k): v for k, v in sorted(s.batch_sizes.items())},
             "triggers": dict(s.triggers),

@@ -11,10 +11,11 @@
   result collector stores its outcome, and the refill is scheduled at that moment.
 
 Messages are built by :meth:`producer.client.FleetClient.envelope` (the product's own
-validation and deadline) and sent with ``send_task`` exactly as ``FleetClient.submit_many``
-does, minus its queue-length check, which opens a broker connection per call (about 5 ms
-here): too slow to keep a schedule. A request the client refuses (for example
-``PAYLOAD_TOO_LARGE``) is recorded at once with its code, as a caller would see it.
+validation and deadline) and sent with ``FleetClient.publish`` exactly as
+``FleetClient.submit_many`` does, minus its queue-length check, which opens a broker
+connection per call (about 5 ms here): too slow to keep a schedule. A request the client
+refuses (for example ``PAYLOAD_TOO_LARGE``) is recorded at once with its code, as a caller
+would see it.
 """
 
 from __future__ import annotations
@@ -106,14 +107,7 @@ class Sender:
                 else keys.queue_for(env.modality, env.priority)
             )
             try:
-                self.client.app.send_task(
-                    keys.task_name(env.modality),
-                    kwargs=env.to_kwargs(),
-                    task_id=rec.id,
-                    queue=queue,
-                    priority=celery_prio,
-                    producer=producer,
-                )
+                self.client.publish(producer, env, rec.id, queue, celery_prio)
             except Exception as exc:
                 log.warning("send failed: %s", exc)
                 self.table.complete(rec.id, self.tb.now_ms(), False, SEND_FAILED)

@@ -1,0 +1,107 @@
+"""workers.broker: several messages per round trip, in priority order, none lost or unacked.
+
+Runs kombu consumers on the test stack's real Redis, in a database of its own (db 7) so the
+stack's workers never see these queues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from shared import keys
+
+pytestmark = pytest.mark.integration
+
+QUEUE = "fetch-test"
+OPTIONS = {"priority_steps": keys.PRIORITY_STEPS, "queue_order_strategy": "priority"}
+
+
+@pytest.fixture()
+def conn(stack: Any, fleet_settings: Any) -> Iterator[Connection]:
+    url = fleet_settings.redis_url().rsplit("/", 1)[0] + "/7"
+    with Connection(
+        url, transport="workers.broker:Transport", transport_options={**OPTIONS, "fetch_limit": 8}
+    ) as c:
+        c.default_channel.client.flushdb()
+        yield c
+        c.default_channel.client.flushdb()
+
+
+def _publish(conn: Connection, priorities: list[int]) -> None:
+    queue = Queue(QUEUE, Exchange(QUEUE), QUEUE)
+    producer = Producer(conn.default_channel, exchange=queue.exchange, routing_key=QUEUE)
+    for i, pri in enumerate(priorities):
+        producer.publish({"i": i, "pri": pri}, priority=pri, declare=[queue], serializer="json")
+
+
+def _consume(conn: Connection, prefetch: int, on_message: Any, rounds: int) -> Any:
+    """A consumer with a window of ``prefetch`` on a new channel; ``rounds`` event reads."""
+    channel = conn.channel()
+    channel.basic_qos(0, prefetch, False)
+    consumer = Consumer(channel, queues=[Queue(QUEUE)], on_message=on_message, accept=["json"])
+    consumer.consume()
+    for _ in range(rounds):
+        conn.drain_events(timeout=2)
+    return channel
+
+
+def test_one_round_trip_fills_the_window_in_priority_order(conn: Connection) -> None:
+    # 12 messages, lowest priority first on the wire; the window (prefetch 6) takes the
+    # six most urgent (priority 0 before 3 before 9), arrival order inside a priority.
+    _publish(conn, [9, 9, 9, 3, 3, 0, 9, 0, 3, 9, 9, 9])
+    seen: list[dict[str, int]] = []
+    channel = _consume(conn, 6, lambda m: seen.append(m.payload), rounds=1)
+    assert [m["pri"] for m in seen] == [0, 0, 3, 3, 3, 9]
+    assert [m["i"] for m in seen] == [5, 7, 3, 4, 8, 0]
+    assert channel.fetched_in_batches == 6
+    redis = channel.client
+    # all six are unacked (a crash now would restore them), the other six still queued
+    assert redis.hlen("unacked") == 6 and redis.zcard("unacked_index") == 6
+    assert channel._size(QUEUE) == 6
+
+
+def test_messages_acked_inside_the_handler_leave_no_unacked_entry(conn: Connection) -> None:
+    # A request that fails at once is acked from inside the handler, while the rest of the
+    # messages taken in the same round trip have not been handed over yet.
+    _publish(conn, [6] * 5)
+    seen: list[int] = []
+
+    def ack_now(message: Any) -> None:
+        seen.append(message.payload["i"])
+        message.ack()
+
+    channel = _consume(conn, 10, ack_now, rounds=1)
+    assert seen == [0, 1, 2, 3, 4]
+    assert channel.fetched_in_batches == 5
+    assert channel.client.hlen("unacked") == 0 and channel.client.zcard("unacked_index") == 0
+    assert channel._size(QUEUE) == 0
+
+
+def test_fetch_limit_bounds_each_round_trip(conn: Connection) -> None:
+    _publish(conn, [6] * 20)
+    seen: list[int] = []
+    channel = _consume(conn, 100, lambda m: (seen.append(m.payload["i"]), m.ack()), rounds=2)
+    # fetch_limit 8: two round trips take 16 messages, in arrival order
+    assert seen == list(range(16))
+    assert channel._size(QUEUE) == 4
+
+
+def test_rejected_message_is_requeued_and_not_lost(conn: Connection) -> None:
+    _publish(conn, [6] * 3)
+    seen: list[int] = []
+
+    def reject_first(message: Any) -> None:
+        seen.append(message.payload["i"])
+        if message.payload["i"] == 0:
+            message.reject(requeue=True)
+        else:
+            message.ack()
+
+    channel = _consume(conn, 10, reject_first, rounds=1)
+    assert seen == [0, 1, 2]
+    assert channel._size(QUEUE) == 1  # message 0 is back in Redis
+    assert channel.client.hlen("unacked") == 0
