@@ -134,6 +134,7 @@ class EngineStats:
     expired: int = 0
     retried: int = 0
     acked_in_batches: int = 0  # acks that shared a Redis pipeline (workers.acks)
+    model_s: float = 0.0  # seconds the inference threads spent running batches (all lanes)
     batches: int = 0
     batch_sizes: Counter[int] = field(default_factory=Counter)
     triggers: Counter[str] = field(default_factory=Counter)
@@ -434,6 +435,7 @@ class Engine:
         t0 = time.perf_counter()
         ran = self._run_isolating(ready)
         elapsed = time.perf_counter() - t0
+        self.stats.model_s += elapsed
         if ready and all(d.outcome.error is None for d in ran):
             self.batcher.model.observe(batch[0].prepared.bucket, len(ready), elapsed)
         self._judge_model(ran)
@@ -687,6 +689,7 @@ class Engine:
             "expired": s.expired,
             "retried": s.retried,
             "acked_in_batches": s.acked_in_batches,
+            "model_s": round(s.model_s, 6),
             "fetched_in_batches": sum(getattr(ch, "fetched_in_batches", 0) for ch in self.channels),
             "batches": s.batches,
             "batch_sizes": {str(k): v for k, v in sorted(s.batch_sizes.items())},

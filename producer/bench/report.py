@@ -15,7 +15,9 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
     errors.{mode}.{modality}.{code}: count (NO_RESULT: no result within the drain timeout)
     outcomes.{mode}: every request sent, warmup included: sent, ok, errors {code: count}
     batch_sizes.{mode}.{modality}: batches (by size, from fleet_stats), requests (by the
-        size of the batch each ran in)
+        size of the batch each ran in), model_busy (median over repetitions of the share of a
+        repetition's wall time, first send to last result, that the worker's inference
+        threads spent running batches; fleet only), model_busy_reps
     ratios.{modality}: fleet_over_baseline, fleet_over_limit (of median throughputs)
     cold_start.{mode}.{modality}: ready_s, first_ms, warm_idle_ms, idle_overhead_ms,
         steady_p50_ms, worker_warmup_s
@@ -39,6 +41,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -207,6 +210,8 @@ def build_report(res: BenchResult) -> dict[str, Any]:
                 "batches": batches,
                 "requests": req_sizes,
                 "triggers": dict(mr.triggers.get(m, {})),
+                "model_busy": _median_or_none(mr.model_busy.get(m)),
+                "model_busy_reps": mr.model_busy.get(m, []),
             }
             cold = dict(mr.cold.get(m, {}))
             cold["steady_p50_ms"] = s["latency_all_ms"]["p50"]
@@ -377,6 +382,10 @@ def _json_default(obj: Any) -> Any:
 
 
 # -- table ------------------------------------------------------------------------------------
+def _median_or_none(xs: list[float] | None) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
 def _f(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -442,6 +451,13 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
                          _f(c.get("steady_p50_ms")),
                          _f(report["overhead_ms"][mode].get(m)))  # fmt: skip
     con.print(cold)
+    for mode, mods in report["batch_sizes"].items():
+        for m, b in mods.items():
+            if b.get("model_busy") is not None:
+                con.print(
+                    f"{mode}/{m}: inference threads ran batches {b['model_busy']:.0%} of each "
+                    "repetition (median; first send to last result)"
+                )
     for mode, phases in report["generator"].items():
         for name, g in phases.items():
             con.print(

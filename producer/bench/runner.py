@@ -89,6 +89,8 @@ class ModeResult:
     summaries: list[dict[str, Any]] = field(default_factory=list)
     batches: dict[str, Counter[int]] = field(default_factory=dict)  # fleet_stats diffs
     triggers: dict[str, Counter[str]] = field(default_factory=dict)
+    # per repetition: the model's share of its wall time (fleet_stats model_s diff / wall)
+    model_busy: dict[str, list[float]] = field(default_factory=dict)
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
     cold: dict[str, dict[str, Any]] = field(default_factory=dict)
     leftovers: int = 0
@@ -194,9 +196,11 @@ class Bench:
                 collector.table = table
                 tap.table = table
                 before = fleet_stats(client, len(self.modalities))
+                t0 = time.monotonic()
                 records = self._repetition(mode, rep, client, table, collector, fifo)
+                wall_s = time.monotonic() - t0
                 after = fleet_stats(client, len(self.modalities))
-                _add_stats_diff(out, before, after)
+                _add_stats_diff(out, before, after, wall_s)
                 out.reps.append(records)
                 out.summaries.append(summarize_rep(records))
                 out.leftovers += self._clean_queues(client)
@@ -468,9 +472,14 @@ def fleet_stats(client: FleetClient, expect: int = 0) -> dict[str, dict[str, Any
     return out
 
 
-def _add_stats_diff(out: ModeResult, before: dict[str, Any], after: dict[str, Any]) -> None:
+def _add_stats_diff(
+    out: ModeResult, before: dict[str, Any], after: dict[str, Any], wall_s: float
+) -> None:
     for m, a in after.items():
         b = before.get(m, {})
+        if "model_s" in a and wall_s > 0:
+            busy = (a["model_s"] - b.get("model_s", 0.0)) / wall_s
+            out.model_busy.setdefault(m, []).append(round(busy, 4))
         sizes = out.batches.setdefault(m, Counter())
         for k, v in (a.get("batch_sizes") or {}).items():
             sizes[int(k)] += v - (b.get("batch_sizes") or {}).get(k, 0)
