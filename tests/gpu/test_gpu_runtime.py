@@ -73,7 +73,9 @@ def _fake_children(figures: dict[str, Any]) -> Any:
     return fake
 
 
-def test_checks_judge_good_figures_as_passing(monkeypatch: pytest.MonkeyPatch) -> None:
+def _good_figures() -> dict[str, Any]:
+    """What each child reports on a healthy GPU (shapes as ``workers.gpu_check`` builds)."""
+
     def stream(_barrier: Any) -> dict[str, Any]:
         pid = stream.n = getattr(stream, "n", 100) + 1  # type: ignore[attr-defined]
         return {
@@ -94,7 +96,7 @@ def test_checks_judge_good_figures_as_passing(monkeypatch: pytest.MonkeyPatch) -
             "steady_median_ms": 1.0,
         }
 
-    figures = {
+    return {
         "_child_stream": stream,
         "_child_fraction": [
             {
@@ -138,7 +140,10 @@ def test_checks_judge_good_figures_as_passing(monkeypatch: pytest.MonkeyPatch) -
             }
         ],
     }
-    monkeypatch.setattr(gpu_check, "run_in_children", _fake_children(figures))
+
+
+def test_checks_judge_good_figures_as_passing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_check, "run_in_children", _fake_children(_good_figures()))
     lines: list[str] = []
     results = gpu_check.run_checks(out=lines.append)
     assert [r.ok for r in results] == [True] * 5, lines
@@ -148,66 +153,41 @@ def test_checks_judge_good_figures_as_passing(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_checks_judge_bad_figures_as_failing(monkeypatch: pytest.MonkeyPatch) -> None:
-    def stream(_barrier: Any) -> dict[str, Any]:
-        return {
-            "pid": 7,
-            "stream": 0,
-            "default_stream": 0,
-            "current_in_batch_is_own": False,
-            "stats_stream": None,
-            "result_ok": True,
-        }
-
-    figures = {
-        "_child_stream": stream,
-        "_child_fraction": [
-            {
-                "pid": 1,
-                "fraction": 0.05,
-                "total_mb": 143771.0,
-                "fraction_mb": 7188.6,
-                "one_shot_raised": False,
-                "fill_raised": False,
-                "reached_reserved_mb": 21566.0,
-                "reached_allocated_mb": 21566.0,
-                "chunk_mb": 64,
-            }
-        ],
-        "_child_arena": [
-            {
-                "batches": 1000,
-                "batch_sizes": [1, 8, 16, 32],
-                "staged_through_arena": False,
-                "reserved_mb_before": 86.0,
-                "reserved_mb_after": 120.0,
-                "allocated_mb_before": 72.1,
-                "allocated_mb_after": 80.0,
-                "peak_reserved_mb": 120.0,
-                "arena_overflows": 3,
-                "ms_per_batch": 0.3,
-            }
-        ],
-        "_child_latency": lambda warm, steady: {
-            "pid": 1,
-            "warm": warm,
-            "warmup_s": 0.4 if warm else None,
-            "first_ms": 300.0,
-            "steady_median_ms": 1.0,
-        },
-        "_child_overlap": [
-            {
-                "copy_mb": 1024,
-                "h2d_gb_s": 52.0,
-                "matmul_n": 8192,
-                "matmuls": 12,
-                "copy_ms": 20.6,
-                "compute_ms": 21.0,
-                "sequential_ms": 41.8,
-                "concurrent_ms": 41.0,
-                "overlap_ratio": 0.04,
-            }
-        ],
+    figures = _good_figures()
+    # every process on the default stream, the same one
+    figures["_child_stream"] = lambda _barrier: {
+        "pid": 7,
+        "stream": 0,
+        "default_stream": 0,
+        "current_in_batch_is_own": False,
+        "stats_stream": None,
+        "result_ok": True,
     }
+    # filled 3x its fraction without an OOM
+    figures["_child_fraction"][0].update(
+        one_shot_raised=False,
+        fill_raised=False,
+        reached_reserved_mb=21566.0,
+        reached_allocated_mb=21566.0,
+    )
+    # the arena was bypassed and reserved memory grew
+    figures["_child_arena"][0].update(
+        staged_through_arena=False,
+        reserved_mb_after=120.0,
+        allocated_mb_after=80.0,
+        peak_reserved_mb=120.0,
+        arena_overflows=3,
+    )
+    # warmup bought nothing: the first batch is as slow as a cold one
+    figures["_child_latency"] = lambda warm, steady: {
+        "pid": 1,
+        "warm": warm,
+        "warmup_s": 0.4 if warm else None,
+        "first_ms": 300.0,
+        "steady_median_ms": 1.0,
+    }
+    # copy and compute ran one after the other
+    figures["_child_overlap"][0].update(concurrent_ms=41.0, overlap_ratio=0.04)
     monkeypatch.setattr(gpu_check, "run_in_children", _fake_children(figures))
     lines: list[str] = []
     results = gpu_check.run_checks(out=lines.append)
