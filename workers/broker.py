@@ -7,17 +7,19 @@ and a loop turn, per request: profiled under ``text-saturate``, that fetch was ~
 loop thread's CPU, on a 2-core machine where the model thread wants every cycle.
 
 :class:`Channel` keeps the blocking ``BRPOP`` (so an idle worker still wakes on the first
-message), and when it returns, takes up to the window's free slots more from the same keys in
-one atomic Lua script (keys in the order ``BRPOP`` was given them: priority first, so nothing
-of lower priority is taken while higher waits). All the messages taken are recorded as unacked
-in one pipeline *before* any of them reaches Celery, so an ack (even one sent from inside the
-handler, for a request that fails at once) always finds its entry; then each message goes to
-its consumer exactly as kombu's own delivery would (``virtual.Channel.basic_consume``).
+message), whose message goes through kombu's own delivery. Besides it, one atomic Lua script
+takes up to the window's free slots more from the same keys (in the order ``BRPOP`` was given
+them: priority first, so nothing of lower priority is taken while higher waits) and records
+each in kombu's unacked hash and index in the same step: a message is never out of its list
+without its unacked entry (kombu's own fetch has that gap between ``BRPOP`` and
+``QoS.append``), and an ack, even one sent from inside the handler for a request that fails
+at once, always finds it. Each message then goes to its consumer, in order, as kombu's
+delivery would (``virtual.Channel.basic_consume``).
 
 Relies on kombu's Redis channel internals (``_brpop_read``, ``_q_for_pri``, ``_queue_cycle``,
-``QoS.unacked_key``), kombu 5.5 to 5.7, the range pinned in ``pyproject.toml``. Where it
-cannot apply (``ack_emulation`` off, a ``global_keyprefix``, a ``no_ack`` consumer) it
-delivers as kombu does.
+``unacked_key``, the unacked entry's format), kombu 5.5 to 5.7, the range pinned in
+``pyproject.toml``. Where it cannot apply (``ack_emulation`` off, a ``global_keyprefix``, a
+``no_ack`` consumer) it delivers as kombu does.
 
 Transport options (Celery ``broker_transport_options``):
     fetch_limit: most messages taken per round trip (default 64; 1 = kombu's behaviour).
@@ -32,19 +34,40 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual import QoS as VirtualQoS
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import dumps, loads
+from kombu.utils.json import loads
 
 log = logging.getLogger("fleet.broker")
 
-# Pops up to ARGV[1] items, walking KEYS in order and emptying each before the next.
-# Returns a flat array: key, item, key, item, ... Plain RPOP (no count) works on Redis < 6.2.
-_POP_MANY = """
+# Takes up to ARGV[1] messages, walking the priority lists (all KEYS but the last two) in
+# order and emptying each before the next, and records each in kombu's unacked hash and index
+# (the last two KEYS) in the same atomic step, so no message is ever out of Redis without its
+# unacked entry (kombu's own fetch leaves a gap between BRPOP and QoS.append). The entry is
+# kombu's format, ``[payload, exchange, routing_key]`` with the payload's JSON kept
+# byte for byte, scored with ARGV[2] (the worker's clock, as kombu scores it). A message
+# whose delivery tag cannot be read is pushed back where it was and the walk stops: kombu's
+# own path takes it next. Returns a flat array: key, item, key, item, ...
+_TAKE_MANY = """
+local n = #KEYS - 2
+local hash, index = KEYS[n + 1], KEYS[n + 2]
 local left = tonumber(ARGV[1])
 local out = {}
-for _, key in ipairs(KEYS) do
+for i = 1, n do
+  local key = KEYS[i]
   while left > 0 do
     local item = redis.call('RPOP', key)
     if not item then break end
+    local ok, msg = pcall(cjson.decode, item)
+    local props = ok and type(msg) == 'table' and msg['properties']
+    local tag = type(props) == 'table' and props['delivery_tag']
+    local info = type(props) == 'table' and props['delivery_info']
+    if type(tag) ~= 'string' or type(info) ~= 'table' then
+      redis.call('RPUSH', key, item)
+      return out
+    end
+    local entry = '[' .. item .. ',' .. cjson.encode(info['exchange']) .. ','
+      .. cjson.encode(info['routing_key']) .. ']'
+    redis.call('HSET', hash, tag, entry)
+    redis.call('ZADD', index, ARGV[2], tag)
     out[#out + 1] = key
     out[#out + 1] = item
     left = left - 1
@@ -63,7 +86,7 @@ class Channel(kombu_redis.Channel):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._consumers_by_queue: dict[str, tuple[Any, bool]] = {}
-        self._pop_many: Any = None
+        self._take_many: Any = None
         self.fetched_in_batches = 0
         super().__init__(*args, **kwargs)
 
@@ -101,19 +124,21 @@ class Channel(kombu_redis.Channel):
                 flush()
 
     def _take_more(self) -> list[tuple[bytes, bytes]]:
-        """Up to the window's free slots (less the one BRPOP took) from the same keys."""
-        if not self._batchable():
+        """Up to the window's free slots (less the one BRPOP took) from the same keys, each
+        already recorded as unacked (see ``_TAKE_MANY``)."""
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues or not self._batchable(queues):
             return []
         free = self.qos.can_consume_max_estimate()
         n = min(self.fetch_limit, free if free is not None else self.fetch_limit) - 1
-        queues = self._queue_cycle.consume(len(self.active_queues))
-        if n <= 0 or not queues:
+        if n <= 0:
             return []
         keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
+        keys += [self.unacked_key, self.unacked_index_key]
         try:
-            if self._pop_many is None:
-                self._pop_many = self.client.register_script(_POP_MANY)
-            flat = self._pop_many(keys=keys, args=[n], client=self.client)
+            if self._take_many is None:
+                self._take_many = self.client.register_script(_TAKE_MANY)
+            flat = self._take_many(keys=keys, args=[n, repr(time.time())], client=self.client)
         except self.connection_errors:
             # The message BRPOP took is still delivered; the rest wait in Redis.
             log.warning("fetching more messages failed; delivering one", exc_info=True)
@@ -121,52 +146,33 @@ class Channel(kombu_redis.Channel):
             return []
         return list(zip(flat[0::2], flat[1::2], strict=True))
 
-    def _batchable(self) -> bool:
+    def _batchable(self, queues: list[str]) -> bool:
+        """Whether every queue's consumer acks (a ``no_ack`` one would leave the unacked
+        entries the script writes behind) and kombu's Redis QoS keeps the unacked state."""
+        consumers = [self._consumers_by_queue.get(q) for q in queues]
         return (
             self.fetch_limit > 1
             and self.ack_emulation
             and not self.global_keyprefix
             and isinstance(self.qos, kombu_redis.QoS)
+            and all(c is not None and not c[1] for c in consumers)
         )
 
     def _deliver_many(self, items: list[tuple[bytes, bytes]]) -> None:
-        """Record every message as unacked in one pipeline, then hand each to its consumer."""
-        staged: list[tuple[str, Any, Any]] = []  # (queue, payload or Message, callback or None)
-        for key, raw in items:
+        """Hand the BRPOP'd message to kombu's own path (which records it as unacked), then
+        each message the script took (recorded already) to its consumer, in order."""
+        if len(items) > 1:
+            self.fetched_in_batches += len(items)
+        for i, (key, raw) in enumerate(items):
             queue = bytes_to_str(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
             payload = loads(bytes_to_str(raw))
-            consumer = self._consumers_by_queue.get(queue)
-            if consumer is None or consumer[1] or len(items) == 1:
-                staged.append((queue, payload, None))  # kombu's own path (it appends itself)
-            else:
-                staged.append((queue, self.Message(payload, channel=self), consumer[0]))
-        messages = [m for _, m, cb in staged if cb is not None]
-        if messages:
-            self._append_unacked(messages)
-            self.fetched_in_batches += len(messages)
-        for queue, m, callback in staged:
-            if callback is None:
-                self.connection._deliver(m, queue)
-            else:
-                callback(m)
-
-    def _append_unacked(self, messages: list[Any]) -> None:
-        """``QoS.append`` for every message, in one pipeline (kombu: one per message)."""
-        qos = self.qos
-        now = time.time()
-        with qos.pipe_or_acquire() as pipe:
-            for m in messages:
-                info = m.delivery_info
-                pipe.zadd(qos.unacked_index_key, {m.delivery_tag: now})
-                pipe.hset(
-                    qos.unacked_key,
-                    m.delivery_tag,
-                    dumps([m._raw, info["exchange"], info["routing_key"]]),
-                )
-            pipe.execute()
-        for m in messages:
-            VirtualQoS.append(qos, m, m.delivery_tag)
+            if i == 0:
+                self.connection._deliver(payload, queue)
+                continue
+            message = self.Message(payload, channel=self)
+            VirtualQoS.append(self.qos, message, message.delivery_tag)
+            self._consumers_by_queue[queue][0](message)
 
 
 class Transport(kombu_redis.Transport):

@@ -6,6 +6,7 @@ stack's workers never see these queues.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,13 +23,18 @@ OPTIONS = {"priority_steps": keys.PRIORITY_STEPS, "queue_order_strategy": "prior
 
 @pytest.fixture()
 def conn(stack: Any, fleet_settings: Any) -> Iterator[Connection]:
-    url = fleet_settings.redis_url().rsplit("/", 1)[0] + "/7"
     with Connection(
-        url, transport="workers.broker:Transport", transport_options={**OPTIONS, "fetch_limit": 8}
+        _db7(fleet_settings),
+        transport="workers.broker:Transport",
+        transport_options={**OPTIONS, "fetch_limit": 8},
     ) as c:
         c.default_channel.client.flushdb()
         yield c
         c.default_channel.client.flushdb()
+
+
+def _db7(fleet_settings: Any) -> str:
+    return fleet_settings.redis_url().rsplit("/", 1)[0] + "/7"
 
 
 def _publish(conn: Connection, priorities: list[int]) -> None:
@@ -105,3 +111,42 @@ def test_rejected_message_is_requeued_and_not_lost(conn: Connection) -> None:
     assert seen == [0, 1, 2]
     assert channel._size(QUEUE) == 1  # message 0 is back in Redis
     assert channel.client.hlen("unacked") == 0
+
+
+def test_unacked_entries_restore_the_messages_intact(conn: Connection, fleet_settings: Any) -> None:
+    # A worker that dies holding unacked messages: once visibility_timeout (here 1 s) has
+    # passed, kombu's scan puts every one back, payload unchanged, from the entries (and
+    # index scores) the script wrote.
+    _publish(conn, [6] * 5)
+    with Connection(
+        _db7(fleet_settings),
+        transport="workers.broker:Transport",
+        transport_options={**OPTIONS, "fetch_limit": 8, "visibility_timeout": 1},
+    ) as dying:
+        seen: list[dict[str, int]] = []
+        channel = _consume(dying, 10, lambda m: seen.append(m.payload), rounds=1)
+        redis = channel.client
+        assert len(seen) == 5 and channel._size(QUEUE) == 0 and redis.hlen("unacked") == 5
+        channel.qos.restore_visible(num=10, interval=1)
+        assert channel._size(QUEUE) == 0  # not yet: they are within the visibility timeout
+        time.sleep(1.2)
+        channel.qos.restore_visible(num=10, interval=1)
+        assert channel._size(QUEUE) == 5 and redis.hlen("unacked") == 0
+    again: list[dict[str, int]] = []
+    _consume(conn, 10, lambda m: (again.append(m.payload), m.ack()), rounds=1)
+    assert sorted(again, key=lambda m: m["i"]) == seen
+
+
+def test_an_unreadable_message_stays_where_it_was(conn: Connection) -> None:
+    _publish(conn, [6] * 2)
+    channel = conn.default_channel
+    # behind the two valid ones, in their priority's list
+    channel.client.lpush(keys.priority_list_key(QUEUE, 6), b"not json")
+    _publish(conn, [6])
+    seen: list[int] = []
+    consumer = _consume(conn, 10, lambda m: (seen.append(m.payload["i"]), m.ack()), rounds=1)
+    # the two before it were taken; the walk stopped there and left it next in line
+    assert seen == [0, 1]
+    assert consumer.client.lrange(keys.priority_list_key(QUEUE, 6), -1, -1) == [b"not json"]
+    assert consumer._size(QUEUE) == 2
+    assert consumer.client.hlen("unacked") == 0
