@@ -179,8 +179,12 @@ class FleetClient:
         prio = Priority.parse(priority)
         if not isinstance(inputs, dict):
             raise InvalidInput("inputs must be a JSON object")
-        if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
-            raise InvalidInput("timeout_s must be a positive number of seconds")
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not (math.isfinite(timeout_s) and timeout_s > 0)
+        ):
+            raise InvalidInput(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
         try:
             size = len(json.dumps(inputs, separators=(",", ":"), allow_nan=False))
         except (TypeError, ValueError) as exc:

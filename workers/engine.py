@@ -278,9 +278,8 @@ class Engine:
             FleetError: bad input (with its code), an expired deadline, or a model fault.
         """
         env = TaskEnvelope.from_kwargs({"request": request})
-        if env.modality != self.modality:
-            raise UnsupportedModality(f"modality {env.modality!r} sent to {self.modality!r}")
         Priority.parse(env.priority)
+        self._check_served(env)
         if env.expired():
             raise DeadlineExceeded("deadline passed before it could run")
         sample = self.adapter.preprocess(self.adapter.prepare(env.inputs))
@@ -290,6 +289,23 @@ class Engine:
         except Exception as exc:
             raise _as_fleet_error(exc) from None
 
+    def _check_served(self, env: TaskEnvelope) -> None:
+        """Refuse an envelope for another modality, or naming a model this worker lacks.
+
+        Raises:
+            UnsupportedModality: ``env.modality`` is not this worker's.
+            InvalidInput: ``env.model`` is set and is not the configured model's name.
+        """
+        if env.modality != self.modality:
+            raise UnsupportedModality(
+                f"modality {env.modality!r} sent to the {self.modality!r} queue"
+            )
+        if env.model is not None and env.model != self.cfg.model:
+            raise InvalidInput(
+                f"model {env.model!r} is not served; {self.modality} workers serve "
+                f"{self.cfg.model!r} (or leave 'model' null)"
+            )
+
     # -- loop thread: arrivals ----------------------------------------------------------
     def on_request(self, req: Any) -> None:
         """A message entered the prefetch window (event-loop thread)."""
@@ -297,13 +313,17 @@ class Engine:
         worker_state.task_reserved(req)
         label = "unknown"
         try:
-            env = TaskEnvelope.from_kwargs(req.kwargs)
-            label = env.priority
-            if env.modality != self.modality:
-                raise UnsupportedModality(
-                    f"modality {env.modality!r} sent to the {self.modality!r} queue"
+            if req.args:
+                raise InvalidInput(
+                    "positional task arguments are not accepted; the envelope travels as "
+                    "the keyword argument 'request'"
                 )
+            env = TaskEnvelope.from_kwargs(req.kwargs)
+            # Only the four classes become metric labels: a producer sending arbitrary
+            # priority strings must not create unbounded Prometheus series.
             priority = Priority.parse(env.priority)
+            label = env.priority
+            self._check_served(env)
             if env.expired():  # waited in Redis past its deadline: do not even validate it
                 raise DeadlineExceeded("deadline passed before it could run")
             suspect = self._check_redelivery(req)

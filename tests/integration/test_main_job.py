@@ -228,6 +228,34 @@ def test_worker_serves_prometheus_metrics(client: FleetClient, fleet_settings: A
     assert 'fleet_prefetch_held{modality="text"}' in text
 
 
+def test_raw_envelopes_a_worker_refuses_keep_metrics_bounded(
+    client: FleetClient, fleet_settings: Any
+) -> None:
+    # What a producer in another language can send past FleetClient's own checks.
+    from shared.metrics import metrics_port
+
+    def raw(request: dict[str, Any], args: tuple[Any, ...] = ()) -> Any:
+        return client.app.send_task("fleet.text", args=args, kwargs={"request": request},
+                                    queue="text", priority=6)  # fmt: skip
+
+    base = {"v": 1, "modality": "text", "priority": "normal", "inputs": {"text": "Raw."}}
+    bogus = "prio-" + "x" * 300
+    cases = {
+        "INVALID_PRIORITY": raw({**base, "priority": bogus}),
+        "INVALID_INPUT": raw({**base, "model": "not-a-served-model"}),
+        "INVALID_INPUT ": raw(base, args=(1, 2)),  # positional args
+    }
+    served = raw({**base, "model": fleet_settings.modalities["text"].model})
+    for code, res in cases.items():
+        res.get(timeout=30, propagate=False)
+        assert res.result.args[1] == code.strip(), (code, res.result)
+    assert served.get(timeout=30)["dim"] == 384
+    port = metrics_port(fleet_settings, "text")
+    with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert 'outcome="INVALID_PRIORITY"' in text and bogus not in text
+
+
 def test_realtime_overtakes_a_full_prefetch_window_of_bulk(client: FleetClient) -> None:
     lines = (DATA / "text" / "botchan_sentences.txt").read_text().splitlines()
     backlog = [SubmitRequest("text", {"text": t}, "bulk") for t in lines if t.strip()][:600]

@@ -71,3 +71,11 @@ def test_option_refuses_what_it_cannot_read() -> None:
         option(Cfg(), "flag", True, bool)
     with pytest.raises(ValueError, match="int"):
         option(Cfg(), "size", 1, int)
+
+
+def test_unknown_input_keys_are_refused(settings: Settings, runtime: DeviceRuntime) -> None:
+    from shared.errors import InvalidInput
+
+    adapter = make_adapter("text", settings, runtime)
+    with pytest.raises(InvalidInput, match="unknown text input keys"):
+        adapter.prepare({"text": "hi", "extra": 1})

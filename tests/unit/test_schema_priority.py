@@ -254,8 +254,8 @@ def test_envelope_rejects_non_dict_inputs(inputs: Any) -> None:
     assert err.value.code == "INVALID_INPUT"
 
 
-@pytest.mark.parametrize("timeout_s", [0, 0.0, -1.0])
-def test_envelope_rejects_non_positive_timeout(timeout_s: float) -> None:
+@pytest.mark.parametrize("timeout_s", [0, 0.0, -1.0, "5", True, [1.0]])
+def test_envelope_rejects_non_positive_or_non_numeric_timeout(timeout_s: object) -> None:
     with pytest.raises(InvalidInput) as err:
         client_with().envelope("text", {"text": "hi"}, timeout_s=timeout_s)
     assert err.value.code == "INVALID_INPUT"

@@ -98,6 +98,9 @@ class TextAdapter(ModelAdapter):
         text = inputs.get("text") if isinstance(inputs, dict) else None
         if not isinstance(text, str):
             raise InvalidInput("text input must be {'text': <string>}")
+        unknown = sorted(set(inputs) - {"text"})
+        if unknown:
+            raise InvalidInput(f"unknown text input keys {unknown}; expected only 'text'")
         if not text.strip():
             raise InvalidInput("text is empty or only whitespace")
         try:
