@@ -283,11 +283,14 @@ class Engine:
         if env.expired():
             raise DeadlineExceeded("deadline passed before it could run")
         sample = self.adapter.preprocess(self.adapter.prepare(env.inputs))
+        t0 = time.perf_counter()
         try:
             with self.runtime.batch_context():
                 return self.adapter.run_batch([sample])[0]
         except Exception as exc:
             raise _as_fleet_error(exc) from None
+        finally:
+            self.stats.model_s += time.perf_counter() - t0
 
     def _check_served(self, env: TaskEnvelope) -> None:
         """Refuse an envelope for another modality, or naming a model this worker lacks.
