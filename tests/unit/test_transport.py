@@ -687,6 +687,42 @@ def test_recycled_file_is_rewritten_under_a_new_id(rstore: ShmStore) -> None:
     assert rstore.trim_pool() and segment_files(rstore.root) == []
 
 
+def test_same_size_puts_write_through_the_kept_mapping(rstore: ShmStore) -> None:
+    tensors = [sample("float32", (MIB,), seed) for seed in range(4)]  # 4 MiB each
+    ref = rstore.put(tensors[0])
+    inode = (rstore.root / f"{ref.id}.arrow").stat().st_ino
+    assert rstore.kept_puts == 0 and rstore.kept_bytes() > tensors[0].nbytes
+    for i, t in enumerate(tensors[1:], start=1):
+        assert rstore.release(ref)
+        ref = rstore.put(t)
+        assert rstore.kept_puts == i  # one memcpy into the pages mapped since the first put
+        assert (rstore.root / f"{ref.id}.arrow").stat().st_ino == inode
+        np.testing.assert_array_equal(rstore.get(ref), t)
+    # another size cannot use the mapping: it is dropped and the file rewritten by write()
+    assert rstore.release(ref)
+    other = sample("float32", (MIB // 2,), 9)
+    r2 = rstore.put(other)
+    assert rstore.kept_puts == 3
+    np.testing.assert_array_equal(rstore.get(r2), other)
+    assert rstore.release(r2)
+    assert rstore.trim_pool() and rstore.kept_bytes() == 0  # gone files keep no mapping
+    assert segment_files(rstore.root) == []
+
+
+def test_gc_by_another_store_frees_the_kept_mapping(rstore: ShmStore) -> None:
+    ref = rstore.put(sample("uint8", (2 * MIB,), 1))
+    rstore.release(ref)
+    assert rstore.kept_bytes() > 0
+    janitor = ShmStore(rstore.root, capacity_bytes=1 << 30)  # e.g. `fleet shm gc`
+    assert janitor.gc(now=time.time() + rstore.recycle_idle_s + 1)
+    # the pool file is unlinked; the next put notices and unmaps its pages
+    r2 = rstore.put(sample("uint8", (2 * MIB,), 2))
+    assert rstore.kept_puts == 0 and rstore.kept_bytes() > 0  # only the new file's mapping
+    rstore.release(r2)
+    rstore.trim_pool()
+    assert rstore.kept_bytes() == 0
+
+
 @pytest.mark.parametrize("reader", ["get", "get_torch"])
 def test_a_mapped_file_is_never_rewritten(rstore: ShmStore, reader: str) -> None:
     if reader == "get_torch":
