@@ -21,7 +21,12 @@ Lanes
     behind no lower-priority work at all, and lower-priority batches stay full.
 Size
     At most ``max_batch_size`` requests and at most ``max_batch_bytes`` of staging memory
-    (the head always fits alone). Without a REALTIME lane, while REALTIME traffic is present
+    (the head always fits alone). With ``preferred_batch_sizes``, a released batch has the
+    largest preferred size that the bucket's requests can fill, else every request that fits
+    (Triton's dynamic batcher: "If the dynamic batcher can form a batch of a preferred size(s)
+    it will create a batch of the largest possible preferred size"; none preferred: the
+    largest batch possible, Triton's default and its advice for most models). Without a
+    REALTIME lane, while REALTIME traffic is present
     (a REALTIME request seen within ``realtime_grace_s``), a batch is also capped so that its
     predicted run time stays within ``realtime_budget_ms``: a REALTIME request then waits
     behind at most one short batch of lower-priority work, not a full one.
@@ -34,6 +39,11 @@ Flush triggers (a batch is released when any holds)
     6. DEADLINE: waiting out the delay would make some request of the bucket miss its
        deadline, given the predicted run time of the batch.
     7. WINDOW: the prefetch window is full, so no further request can arrive to join.
+    8. PREFERRED: the bucket's requests fill one of ``preferred_batch_sizes`` (Triton: "If a
+       batch of one of these sizes can be formed it will be executed immediately"). With 1
+       among them a lone request runs at once: for a model that gains little from batching
+       (one CPU thread) this keeps latency low at light load, and under load the window
+       still fills the larger sizes.
     Otherwise :meth:`Batcher.next_batch` returns no batch and the time at which to ask again.
 Latency model
     ``predict_s(bucket, n) = a * n + b``, a least-squares fit over the recent
@@ -72,6 +82,7 @@ class Trigger(StrEnum):
     MEMORY = "memory"
     DEADLINE = "deadline"
     WINDOW = "window"
+    PREFERRED = "preferred"
 
 
 @dataclass(slots=True)
@@ -115,6 +126,12 @@ class Policy:
     realtime_budget_ms: float = 25.0
     realtime_grace_s: float = 1.0
     realtime_lane: bool = False
+    preferred_batch_sizes: tuple[int, ...] = ()  # ascending, each <= max_batch_size
+
+    def preferred_size(self, available: int) -> int | None:
+        """The largest preferred size ``<= available``, or ``None``."""
+        fits = [s for s in self.preferred_batch_sizes if s <= available]
+        return max(fits) if fits else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +245,14 @@ class Batcher:
         members = [p for p in ordered if p.bucket == head.bucket]
         cap = self.size_cap(head.bucket, now)
         trigger, wake_at = self._trigger(now, ordered, members, cap)
+        batch = self._take(members, cap)
+        preferred = self.policy.preferred_size(len(batch))
+        if trigger is None and preferred is not None:
+            trigger = Trigger.PREFERRED
         if trigger is None:
             return Decision([], None, expired, wake_at)
-        batch = self._take(members, cap)
+        if preferred is not None:
+            batch = batch[:preferred]
         for p in batch:
             del self._held[p.id]
         return Decision(batch, trigger, expired, None)

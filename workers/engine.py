@@ -172,6 +172,9 @@ class Engine:
                 window_size=cfg.device.prefetch_multiplier,
                 realtime_budget_ms=b.realtime_budget_ms,
                 realtime_lane=b.realtime_lane,
+                preferred_batch_sizes=tuple(
+                    sorted({s for s in b.preferred_batch_sizes if 1 <= s <= b.max_batch_size})
+                ),
             )
         )
         self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)

@@ -437,6 +437,7 @@ def test_trigger_values_are_the_enum_with_stable_labels() -> None:
         "memory",
         "deadline",
         "window",
+        "preferred",
     ]
 
 
@@ -513,3 +514,46 @@ def test_lane_of_sends_realtime_to_its_lane_only_when_the_lane_is_on() -> None:
     assert with_lane.lane_of(rt) is Lane.REALTIME and with_lane.lane_of(bulk) is Lane.MAIN
     without = batcher()
     assert without.lane_of(rt) is Lane.MAIN and without.lane_of(bulk) is Lane.MAIN
+
+
+# -- preferred batch sizes (Triton's preferred_batch_size) -----------------------------------
+def test_preferred_size_runs_at_once_with_the_largest_that_fills() -> None:
+    # 3 held, preferred (1, 4, 8): 1 is the largest that 3 requests fill, and it runs at
+    # once although the delay is far from over.
+    b = batcher(req("a"), req("b", at=0.001), req("c", at=0.002), preferred_batch_sizes=(1, 4, 8))
+    d = b.next_batch(now=0.002)
+    assert ids(d) == ["a"] and d.trigger is Trigger.PREFERRED
+    for i in range(3):
+        b.add(req(f"n{i}", at=0.003))
+    d = b.next_batch(now=0.003)  # b, c and 3 new: 5 held -> a batch of 4, oldest first
+    assert ids(d) == ["b", "c", "n0", "n1"] and d.trigger is Trigger.PREFERRED
+
+
+def test_no_preferred_size_fillable_waits_then_sends_all() -> None:
+    # preferred (8, 16): 5 requests fill none, so they wait for the delay (Triton: the
+    # largest batch possible, after max_queue_delay), then all 5 go.
+    b = batcher(*(req(f"r{i}") for i in range(5)), preferred_batch_sizes=(8, 16),
+                max_queue_delay_ms=4.0)  # fmt: skip
+    d = b.next_batch(now=0.001)
+    assert d.batch == [] and d.wake_at_s == pytest.approx(0.004)
+    d = b.next_batch(now=0.004)
+    assert len(d.batch) == 5 and d.trigger is Trigger.DELAY
+
+
+def test_other_triggers_release_the_largest_preferred_size() -> None:
+    # 12 held: the batch is 8 (largest preferred <= 12), at once, and 4 stay held
+    b = batcher(*(req(f"r{i}", at=i * 1e-4) for i in range(12)), preferred_batch_sizes=(8,))
+    d = b.next_batch(now=0.002)
+    assert ids(d) == [f"r{i}" for i in range(8)] and d.trigger is Trigger.PREFERRED
+    assert len(b) == 4
+    # a REALTIME arrival flushes now: the REALTIME head and 7 more (8 is preferred)
+    for i in range(5):
+        b.add(req(f"x{i}", at=0.003))
+    b.add(req("rt", RT, at=0.003))
+    d = b.next_batch(now=0.003)
+    assert d.trigger is Trigger.REALTIME and len(d.batch) == 8 and ids(d)[0] == "rt"
+
+
+def test_without_preferred_sizes_nothing_changes() -> None:
+    b = batcher(*(req(f"r{i}") for i in range(5)))
+    assert b.next_batch(now=0.0).batch == []  # QUIET: no trigger, no preferred size

@@ -96,7 +96,7 @@ def test_env_overrides_nested_modality_key_and_keeps_the_rest(
     text = load_settings().modality("text")
     assert text.batching.max_batch_size == 16
     assert text.batching.max_queue_delay_ms == 4.0
-    assert text.batching.preferred_batch_sizes == [8, 16, 32]
+    assert text.batching.length_buckets[:3] == [8, 12, 16]
     assert text.model == "minilm"
     assert text.device.prefetch_multiplier == 256
 
