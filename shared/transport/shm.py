@@ -322,13 +322,23 @@ class _Kept:
     fd: int
     mm: mmap.mmap
     size: int
+    closed: bool = False
 
     def close(self) -> None:
+        """Unmap and close the descriptor, once (a second close could hit a reused fd)."""
+        if self.closed:
+            return
+        self.closed = True
         # A buffer still exported from the mapping (an exception's frame may hold one) keeps
         # it alive until collected; the descriptor goes now either way.
         with suppress(BufferError):
             self.mm.close()
         os.close(self.fd)
+
+    def __del__(self) -> None:
+        # A store dropped without close() must not leak the descriptor.
+        with suppress(OSError):
+            self.close()
 
 
 def _refuse_extension_types(schema: pa.Schema, seg_id: str) -> None:
