@@ -977,36 +977,32 @@ class ShmStore:
                 kept.close()
                 kept = None
             if kept is not None:
+                fd, have = kept.fd, size
+            else:
                 try:
-                    os.utime(kept.fd)
-                    os.rename(path, tmp)
+                    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
                 except OSError:
-                    kept.close()
-                    continue
-                if _sole_opener(kept.fd):
-                    return kept.fd, size, kept
-                kept.close()  # a reader still maps it: never rewrite it; drop our name
-                _unlink_quiet(tmp)
-                continue
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:
-                continue  # reclaimed meanwhile, or not a regular file
-            st = os.fstat(fd)
-            usable = stat.S_ISREG(st.st_mode) and st.st_uid == self._uid and st.st_nlink == 1
-            if usable:
-                try:
-                    # Fresh times first: gc() must not take the claimed file for a stale one.
-                    os.utime(fd)
-                    os.rename(path, tmp)
-                except OSError:
+                    continue  # reclaimed meanwhile, or not a regular file
+                fst = os.fstat(fd)
+                if not (
+                    stat.S_ISREG(fst.st_mode) and fst.st_uid == self._uid and fst.st_nlink == 1
+                ):
                     os.close(fd)
+                    _unlink_quiet(path)
                     continue
-                if _sole_opener(fd):
-                    return fd, st.st_size, None
-                path = tmp  # still mapped by a reader: never rewrite it; drop our name
-            os.close(fd)
-            _unlink_quiet(path)
+                have = fst.st_size
+            drop = kept.close if kept is not None else lambda fd=fd: os.close(fd)
+            try:
+                # Fresh times first: gc() must not take the claimed file for a stale one.
+                os.utime(fd)
+                os.rename(path, tmp)
+            except OSError:
+                drop()
+                continue
+            if _sole_opener(fd):
+                return fd, have, kept
+            drop()  # a reader still maps it: never rewrite it; drop our name
+            _unlink_quiet(tmp)
         return None
 
     # -- kept mappings (see _Kept) ---------------------------------------------------------
