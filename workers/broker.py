@@ -82,6 +82,9 @@ class Channel(kombu_redis.Channel):
     """kombu's Redis channel, taking up to ``fetch_limit`` messages per round trip."""
 
     fetch_limit = 64
+    # Messages that arrived in a multi-message fetch, over every channel of this process
+    # (the worker's stats); each channel also counts its own in ``fetched_in_batches``.
+    fetched_in_batches_total = 0
     from_transport_options = (*kombu_redis.Channel.from_transport_options, "fetch_limit")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -163,6 +166,7 @@ class Channel(kombu_redis.Channel):
         each message the script took (recorded already) to its consumer, in order."""
         if len(items) > 1:
             self.fetched_in_batches += len(items)
+            Channel.fetched_in_batches_total += len(items)
         for i, (key, raw) in enumerate(items):
             queue = bytes_to_str(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)

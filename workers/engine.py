@@ -67,6 +67,7 @@ from shared.metrics import FleetMetrics
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
+from workers import broker
 from workers.acks import ack_batch
 from workers.batcher import Batcher, Lane, Pending, Policy, Trigger
 from workers.circuit import CircuitBreaker
@@ -195,8 +196,6 @@ class Engine:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._threads: list[threading.Thread] = []
-        # The broker channels messages arrive on (their fetch counters go into the stats).
-        self.channels: list[Any] = []
         self._threaded = threaded
         self._stop = False
         self._trim_count = itertools.count(1)
@@ -716,7 +715,7 @@ class Engine:
             "retried": s.retried,
             "acked_in_batches": s.acked_in_batches,
             "model_s": round(s.model_s, 6),
-            "fetched_in_batches": sum(getattr(ch, "fetched_in_batches", 0) for ch in self.channels),
+            "fetched_in_batches": broker.Channel.fetched_in_batches_total,
             "batches": s.batches,
             "batch_sizes": {str(k): v for k, v in sorted(s.batch_sizes.items())},
             "triggers": dict(s.triggers),

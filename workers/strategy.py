@@ -69,8 +69,6 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
                 parent_id=req.parent_id,
                 retries=req.request_dict.get("retries", 0),
             )
-        if message.channel not in engine.channels:  # a handful: main and REALTIME
-            engine.channels.append(message.channel)
         if req.eta:
             req.reject(requeue=False)
             return
