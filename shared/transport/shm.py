@@ -26,34 +26,42 @@ because Arrow's boolean type is bit-packed and could not be viewed without a cop
                         guards against a recycled pid keeping an orphan alive
     mmfleet.created_at  Unix epoch seconds (float)
     mmfleet.ttl_s       seconds after created_at the segment may be reclaimed (float)
+    mmfleet.recycle     "1" when written by a recycling store (its file will be rewritten)
 
 The janitor reads that metadata cheaply: mapping the file and parsing the IPC footer touches
 only the footer's pages, never the tensor data.
 
-Reading maps the file and wraps the data buffer without copying
-(``pyarrow.memory_map`` -> ``to_numpy(zero_copy_only=True)`` -> reshape); the reader checks
-that the data buffer lies inside the mapping, so a compressed or otherwise non-zero-copy file
-is refused rather than silently copied. A mapping stays valid after the segment is released
-or reclaimed (tmpfs frees the pages when the last mapping goes). This module never truncates
+Reading takes a shared ``flock`` on the file, maps it, parses the IPC file over the mapping
+(``pyarrow.ipc.open_file`` on a ``py_buffer``) and returns a numpy array over the data bytes
+of the mapping itself (``np.frombuffer`` at the data buffer's offset, then reshape); the
+reader checks that the data buffer lies inside the mapping, so a compressed or otherwise
+non-zero-copy file is refused rather than silently copied. A mapping stays valid after the
+segment is released or reclaimed (tmpfs frees the pages when the last mapping goes), and it
+holds the shared lock for as long as it lives (the lock belongs to the open file description,
+which the mapping keeps). This module never truncates
 or rewrites a published segment (it only unlinks), and new pages are only ever written through
 ``write()`` into a file reserved under a lock, never through a mapping: a full /dev/shm shows
 up as ENOSPC (mapped to ``ShmCapacityError``), not as SIGBUS in a writer or a reader. (A
 recycling store writes through a mapping only into pages that are allocated already; see
 below.)
 
-Recycling (opt-in, ``recycle_bytes > 0``): with 4 KiB tmpfs pages, allocating a segment's pages
+Recycling (``recycle_bytes > 0``: off by default in this class, on in the fleet's settings,
+``[transport] recycle_bytes``): with 4 KiB tmpfs pages, allocating a segment's pages
 costs more than copying into them (measured for 128 MiB: a put into fresh pages about 4
 memcpys of the same bytes, into allocated ones about 2, and unlinking it 1.4). A recycling
 store's :meth:`ShmStore.release` renames the released file to a pool name
 (``.pool-<random>``) instead of unlinking it, up to ``recycle_bytes`` in all; a later
 :meth:`ShmStore.put` claims the pool file closest in size (at least as large, else at most
 64 KiB smaller), truncates it to the exact size and writes the new segment into its
-allocated pages, under a new random id. A pool file is reused only when nobody else holds it
-open or mapped: after the rename no process can open it by id any more, and a write lease
-(``F_SETLEASE F_WRLCK``, which the kernel grants only when no other open file description of
-the inode exists, mappings included) proves that no earlier reader still maps it; otherwise
-it is unlinked (its pages go when the last mapping does). So a view returned by
-:meth:`ShmStore.get` never sees another tensor's data. Pool files are counted in the capacity
+allocated pages, under a new random id. A pool file is reused only when no reader has a live
+view of it: after the rename no process can open it by id any more, and the claim takes an
+exclusive ``flock`` without waiting, which every reader's shared lock denies (a reader locks
+before it maps, and keeps the lock as long as any view of the file lives); the claim holds the
+lock until the new segment is written, and a file it cannot lock is unlinked instead (its
+pages go when the last mapping does). So a view returned by :meth:`ShmStore.get` never sees
+another tensor's data. (A write lease, ``F_SETLEASE``, proved the same until a reader could
+keep a mapping without a view: see the reader cache below. Locks are advisory: a process that
+maps segment files without this class is not protected.) Pool files are counted in the capacity
 budget, dropped first when a put needs room, and reclaimed by :meth:`ShmStore.gc` once idle
 for ``recycle_idle_s`` (:meth:`ShmStore.trim_pool` drops them all).
 
@@ -61,10 +69,17 @@ A recycling store also keeps a writable mapping of each file it writes (at most
 ``recycle_bytes`` of them); when it claims such a file again for a segment of exactly its size
 (one shape from one process: the metadata is fixed-width), it writes through that mapping,
 whose pages are faulted in already: one memcpy (128 MiB here: 11.7 ms, against 25-29 ms
-through ``write()`` into a recycled file and 65-70 into a fresh one). The write lease is then
-taken on the mapping's own file description, so a reader's mapping still denies the reuse.
-Mappings of files that are gone (unlinked by :meth:`ShmStore.gc` in any process) are dropped
-at the next put, release or gc; :meth:`ShmStore.close` drops them all.
+through ``write()`` into a recycled file and 65-70 into a fresh one). The claim's lock is then
+taken on the mapping's own file description, and the file's size is checked under it (another
+process may have claimed and resized the file meanwhile). Mappings of files that are gone
+(unlinked by :meth:`ShmStore.gc` in any process) are dropped at the next put, release or gc;
+:meth:`ShmStore.close` drops them all.
+
+The reader cache (``reader_cache_bytes > 0``, :mod:`shared.transport.mapcache`): a reader
+that keeps its mapping of a file a recycling store wrote (flagged ``mmfleet.recycle`` in the
+metadata) reads the next segment written into the same file without faulting its pages into
+its page tables again (128 MiB here: 8-13 ms of the read). The cached mapping holds the
+shared lock only while a view of it lives, so the producer can claim the file in between.
 
 Capacity: puts are serialised by an ``flock`` on the root while the budget is checked and the
 temp file is sized (``ftruncate`` to the exact IPC size), so concurrent processes cannot
@@ -103,6 +118,12 @@ import pyarrow.ipc
 
 from shared.errors import ShmCapacityError, TensorRefError, TransportError
 from shared.transport._arrays import as_c_array
+from shared.transport.mapcache import (
+    MappingCache,
+    lock_exclusive,
+    lock_shared,
+    unlock,
+)
 from shared.transport.ref import (
     DTYPE_ITEMSIZE,
     OWNER_PATTERN,
@@ -245,6 +266,7 @@ class _Meta:
     pid_start: int | None
     created_at: float
     ttl_s: float
+    recycle: bool = False  # written by a recycling store: its file will be rewritten
 
     @property
     def expires_at(self) -> float:
@@ -264,6 +286,7 @@ class _Meta:
             # process have the same size, so a kept mapping fits them (see _Kept).
             _META + "created_at": f"{self.created_at:.6f}",
             _META + "ttl_s": repr(self.ttl_s),
+            _META + "recycle": "1" if self.recycle else "0",
         }
 
     @classmethod
@@ -288,6 +311,7 @@ class _Meta:
                 pid_start=int(pid_start) if pid_start else None,
                 created_at=float(md[_META + "created_at"]),
                 ttl_s=float(md[_META + "ttl_s"]),
+                recycle=md.get(_META + "recycle", "0") == "1",
             )
         except (KeyError, ValueError, UnicodeDecodeError) as exc:
             raise TensorRefError(f"segment {seg_id}: bad metadata ({exc})") from None
@@ -312,11 +336,10 @@ class _Kept:
     bytes (the kernel looks up and copies into each 4 KiB page); through a mapping that is
     already faulted in, one. A recycling store therefore keeps the mapping (and the open file
     description it came from) of each file it writes; when it claims that file again from
-    the pool for a segment of exactly its size, it writes through the mapping. The write
-    lease that proves nobody else still has the file open is taken on this description, so
-    the mapping does not count against it. ``size`` is the file's size, which only this
-    process changes while the mapping is kept (a claim elsewhere needs the lease, which the
-    mapping's description denies), so the write never reaches an unallocated page: no SIGBUS.
+    the pool for a segment of exactly its size, it writes through the mapping. The claim's
+    exclusive lock is taken on this description, and the file's size is compared with
+    ``size`` under it (a claim in another process may have resized the file while this
+    mapping was idle), so the write never reaches an unallocated page: no SIGBUS.
     """
 
     fd: int
@@ -334,6 +357,13 @@ class _Kept:
         with suppress(BufferError):
             self.mm.close()
         os.close(self.fd)
+
+    def detach(self) -> int:
+        """Unmap, and hand the descriptor (with any lock on it) to the caller."""
+        self.closed = True
+        with suppress(BufferError):
+            self.mm.close()
+        return self.fd
 
     def __del__(self) -> None:
         # A store dropped without close() must not leak the descriptor.
@@ -415,12 +445,18 @@ class ShmStore:
             in all, and write later segments into them (see "Recycling" in the module
             docstring). 0 (the default): released segments are unlinked at once.
         recycle_idle_s: :meth:`gc` unlinks pool files unused for this long, in seconds.
+        reader_cache_bytes: keep this store's read mappings of segments written by a
+            recycling store, up to this many bytes, so that the next segment written into the
+            same file is read through page tables that are ready (see
+            :mod:`shared.transport.mapcache`). 0 (the default): every view has its own
+            mapping, unmapped when the view goes.
 
     Raises:
         TransportError: the parent directory is missing (no /dev/shm: use the inline
             transport), or ``root`` is a symlink, not a directory, owned by another uid or
             not mode 0700.
-        ValueError: a non-positive TTL, capacity or fraction, or a negative recycle budget.
+        ValueError: a non-positive TTL, capacity or fraction, or a negative recycle or reader
+            cache budget.
 
     Besides its settings, the store keeps only the mappings of a recycling store (see the
     module docstring), which a forked child drops at its first put; so one instance may be
@@ -437,6 +473,7 @@ class ShmStore:
         role: Literal["producer", "worker"] = "producer",
         recycle_bytes: int = 0,
         recycle_idle_s: float = 30.0,
+        reader_cache_bytes: int = 0,
     ) -> None:
         if not (math.isfinite(default_ttl_s) and default_ttl_s > 0):
             raise ValueError(f"default_ttl_s must be > 0, got {default_ttl_s}")
@@ -448,6 +485,8 @@ class ShmStore:
             raise ValueError(f"role must be 'producer' or 'worker', got {role!r}")
         if recycle_bytes < 0 or not (math.isfinite(recycle_idle_s) and recycle_idle_s > 0):
             raise ValueError("recycle_bytes must be >= 0 and recycle_idle_s > 0")
+        if reader_cache_bytes < 0:
+            raise ValueError(f"reader_cache_bytes must be >= 0, got {reader_cache_bytes}")
         self.recycle_bytes = int(recycle_bytes)
         self.recycle_idle_s = float(recycle_idle_s)
         self.root = Path(root) if root is not None else default_root()
@@ -462,6 +501,7 @@ class ShmStore:
         self._kept: dict[tuple[int, int], _Kept] = {}
         self._kept_pid = os.getpid()
         self.kept_puts = 0  # puts written through a kept mapping (one memcpy)
+        self.reader_cache = MappingCache(reader_cache_bytes) if reader_cache_bytes else None
 
     # -- the directory ---------------------------------------------------------------------
     def _open_root(self) -> None:
@@ -665,6 +705,7 @@ class ShmStore:
             pid_start=pid_start,
             created_at=ref.created_at,
             ttl_s=ttl,
+            recycle=bool(self.recycle_bytes),
         )
         arrow_type = _ARROW_TYPES[ref.dtype]
         schema = pa.schema(
@@ -730,6 +771,12 @@ class ShmStore:
             # link (not rename): fails with EEXIST instead of replacing an existing segment,
             # and the segment appears complete or not at all.
             os.link(tmp, final)
+            # The claim's exclusive lock (see _claim_pooled) ends with the write. Closing the
+            # write's descriptor dropped it unless a dup of it is kept.
+            if kept is not None:
+                unlock(kept.fd)
+            elif claimed is not None and keep_fd is not None:
+                unlock(keep_fd)
         except BaseException as exc:
             if kept is not None:
                 kept.close()
@@ -779,7 +826,10 @@ class ShmStore:
         Returns:
             An array of ``ref.shape`` and ``ref.dtype`` whose memory is the shared mapping
             (``writeable`` is False; writing raises ValueError). It stays valid after
-            :meth:`release` and keeps the pages alive until it is garbage-collected.
+            :meth:`release` and keeps the pages alive until it is garbage-collected; until
+            then it also holds the file's shared lock, so a recycling store does not rewrite
+            the file under it. Views of a segment a recycling store wrote come from this
+            store's reader cache, when it has one (``reader_cache_bytes``).
 
         Raises:
             TensorRefError: a malformed ref or id, an unknown/released/reclaimed segment, a
@@ -797,7 +847,8 @@ class ShmStore:
         (``MAP_PRIVATE``) instead: the tensor is zero-copy until written, an in-place op is
         safe and copies only the pages it touches into this process, and the shared segment
         is never modified. The warning is therefore suppressed on purpose. One file
-        descriptor stays open per live tensor (Python's ``mmap`` keeps one).
+        descriptor stays open per live tensor (Python's ``mmap`` keeps one), and with it the
+        file's shared lock (see :meth:`get`). Never served from the reader cache.
 
         Raises:
             TensorRefError: as :meth:`get`.
@@ -831,27 +882,70 @@ class ShmStore:
             raise TensorRefError(f"tensor {seg_id}: not a non-empty regular file of this user")
         return fd
 
-    def _map(self, seg_id: str, *, private: bool) -> pa.Buffer:
-        """The whole segment file as a zero-copy Arrow buffer over a mapping."""
-        fd = self._open_segment(seg_id)
-        try:
-            if private:
-                pm = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-                return pa.py_buffer(pm)
-            # Map through the descriptor we checked, not the path, so that a file swapped in
-            # after the check cannot be mapped instead.
-            mm = pa.memory_map(f"/proc/self/fd/{fd}", "r")
-            try:
-                return mm.read_buffer()  # a slice of the mapping, not a copy
-            finally:
-                # Closing releases the descriptor; Arrow unmaps only when the last buffer
-                # over the region is gone.
-                mm.close()
-        finally:
-            os.close(fd)
+    def _lock_for_reading(self, fd: int, seg_id: str) -> int:
+        """Take the shared lock every reader holds while it maps a segment (see
+        :meth:`_claim_pooled`); returns the file's size, read under the lock.
+
+        Raises:
+            TensorRefError: a producer holds the exclusive lock: the file is being rewritten
+                as another segment, so this one was released.
+        """
+        if not lock_shared(fd):
+            raise TensorRefError(f"unknown tensor {seg_id}: released and reclaimed")
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise TensorRefError(f"tensor {seg_id}: not a non-empty regular file of this user")
+        return size
 
     def _load(self, ref: TensorRef, *, private: bool) -> np.ndarray:
-        buf = self._map(ref.id, private=private)
+        """Map ``ref``'s segment (or find it in the reader cache), check it, and return the
+        zero-copy view. The view holds the segment's shared lock until it is collected: a
+        plain mapping through its own open file description (the lock goes with the
+        mapping), a cached one through a pin (see :mod:`shared.transport.mapcache`)."""
+        fd = self._open_segment(ref.id)
+        cache = None if private else self.reader_cache
+        entry = None
+        try:
+            if cache is not None:
+                try:
+                    entry = cache.pin(fd)
+                except BlockingIOError:
+                    msg = f"unknown tensor {ref.id}: released and reclaimed"
+                    raise TensorRefError(msg) from None
+            if entry is not None:
+                mm, size = entry.mm, entry.size
+            else:
+                size = self._lock_for_reading(fd, ref.id)
+                if private:
+                    # Copy-on-write: see get_torch.
+                    mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
+                else:
+                    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            arr, meta = self._view(ref, mm, size)
+            if entry is None and cache is not None and meta.recycle:
+                # A recycling producer will rewrite this file: keep the mapping (and our
+                # descriptor, with its shared lock) for the next segment written into it.
+                entry = cache.adopt(fd, mm, size)
+                if entry is not None:
+                    fd = -1
+            if entry is not None:
+                cache.attach(entry, arr)  # type: ignore[union-attr]
+                entry = None  # the view owns the pin now
+        finally:
+            if entry is not None:
+                cache.unpin(entry)  # type: ignore[union-attr]
+            if fd >= 0:
+                # Python's mmap holds a dup of fd: the same description, so the shared lock
+                # stays until the mapping is gone.
+                os.close(fd)
+        if ref.dtype == "bool":
+            arr = arr.view(np.bool_)
+        return arr.reshape(ref.shape)
+
+    def _view(self, ref: TensorRef, mm: mmap.mmap, size: int) -> tuple[np.ndarray, _Meta]:
+        """The flat data array of the IPC file in ``mm`` (no copy), after every check."""
+        buf = pa.py_buffer(mm)
         try:
             reader = pa.ipc.open_file(buf)
             schema = reader.schema
@@ -876,19 +970,18 @@ class ShmStore:
             if len(column) != n or column.null_count != 0 or column.offset != 0:
                 raise TensorRefError(f"tensor {ref.id}: column length/nulls do not match")
             data = column.buffers()[1]
-            if ref.nbytes and (
-                data is None
-                or data.size < ref.nbytes
-                or not buf.address <= data.address <= buf.address + buf.size - ref.nbytes
-            ):
+            offset = 0 if data is None else data.address - buf.address
+            if ref.nbytes and (data is None or data.size < ref.nbytes or
+                               not 0 <= offset <= size - ref.nbytes):  # fmt: skip
                 # Compressed IPC bodies are decompressed into fresh memory: not zero-copy.
                 raise TensorRefError(f"tensor {ref.id}: data is not inside the mapping")
-            arr = column.to_numpy(zero_copy_only=True)
         except pa.ArrowException as exc:
             raise TensorRefError(f"tensor {ref.id}: unreadable ({exc})") from None
-        if ref.dtype == "bool":
-            arr = arr.view(np.bool_)
-        return arr.reshape(ref.shape)
+        storage = np.dtype(np.uint8 if ref.dtype == "bool" else ref.dtype)
+        # A view of the mapping itself (not of an Arrow buffer), so that its lifetime is
+        # the pin's; the Arrow objects over the mapping go when this function returns.
+        del reader, column, data, buf
+        return np.frombuffer(mm, dtype=storage, count=n, offset=offset if n else 0), meta
 
     # -- delete, list, reclaim -------------------------------------------------------------
     def release(self, ref: TensorRef | Mapping[str, Any] | str) -> bool:
@@ -944,9 +1037,18 @@ class ShmStore:
         return sum(st.st_size for _, st in self._pool_entries())
 
     def _pool(self, path: Path, st: os.stat_result) -> bool:
-        """Move a released segment into the pool if the budget allows; False: not pooled."""
+        """Move a released segment into the pool if the budget allows; False: not pooled.
+        Pool files idle past ``recycle_idle_s`` are unlinked first (so a producer that keeps
+        releasing does not need :meth:`gc` to give idle pages back)."""
         with self._lock():
-            if self.pool_bytes() + st.st_size > self.recycle_bytes:
+            now = time.time()
+            pooled = 0
+            for p, pst in self._pool_entries():
+                if now - pst.st_ctime > self.recycle_idle_s:
+                    _unlink_quiet(p)
+                else:
+                    pooled += pst.st_size
+            if pooled + st.st_size > self.recycle_bytes:
                 return False
             try:
                 # rename: the id's name is gone at once (no new reader can open it), and the
@@ -958,11 +1060,17 @@ class ShmStore:
 
     def _claim_pooled(self, size: int, tmp: Path) -> tuple[int, int, _Kept | None] | None:
         """``(descriptor, its size, kept mapping or None)`` of a pool file renamed to ``tmp``,
-        or None (caller holds the lock). The closest fit at least ``size`` large is preferred,
-        then the closest one at most ``_RECYCLE_SLACK_BYTES`` smaller. Only a file that no
-        other open file description refers to is returned. A file this process keeps mapped
-        (:class:`_Kept`) is returned with its mapping when its size is exactly ``size``;
-        otherwise the mapping is dropped first (it would deny the lease)."""
+        or None (caller holds the root lock). The closest fit at least ``size`` large is
+        preferred, then the closest one at most ``_RECYCLE_SLACK_BYTES`` smaller.
+
+        Only a file whose exclusive ``flock`` is free is returned, and it is returned holding
+        it (the caller drops it once the new segment is written): every reader holds a shared
+        lock for as long as a view of the file lives, so no view ever sees another tensor's
+        bytes. A file this process keeps mapped (:class:`_Kept`) is returned with its mapping
+        when both the file and the mapping are exactly ``size`` bytes (checked under the
+        lock: another process may have rewritten it at another size); otherwise the mapping
+        is dropped. A file whose lock is taken is unlinked from the pool, never rewritten.
+        """
         candidates = sorted(
             (
                 (p, st)
@@ -977,32 +1085,39 @@ class ShmStore:
                 kept.close()
                 kept = None
             if kept is not None:
-                fd, have = kept.fd, size
+                fd = kept.fd
             else:
                 try:
                     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
                 except OSError:
                     continue  # reclaimed meanwhile, or not a regular file
-                fst = os.fstat(fd)
-                if not (
-                    stat.S_ISREG(fst.st_mode) and fst.st_uid == self._uid and fst.st_nlink == 1
-                ):
-                    os.close(fd)
-                    _unlink_quiet(path)
-                    continue
-                have = fst.st_size
-            drop = kept.close if kept is not None else lambda fd=fd: os.close(fd)
+            locked = lock_exclusive(fd)
+            fst = os.fstat(fd)
+            if kept is not None and fst.st_size != kept.size:
+                # Rewritten elsewhere at another size: writing through the mapping could
+                # reach past the end of the file (SIGBUS). Use the descriptor alone.
+                fd, kept = kept.detach(), None
+            claimable = (
+                locked
+                and stat.S_ISREG(fst.st_mode)
+                and fst.st_uid == self._uid
+                and fst.st_nlink == 1
+            )
             try:
-                # Fresh times first: gc() must not take the claimed file for a stale one.
-                os.utime(fd)
-                os.rename(path, tmp)
+                if claimable:
+                    # Fresh times first: gc() must not take the claimed file for a stale one.
+                    os.utime(fd)
+                    os.rename(path, tmp)
+                    return fd, fst.st_size, kept
             except OSError:
-                drop()
-                continue
-            if _sole_opener(fd):
-                return fd, have, kept
-            drop()  # a reader still maps it: never rewrite it; drop our name
-            _unlink_quiet(tmp)
+                claimable = True  # reclaimed meanwhile: nothing to unlink
+            if kept is not None:
+                kept.close()
+            else:
+                os.close(fd)
+            if not claimable:
+                # A reader has a live view of it (or it is not ours): never rewrite it.
+                _unlink_quiet(path)
         return None
 
     # -- kept mappings (see _Kept) ---------------------------------------------------------
@@ -1047,11 +1162,14 @@ class ShmStore:
         return sum(k.size for k in self._kept.values())
 
     def close(self) -> None:
-        """Drop every mapping this store keeps (recycling only); the files stay."""
+        """Drop every mapping this store keeps for rewriting (recycling) and every unpinned
+        one its reader cache keeps; the files stay."""
         for k in self._kept.values():
             with suppress(OSError, ValueError):
                 k.close()
         self._kept.clear()
+        if self.reader_cache is not None:
+            self.reader_cache.close()
 
     def trim_pool(self) -> list[str]:
         """Unlink every pool file; returns their names. Mapped pages go with the last mapping."""
@@ -1066,7 +1184,7 @@ class ShmStore:
         """Metadata and file size of a segment; touches only the IPC footer's pages."""
         fd = self._open_segment(seg_id)
         try:
-            size = os.fstat(fd).st_size
+            size = self._lock_for_reading(fd, seg_id)  # no claim truncates it meanwhile
             mm = pa.memory_map(f"/proc/self/fd/{fd}", "r")
             try:
                 schema = pa.ipc.open_file(mm).schema
@@ -1166,22 +1284,6 @@ class ShmStore:
             log.info("shm gc removed %d file(s) from %s", len(removed), self.root)
         self._sweep_kept()
         return removed
-
-
-def _sole_opener(fd: int) -> bool:
-    """True when ``fd``'s open file description is the only one of its inode, system-wide.
-
-    A write lease is granted only then; every reader that opened or mapped the file holds
-    another description (a mapping keeps its file open). The lease is dropped at once.
-    EAGAIN: another opener. Anything else (leases disabled, an unsupported filesystem): not
-    provably alone, so False.
-    """
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
-    except OSError:
-        return False
-    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-    return True
 
 
 def _is_enospc(exc: BaseException) -> bool:

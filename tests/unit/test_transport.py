@@ -774,6 +774,136 @@ def test_mapped_in_another_process_is_never_rewritten(rstore: ShmStore) -> None:
     rstore.trim_pool()
 
 
+# -- the reader cache (shared.transport.mapcache) -------------------------------------------
+@pytest.fixture
+def reader(root: Path) -> Iterator[ShmStore]:
+    r = ShmStore(root, capacity_bytes=1 << 30, reader_cache_bytes=64 * MIB)
+    yield r
+    r.close()
+
+
+def data_address(view: Any) -> int:
+    return int(np.asarray(view).__array_interface__["data"][0])
+
+
+def test_reader_cache_reads_rewritten_files_through_one_mapping(
+    rstore: ShmStore, reader: ShmStore
+) -> None:
+    tensors = [sample("float32", (MIB,), seed) for seed in range(4)]  # 4 MiB each
+    addresses = set()
+    ref = None
+    for i, t in enumerate(tensors):
+        if ref is not None:
+            rstore.release(ref)
+        ref = rstore.put(t)
+        view = reader.get(ref)
+        np.testing.assert_array_equal(view, t)  # each tensor's own bytes, never a stale one
+        assert not view.flags.writeable
+        addresses.add(data_address(view))
+        del view  # the pin goes with the last view: the producer may rewrite the file
+        assert rstore.kept_puts == i
+    cache = reader.reader_cache
+    assert cache is not None
+    # One mapping served all four: the same virtual address, its page tables already built.
+    assert len(addresses) == 1 and len(cache) == 1
+    assert cache.adopted == 1 and cache.hits == 3
+    rstore.release(ref)
+    rstore.trim_pool()
+    assert cache.sweep() == 1 and cache.mapped_bytes() == 0  # unlinked: its pages may go
+
+
+def test_a_cached_view_pins_its_file(rstore: ShmStore, reader: ShmStore) -> None:
+    a, b, c = (sample("float32", (MIB,), seed) for seed in (1, 2, 3))
+    ra = rstore.put(a)
+    view = reader.get(ra)
+    derived = view[10:20]  # any view derived from it holds the pin as well
+    inode = (rstore.root / f"{ra.id}.arrow").stat().st_ino
+    rstore.release(ra)
+    rb = rstore.put(b)  # the file is pinned: a fresh one, the pooled one unlinked
+    assert (rstore.root / f"{rb.id}.arrow").stat().st_ino != inode
+    assert rstore.kept_puts == 0
+    np.testing.assert_array_equal(view, a)
+    del view
+    np.testing.assert_array_equal(derived, a[10:20])  # still pinned by the slice
+    del derived
+    # the last view dropped the mapping: its file was unlinked, the pages may go now
+    assert reader.reader_cache is not None and len(reader.reader_cache) == 0
+    # b's file, unpinned after its read, is rewritten in place for c
+    np.testing.assert_array_equal(reader.get(rb), b)
+    rstore.release(rb)
+    rc = rstore.put(c)
+    assert rstore.kept_puts == 1
+    np.testing.assert_array_equal(reader.get(rc), c)
+    assert reader.reader_cache.hits == 1
+    rstore.release(rc)
+    rstore.trim_pool()
+
+
+def test_reader_cache_keeps_only_files_that_will_be_rewritten(
+    store: ShmStore, reader: ShmStore
+) -> None:
+    ref = store.put(sample("float32", (MIB,), 1))  # a store that does not recycle
+    np.testing.assert_array_equal(reader.get(ref), sample("float32", (MIB,), 1))
+    assert reader.reader_cache is not None and len(reader.reader_cache) == 0
+    store.release(ref)
+
+
+def test_reader_cache_is_bounded_and_sweeps_unlinked_files(rstore: ShmStore, root: Path) -> None:
+    reader = ShmStore(root, capacity_bytes=1 << 30, reader_cache_bytes=5 * MIB)
+    cache = reader.reader_cache
+    assert cache is not None
+    refs = [rstore.put(sample("uint8", (2 * MIB,), seed)) for seed in range(3)]
+    views = [reader.get(r) for r in refs]
+    assert len(cache) == 2  # the third does not fit while the first two are pinned
+    del views
+    assert len(cache) == 2 and cache.mapped_bytes() <= 5 * MIB
+    for r in refs:
+        rstore.release(r)
+    rstore.trim_pool()
+    deadline = time.monotonic() + 10 * cache.sweep_interval_s
+    while len(cache) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the sweeper thread drops mappings of unlinked files
+    assert len(cache) == 0
+    reader.close()
+
+
+def test_cached_reader_in_another_process_lets_the_producer_rewrite(rstore: ShmStore) -> None:
+    """A worker's case: its cached mapping outlives each task, its views do not."""
+    tensors = [sample("uint8", (2 * MIB,), seed) for seed in range(3)]
+    code = """
+        import sys
+        import numpy as np
+        from shared.transport import ShmStore, TensorRef
+        store = ShmStore(sys.argv[1], reader_cache_bytes=1 << 26)
+        for line in sys.stdin:
+            view = store.get(TensorRef.model_validate_json(line))
+            print(int(view.astype(np.int64).sum()), store.reader_cache.hits, flush=True)
+            del view
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), str(rstore.root)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env,
+    )  # fmt: skip
+    ref = None
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        for i, t in enumerate(tensors):
+            if ref is not None:
+                rstore.release(ref)
+            ref = rstore.put(t, detach=True)
+            assert rstore.kept_puts == i  # the child's idle mapping does not deny reuse
+            child.stdin.write(ref.model_dump_json() + "\n")
+            child.stdin.flush()
+            total, hits = map(int, child.stdout.readline().split())
+            assert total == int(t.astype(np.int64).sum()) and hits == i
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    rstore.release(ref)
+    rstore.trim_pool()
+
+
 def test_pool_budget_small_files_and_gc(root: Path) -> None:
     store = ShmStore(root, capacity_bytes=1 << 30, recycle_bytes=5 * MIB)
     refs = [store.put(np.zeros(3 * MIB, np.uint8)) for _ in range(2)]
