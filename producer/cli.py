@@ -220,8 +220,10 @@ def _submit_resolved(
             raise
         if wait_s <= 0:
             _print({"id": handle.id})
+            client.close()
             return
         result = handle.get(timeout_s=wait_s)
+        client.close()  # a one-shot process: no file of its own kept for reuse
     except FleetError as exc:
         _fail(exc, handle.id if handle is not None else None)
         return

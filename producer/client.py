@@ -348,6 +348,16 @@ class FleetClient:
             store = self.__dict__["_shm_store"] = store_from_settings(self.settings)
         return store
 
+    def close(self) -> None:
+        """Give back what this client holds: its store's mappings and the released segment
+        files kept for reuse (``[transport] recycle_bytes``), and the Celery app's
+        connections. Segments still in flight stay (their TTLs and owners govern them)."""
+        store = self.__dict__.pop("_shm_store", None)
+        if store is not None:
+            store.trim_pool()
+            store.close()
+        self.app.close()
+
     def video_inputs(
         self, path_or_bytes: str | Path | bytes, ttl_s: float | None = None
     ) -> dict[str, Any]:

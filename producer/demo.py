@@ -353,7 +353,11 @@ def main() -> int:
         console.print(
             f"Flower: {stack.flower_url()} (user {settings.flower.user}; password: `fleet flower`)"
         )
-        rep = run(FleetClient.from_settings(settings))
+        client = FleetClient.from_settings(settings)
+        try:
+            rep = run(client)
+        finally:
+            client.close()
     finally:
         console.print("bringing the stack down...")
         stack.down()

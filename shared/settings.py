@@ -118,7 +118,12 @@ class TransportSettings(_Section):
     shm_threshold_bytes: int = 65536  # tensors at least this large go through shm
     shared_host: bool = True  # False: producers and workers on different hosts, inline only
     min_shm_warn_bytes: int = 256 * 1024 * 1024
-    recycle_bytes: int = Field(default=0, ge=0)  # pool released files >= 1 MiB for reuse; 0 off
+    # Keep released files >= 1 MiB (this many bytes in all) and write later segments into
+    # them: no new tmpfs pages per tensor (see shared.transport.shm, "Recycling"); 0 off.
+    recycle_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    # Readers keep their mappings of files a recycling producer will rewrite (page tables
+    # ready for the next segment in the same file); 0 off. See shared.transport.mapcache.
+    reader_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
 
 
 class MetricsSettings(_Section):

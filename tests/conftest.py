@@ -70,10 +70,12 @@ def stack(fleet_settings: object) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def client(stack: object, fleet_settings: object) -> object:
+def client(stack: object, fleet_settings: object) -> Iterator[object]:
     from producer.client import FleetClient
 
-    return FleetClient(fleet_settings)  # type: ignore[arg-type]
+    c = FleetClient(fleet_settings)  # type: ignore[arg-type]
+    yield c
+    c.close()  # gives back the released files it kept for reuse
 
 
 def _alive(pid: int) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 
 from shared.errors import InvalidInput
 from shared.settings import Settings
-from shared.transport import decode_inline, store_from_settings
+from shared.transport import decode_inline, process_store
 
 PROBE_TASK = "fleet.transport_probe"
 
@@ -56,7 +56,7 @@ def read_tensor(settings: Settings, wire: dict[str, Any]) -> dict[str, Any]:
     """
     kind = wire.get("kind") if isinstance(wire, dict) else None
     if kind == "shm":
-        arr = store_from_settings(settings, role="worker").get(wire)
+        arr = process_store(settings, role="worker").get(wire)
     elif kind == "inline":
         arr = decode_inline(wire, max_bytes=settings.limits.max_inline_bytes * 64)
     else:

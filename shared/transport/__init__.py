@@ -12,6 +12,7 @@ Importing this package never imports torch.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Literal
 
 from shared.transport.inline import decode_inline, encode_inline
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 def store_from_settings(
     settings: Settings, role: Literal["producer", "worker"] = "producer"
 ) -> ShmStore:
-    """A :class:`ShmStore` configured from ``[transport]`` (root, byte budget, TTL).
+    """A new :class:`ShmStore` configured from ``[transport]`` (root, byte budget, TTL,
+    recycling, reader cache).
 
     Raises:
         TransportError: the root cannot be used (see :class:`ShmStore`).
@@ -38,7 +40,29 @@ def store_from_settings(
         capacity_fraction=t.capacity_fraction,
         role=role,
         recycle_bytes=t.recycle_bytes,
+        reader_cache_bytes=t.reader_cache_bytes,
     )
+
+
+_process_stores: dict[tuple[str, str], ShmStore] = {}
+_process_stores_lock = threading.Lock()
+
+
+def process_store(settings: Settings, role: Literal["producer", "worker"] = "worker") -> ShmStore:
+    """The one :class:`ShmStore` of this process for these ``[transport]`` settings and role.
+
+    A worker reads every input through it, so its reader cache (and a recycling store's kept
+    mappings) serve every task of the process, not just one call.
+
+    Raises:
+        TransportError: the root cannot be used (see :class:`ShmStore`).
+    """
+    key = (settings.transport.model_dump_json(), role)
+    with _process_stores_lock:
+        store = _process_stores.get(key)
+        if store is None:
+            store = _process_stores[key] = store_from_settings(settings, role)
+        return store
 
 
 __all__ = [
@@ -49,5 +73,6 @@ __all__ = [
     "decode_inline",
     "default_root",
     "encode_inline",
+    "process_store",
     "store_from_settings",
 ]

@@ -45,8 +45,10 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def fclient(fault_stack: Any) -> FleetClient:
-    return FleetClient(fault_stack.s)
+def fclient(fault_stack: Any) -> Iterator[FleetClient]:
+    c = FleetClient(fault_stack.s)
+    yield c
+    c.close()
 
 
 def stats(client: FleetClient) -> dict[str, Any]:

@@ -59,6 +59,7 @@ def fleet(stack: Any) -> Iterator[tuple[FleetClient, Path]]:
         client = FleetClient(load_settings())
         assert client.settings.transport.shm_root == shm_root
         yield client, shm_root
+        client.close()
     finally:
         with ThreadPoolExecutor(2) as pool:  # Celery's warm shutdown takes a few seconds
             list(pool.map(stack.stop, ["worker-video", "worker-xmodal"]))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shared.transport import ShmStore, TensorRef, encode_inline, store_from_settings
+from shared.transport import ShmStore, TensorRef, encode_inline, process_store
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -52,7 +52,7 @@ class TensorIO:
     @property
     def store(self) -> ShmStore:
         if self._store is None:
-            self._store = store_from_settings(self.settings, role="worker")
+            self._store = process_store(self.settings, role="worker")
         return self._store
 
     def read(self, ref: TensorRef | Mapping[str, Any]) -> np.ndarray:
