@@ -7,11 +7,13 @@ For each size of the workload's ``tensor`` source (1, 16 and 128 MiB float32 in
 has been received:
 
 - ``shm``: the product's path. ``ShmStore.put(detach=True)`` (the producer's store from
-  ``[transport]`` settings) + ``send_task(fleet.transport_probe)`` with the ``TensorRef`` +
-  ``result.get``. The segment is released after the clock stops (its time is given apart).
-- ``shm_recycled``: the same with a recycling store (``ShmStore(recycle_bytes=...)``): the
-  released segment file is reused by the next put of its size, so tmpfs pages are not
-  allocated again. Opt-in in ``shared.transport``; measured here to show what it buys.
+  ``[transport]`` settings: by default a recycling store, so a released segment's file is
+  rewritten by the next put of its size, and the worker's reader cache keeps its mapping of
+  that file) + ``send_task(fleet.transport_probe)`` with the ``TensorRef`` + ``result.get``.
+  The segment is released after the clock stops (its time is given apart).
+- ``shm_fresh``: the same with a store that does not recycle (``recycle_bytes = 0``): every
+  put allocates new tmpfs pages and every read faults them in. Measured to show what
+  recycling buys.
 - ``inline``: ``encode_inline`` (base64 in the message) + ``send_task`` + ``result.get``. The
   product refuses inline tensors above ``limits.max_inline_bytes`` (8 MiB); the bench passes
   the tensor's own size as the limit to measure the path anyway. The worker's probe accepts
@@ -62,7 +64,7 @@ from producer.bench.stats import spread
 from producer.bench.workload import REPO, Workload
 from workers.probe import byte_checksum
 
-PATHS = ("shm", "shm_recycled", "inline")
+PATHS = ("shm", "shm_fresh", "inline")
 PEEK_QUEUE = "peek"  # as long as "text": a peeked message has the real message's length
 MIN_MEMCPY_REPS = 5
 RESULT_TIMEOUT_S = 600.0
@@ -185,12 +187,14 @@ class TransportBench:
         client = FleetClient(settings)
         redis = client.app.backend.client
         store = store_from_settings(settings)
-        recycling = ShmStore(
-            store.root,
-            capacity_bytes=store.capacity_bytes,
-            default_ttl_s=store.default_ttl_s,
-            recycle_bytes=2 * max(self.sizes) + 4 * MIB,
+        fresh = ShmStore(
+            store.root, capacity_bytes=store.capacity_bytes, default_ttl_s=store.default_ttl_s
         )
+        if store.recycle_bytes < max(self.sizes):
+            self.notes.append(
+                f"[transport] recycle_bytes ({store.recycle_bytes} B) is smaller than the "
+                "largest tensor: its shm path does not recycle"
+            )
         files_before = sorted(os.listdir(store.root))
         facts = _redis_facts(redis)
         sizes: dict[str, Any] = {}
@@ -198,13 +202,14 @@ class TransportBench:
             for n in self.sizes:
                 label = size_label(n)
                 # No spinner while measuring: its thread would take CPU from the paths.
-                self.console.print(f"{label}: memcpy, shm, shm recycled, inline ...")
-                sizes[label] = self._one_size(n, client, redis, store, recycling)
+                self.console.print(f"{label}: memcpy, shm, shm fresh, inline ...")
+                sizes[label] = self._one_size(n, client, redis, store, fresh)
                 self._print_size(label, sizes[label])
             facts["used_memory_end"] = _used_memory(redis)
         finally:
-            recycling.trim_pool()
+            store.trim_pool()
             store.gc()
+            store.close()
             files_after = sorted(os.listdir(store.root))
             client.app.close()
         return {
@@ -217,7 +222,7 @@ class TransportBench:
         }
 
     def _one_size(
-        self, nbytes: int, client: Any, redis: Any, store: Any, recycling: Any
+        self, nbytes: int, client: Any, redis: Any, store: Any, fresh: Any
     ) -> dict[str, Any]:
         arr = tensor_of(nbytes)
         expected = byte_checksum(arr)
@@ -229,8 +234,8 @@ class TransportBench:
         for path in PATHS:
             run = runs[path] = PathRun()
             try:
-                run.message_bytes = self._peek_bytes(path, arr, client, redis, store, recycling)
-                send = self._sender(path, arr, client, store, recycling, run, expected)
+                run.message_bytes = self._peek_bytes(path, arr, client, redis, store, fresh)
+                send = self._sender(path, arr, client, store, fresh, run, expected)
                 send()  # warmup, unmeasured
                 run.e2e_ms.clear()
                 run.encode_ms.clear()
@@ -252,7 +257,7 @@ class TransportBench:
                 self.notes.append(f"{size_label(nbytes)} {path}: {run.error}")
                 with contextlib.suppress(Exception):
                     client.app.control.purge()
-        return _size_summary(nbytes, arr, memcpy, read, runs, mem, recycling)
+        return _size_summary(nbytes, arr, memcpy, read, runs, mem, store)
 
     def _sender(
         self,
@@ -260,7 +265,7 @@ class TransportBench:
         arr: np.ndarray,
         client: Any,
         store: Any,
-        recycling: Any,
+        fresh: Any,
         run: PathRun,
         expected: float,
     ) -> Callable[[], None]:
@@ -309,12 +314,12 @@ class TransportBench:
 
         if path == "shm":
             return lambda: via_shm(store)
-        if path == "shm_recycled":
-            return lambda: via_shm(recycling)
+        if path == "shm_fresh":
+            return lambda: via_shm(fresh)
         return via_inline
 
     def _peek_bytes(
-        self, path: str, arr: np.ndarray, client: Any, redis: Any, store: Any, recycling: Any
+        self, path: str, arr: np.ndarray, client: Any, redis: Any, store: Any, fresh: Any
     ) -> int:
         """Length of the raw message this path puts into Redis (sent to a queue nobody reads)."""
         from shared.transport import encode_inline
@@ -324,7 +329,7 @@ class TransportBench:
         if path == "inline":
             wire = encode_inline(arr, max_bytes=arr.nbytes)
         else:
-            ref = (store if path == "shm" else recycling).put(arr, detach=True)
+            ref = (store if path == "shm" else fresh).put(arr, detach=True)
             wire = ref.to_dict()
         try:
             res = client.app.send_task(PROBE_TASK, kwargs={"tensor": wire}, queue=PEEK_QUEUE)
@@ -345,7 +350,7 @@ class TransportBench:
             if res is not None:
                 res.forget()
             if ref is not None:
-                (store if path == "shm" else recycling).release(ref)
+                (store if path == "shm" else fresh).release(ref)
 
     # -- report -----------------------------------------------------------------------------
     def _report(
@@ -367,8 +372,7 @@ class TransportBench:
             "shm_50x_faster_than_inline": _at_least(big.get("inline_over_shm"), 50.0),
             "shm_over_memcpy": big.get("shm_over_memcpy"),
             "shm_within_2x_memcpy": _at_most(big.get("shm_over_memcpy"), 2.0),
-            "shm_recycled_over_memcpy": big.get("shm_recycled_over_memcpy"),
-            "shm_recycled_within_2x_memcpy": _at_most(big.get("shm_recycled_over_memcpy"), 2.0),
+            "shm_fresh_over_memcpy": big.get("shm_fresh_over_memcpy"),
             "messages_under_64KB": all(
                 (s.get("message_bytes_shm") or 1 << 30) < 64 * 1024 for s in sizes.values()
             ),
@@ -549,9 +553,9 @@ def _size_summary(
     read_ms: float,
     runs: dict[str, PathRun],
     mem: dict[str, Any],
-    recycling: Any,
+    store: Any,
 ) -> dict[str, Any]:
-    shm, rec, inl = runs["shm"], runs["shm_recycled"], runs["inline"]
+    shm, rec, inl = runs["shm"], runs["shm_fresh"], runs["inline"]
     m = memcpy["best"]
     out: dict[str, Any] = {
         "nbytes": nbytes,
@@ -559,25 +563,25 @@ def _size_summary(
         "memcpy_ms": m,
         "memcpy_median_ms": memcpy["median"],
         "shm_ms": shm.median(),
-        "shm_recycled_ms": rec.median(),
+        "shm_fresh_ms": rec.median(),
         "inline_ms": inl.median(),
         "shm_over_memcpy": _ratio(shm.median(), m),
         "shm_min_over_memcpy": _ratio(min(shm.e2e_ms, default=None), m),
-        "shm_recycled_over_memcpy": _ratio(rec.median(), m),
+        "shm_fresh_over_memcpy": _ratio(rec.median(), m),
         # The path alone: end to end less the probe's own full read of the mapped bytes
         # (its consumer work, the same whatever the transport).
         "shm_path_over_memcpy": _ratio(_less(shm.median(), read_ms), m),
-        "shm_recycled_path_over_memcpy": _ratio(_less(rec.median(), read_ms), m),
+        "shm_fresh_path_over_memcpy": _ratio(_less(rec.median(), read_ms), m),
         "inline_over_shm": _ratio(inl.median(), shm.median()),
-        "inline_over_shm_recycled": _ratio(inl.median(), rec.median()),
+        "inline_over_shm_fresh": _ratio(inl.median(), rec.median()),
         "message_bytes_shm": shm.message_bytes,
-        "message_bytes_shm_recycled": rec.message_bytes,
+        "message_bytes_shm_fresh": rec.message_bytes,
         "message_bytes_inline": inl.message_bytes,
         "probe_read_ms": read_ms,
         "put_ms": _median(shm.encode_ms),
-        "put_recycled_ms": _median(rec.encode_ms),
+        "put_fresh_ms": _median(rec.encode_ms),
         "put_over_memcpy": _ratio(_median(shm.encode_ms), m),
-        "put_recycled_over_memcpy": _ratio(_median(rec.encode_ms), m),
+        "put_fresh_over_memcpy": _ratio(_median(rec.encode_ms), m),
         "encode_inline_ms": _median(inl.encode_ms),
         "release_ms": _median(shm.release_ms),
         # What is left of the shm time once the put and the probe's own read are taken out:
@@ -591,7 +595,7 @@ def _size_summary(
         "redis_memory_delta_inline": mem.get("inline", {}).get("less_clients_delta"),
         "redis_peak_inline": mem.get("inline", {}).get("used_memory_peak_after"),
         "errors": {p: r.error for p, r in runs.items() if r.error},
-        "pool_bytes_after": recycling.pool_bytes(),
+        "pool_bytes_after": store.pool_bytes(),
     }
     return out
 
@@ -640,8 +644,8 @@ def print_transport_report(report: dict[str, Any], console: Console | None = Non
         f"{report['machine']['cores']} cores, {report['duration_s']} s"
     )
     t = Table(title=f"Producer -> worker -> result, ms (median of {n}; memcpy: best)")
-    cols = ("size", "memcpy", "shm", "shm recycled", "inline", "shm/memcpy",
-            "recycled/memcpy", "inline/shm", "msg shm", "msg inline")  # fmt: skip
+    cols = ("size", "memcpy", "shm", "shm fresh", "inline", "shm/memcpy",
+            "fresh/memcpy", "inline/shm", "msg shm", "msg inline")  # fmt: skip
     for c in cols:
         t.add_column(c, justify="left" if c == "size" else "right")
     for label, s in report["transport"].items():
@@ -658,24 +662,24 @@ def print_transport_report(report: dict[str, Any], console: Console | None = Non
             label,
             _f(s.get("memcpy_ms"), ".2f"),
             cell("shm"),
-            cell("shm_recycled"),
+            cell("shm_fresh"),
             cell("inline"),
             _f(s.get("shm_over_memcpy"), ".2f"),
-            _f(s.get("shm_recycled_over_memcpy"), ".2f"),
+            _f(s.get("shm_fresh_over_memcpy"), ".2f"),
             _f(s.get("inline_over_shm"), ".1f"),
             _bytes(s.get("message_bytes_shm")),
             _bytes(s.get("message_bytes_inline")),
         )
     con.print(t)
     p = Table(title="Where the shm time goes, ms (medians; read = the probe's own get + checksum)")
-    for c in ("size", "put", "put recycled", "probe read", "rest", "release", "encode inline",
+    for c in ("size", "put", "put fresh", "probe read", "rest", "release", "encode inline",
               "redis memory delta, shm series (B)"):  # fmt: skip
         p.add_column(c, justify="left" if c == "size" else "right")
     for label, s in report["transport"].items():
         p.add_row(
             label,
             _f(s.get("put_ms"), ".2f"),
-            _f(s.get("put_recycled_ms"), ".2f"),
+            _f(s.get("put_fresh_ms"), ".2f"),
             _f(s.get("probe_read_ms"), ".2f"),
             _f(s.get("shm_rest_ms"), ".2f"),
             _f(s.get("release_ms"), ".2f"),
@@ -688,8 +692,7 @@ def print_transport_report(report: dict[str, Any], console: Console | None = Non
         f"done-when at {d['size']}: inline/shm {_f(d['inline_over_shm'])}x "
         f"(>= 50x: {d['shm_50x_faster_than_inline']}); shm/memcpy "
         f"{_f(d['shm_over_memcpy'], '.2f')}x (<= 2x: {d['shm_within_2x_memcpy']}); "
-        f"recycled/memcpy {_f(d['shm_recycled_over_memcpy'], '.2f')}x "
-        f"(<= 2x: {d['shm_recycled_within_2x_memcpy']}); shm messages < 64 KB: "
+        f"(fresh files: {_f(d['shm_fresh_over_memcpy'], '.2f')}x); shm messages < 64 KB: "
         f"{d['messages_under_64KB']}"
     )
     for wmsg in report.get("warnings", []):

@@ -36,7 +36,7 @@ def test_memcpy_best_is_at_most_the_median() -> None:
 def summary(**errors: str) -> dict:
     runs = {
         "shm": tb.PathRun([10.0, 12.0, 11.0], [4.0, 5.0, 4.5], [0.1], message_bytes=900),
-        "shm_recycled": tb.PathRun([6.0, 7.0, 8.0], [2.0, 2.0, 2.0], message_bytes=901),
+        "shm_fresh": tb.PathRun([16.0, 17.0, 18.0], [8.0, 8.0, 8.0], message_bytes=901),
         "inline": tb.PathRun([550.0, 600.0, 500.0], [100.0], message_bytes=200_000_000),
     }
     for path, msg in errors.items():
@@ -49,10 +49,12 @@ def summary(**errors: str) -> dict:
 
 def test_size_summary_ratios() -> None:
     s = summary()
-    assert s["shm_ms"] == 11.0 and s["shm_recycled_ms"] == 7.0 and s["inline_ms"] == 550.0
+    assert s["shm_ms"] == 11.0 and s["shm_fresh_ms"] == 17.0 and s["inline_ms"] == 550.0
     assert s["memcpy_ms"] == 5.0
     assert s["shm_over_memcpy"] == pytest.approx(11.0 / 5.0)
     assert s["shm_min_over_memcpy"] == pytest.approx(10.0 / 5.0)
+    assert s["shm_fresh_over_memcpy"] == pytest.approx(17.0 / 5.0)
+    assert s["put_fresh_ms"] == 8.0
     assert s["inline_over_shm"] == pytest.approx(50.0)
     assert s["put_ms"] == 4.5 and s["shm_rest_ms"] == pytest.approx(11.0 - 4.5 - 3.0)
     assert s["message_bytes_shm"] == 900 and s["message_bytes_inline"] == 200_000_000
@@ -77,8 +79,7 @@ def test_a_refused_path_is_an_outcome_not_a_number() -> None:
             "shm_50x_faster_than_inline": None,
             "shm_over_memcpy": 2.2,
             "shm_within_2x_memcpy": False,
-            "shm_recycled_over_memcpy": 1.4,
-            "shm_recycled_within_2x_memcpy": True,
+            "shm_fresh_over_memcpy": 3.4,
             "messages_under_64KB": True,
         },
         "warnings": ["128MB inline: refused"],
