@@ -21,6 +21,16 @@ Bounded by ``capacity_bytes`` (least recently used unpinned entries go first). A
 file that was unlinked (by the producer's trim, the janitor, a dead owner's gc) would keep its
 tmpfs pages allocated, so unpinned ones are dropped at every lookup and by a sweeper thread
 (every ``sweep_interval_s``, alive only while the cache holds something).
+
+Fork: a child shares its parent's open file descriptions, and a ``flock`` belongs to the
+description, so a ``LOCK_UN`` in the child (a view collected there, or at its exit) would drop
+the parent's lock under the parent's live view. An ``os.register_at_fork`` hook therefore
+disowns every entry in the child (no pin, no unlock, ever) and gives the cache a fresh lock
+(the parent's may have been held by a thread that does not exist in the child).
+
+Re-entrancy: a view may be collected by the cyclic GC at any allocation, also inside a cache
+method on the same thread; its finalizer then re-enters the (reentrant) lock and may remove
+entries. So the cache never iterates its dict directly, only snapshots of it.
 """
 
 from __future__ import annotations
@@ -117,11 +127,12 @@ class MappingCache:
         self.sweep_interval_s = float(sweep_interval_s)
         self._entries: OrderedDict[tuple[int, int], Mapping] = OrderedDict()
         self._lock = threading.RLock()  # a view may be collected inside a cache call
-        self._pid = os.getpid()
         self._sweeper: threading.Thread | None = None
         self._wake = threading.Event()
+        self._closed = False
         self.hits = 0  # views served from a mapping already in the cache
         self.adopted = 0  # mappings taken into the cache
+        _caches.add(self)
 
     # -- lookup ----------------------------------------------------------------------------
     def pin(self, fd: int) -> Mapping | None:
@@ -137,7 +148,6 @@ class MappingCache:
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         with self._lock:
-            self._fork_check()
             self._sweep_locked()
             entry = self._entries.get(key)
             if entry is None:
@@ -166,18 +176,21 @@ class MappingCache:
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         with self._lock:
-            self._fork_check()
-            total = sum(e.size for e in self._entries.values())
-            for old in list(self._entries.values()):
+            entries = list(self._entries.values())
+            total = sum(e.size for e in entries)
+            unpinned = [e for e in entries if e.pins == 0]  # least recently used first
+            if key in self._entries or total - sum(e.size for e in unpinned) + size > (
+                self.capacity_bytes
+            ):
+                return None  # would not fit even with every unpinned entry gone: keep them
+            for old in unpinned:
                 if total + size <= self.capacity_bytes:
                     break
-                if old.pins == 0:
-                    total -= old.size
-                    self._drop_locked(old)
-            if total + size > self.capacity_bytes or key in self._entries:
-                return None
+                total -= old.size
+                self._drop_locked(old)
             entry = Mapping(key, fd, mm, size, pins=1)
             self._entries[key] = entry
+            self._closed = False
             self.adopted += 1
             self._start_sweeper()
             return entry
@@ -190,7 +203,7 @@ class MappingCache:
         """Drop one pin; the last one releases the shared lock."""
         with self._lock:
             self._unpin_locked(entry)
-            if entry.pins == 0 and not entry.closed and _unlinked(entry):
+            if entry.pins == 0 and not entry.closed and (self._closed or _unlinked(entry)):
                 self._drop_locked(entry)
 
     # -- housekeeping ------------------------------------------------------------------------
@@ -202,12 +215,13 @@ class MappingCache:
     def mapped_bytes(self) -> int:
         """Bytes of files this cache keeps mapped."""
         with self._lock:
-            return sum(e.size for e in self._entries.values())
+            return sum(e.size for e in list(self._entries.values()))
 
     def close(self) -> None:
-        """Drop every unpinned mapping (pinned ones go with their last view) and stop the
-        sweeper."""
+        """Drop every unpinned mapping and stop the sweeper; a pinned one goes with its last
+        view. A later :meth:`adopt` opens the cache again."""
         with self._lock:
+            self._closed = True
             for entry in list(self._entries.values()):
                 if entry.pins == 0:
                     self._drop_locked(entry)
@@ -232,30 +246,29 @@ class MappingCache:
         # A pinned entry leaves the cache but stays mapped: its views close it via unpin.
 
     def _sweep_locked(self) -> int:
-        gone = [e for e in self._entries.values() if e.pins == 0 and _unlinked(e)]
+        gone = [e for e in list(self._entries.values()) if e.pins == 0 and _unlinked(e)]
         for entry in gone:
-            self._drop_locked(entry)
+            if entry.pins == 0:  # a finalizer cannot pin, but stay exact
+                self._drop_locked(entry)
         return len(gone)
 
-    def _fork_check(self) -> None:
-        """A forked child shares its parent's descriptions, and with them its locks: it must
-        not use (or unlock) them."""
-        if os.getpid() == self._pid:
-            return
-        for entry in self._entries.values():
-            # Closing the child's copies never unlocks the parent's (a description's flock
-            # goes with its last reference); an explicit LOCK_UN here would.
+    def _after_fork_in_child(self) -> None:
+        """Disown every entry: the child's copies of the descriptions share the parent's
+        locks, so the child must never unlock them (closing its copies is harmless: a flock
+        goes with the description's last reference). Its views stay readable."""
+        self._lock = threading.RLock()
+        for entry in list(self._entries.values()):
             entry.pins = 0
+            entry.closed = True
             with suppress(OSError):
-                entry.close()
+                os.close(entry.fd)
         self._entries.clear()
-        self._pid = os.getpid()
         self._sweeper = None
         self._wake = threading.Event()
 
     def _start_sweeper(self) -> None:
-        if self._sweeper is not None and self._sweeper.is_alive():
-            return
+        if self._sweeper is not None and self._sweeper.is_alive() and not self._wake.is_set():
+            return  # (one told to stop by close() may still be finishing: start another)
         self._wake = threading.Event()
         self._sweeper = threading.Thread(
             target=self._sweep_loop, args=(self._wake,), name="shm-map-sweeper", daemon=True
@@ -267,8 +280,20 @@ class MappingCache:
             with self._lock:
                 self._sweep_locked()
                 if not self._entries:
-                    self._sweeper = None
+                    if self._sweeper is threading.current_thread():
+                        self._sweeper = None
                     return
+
+
+_caches: weakref.WeakSet[MappingCache] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for cache in list(_caches):
+        cache._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _unlinked(entry: Mapping) -> bool:

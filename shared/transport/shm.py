@@ -758,25 +758,31 @@ class ShmStore:
             if kept is not None:
                 _write_ipc_mapped(kept, schema, batch)
                 self.kept_puts += 1
+                # The claim's exclusive lock (see _claim_pooled) ends with the write, before
+                # the segment is published (no reader can open the temp name meanwhile).
+                unlock(kept.fd)
             else:
-                if self.recycle_bytes and size >= _MIN_RECYCLE_BYTES:
-                    keep_fd = os.dup(fd)  # the same open file description, kept with a mapping
-                with os.fdopen(fd, "wb") as f:  # buffered: write() loops over short writes
+                try:
+                    if self.recycle_bytes and size >= _MIN_RECYCLE_BYTES:
+                        keep_fd = os.dup(fd)  # the same description, kept with a mapping
+                    f = os.fdopen(fd, "wb")  # buffered: write() loops over short writes
+                except BaseException:
+                    os.close(fd)
+                    raise
+                with f:
                     _write_ipc(f, schema, batch)
                     f.flush()
                     written = f.tell()
                     if written != size:  # never expected; keep the footer at the file's end
                         os.ftruncate(f.fileno(), written)
                         size = written
+                    if claimed is not None:
+                        # Explicitly, not by the close: a child forked meanwhile holds a
+                        # copy of this description, and with it the lock, until it exits.
+                        unlock(f.fileno())
             # link (not rename): fails with EEXIST instead of replacing an existing segment,
             # and the segment appears complete or not at all.
             os.link(tmp, final)
-            # The claim's exclusive lock (see _claim_pooled) ends with the write. Closing the
-            # write's descriptor dropped it unless a dup of it is kept.
-            if kept is not None:
-                unlock(kept.fd)
-            elif claimed is not None and keep_fd is not None:
-                unlock(keep_fd)
         except BaseException as exc:
             if kept is not None:
                 kept.close()

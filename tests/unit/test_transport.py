@@ -867,6 +867,49 @@ def test_reader_cache_is_bounded_and_sweeps_unlinked_files(rstore: ShmStore, roo
     reader.close()
 
 
+def test_a_forked_child_never_unlocks_the_parents_view(rstore: ShmStore, reader: ShmStore) -> None:
+    """The child shares the parent's open file descriptions, and so their flocks: its copy
+    of a view going away must not free the file for rewriting under the parent's view."""
+    a, b = sample("float32", (MIB,), 1), sample("float32", (MIB,), 2)
+    ra = rstore.put(a)
+    view = reader.get(ra)
+    pid = os.fork()
+    if pid == 0:  # the child drops its copy of the view and leaves
+        code = 0
+        try:
+            del view
+            import gc
+
+            gc.collect()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0
+    inode = (rstore.root / f"{ra.id}.arrow").stat().st_ino
+    rstore.release(ra)
+    rb = rstore.put(b)
+    assert (rstore.root / f"{rb.id}.arrow").stat().st_ino != inode  # still pinned: not reused
+    np.testing.assert_array_equal(view, a)
+    del view
+    rstore.release(rb)
+    rstore.trim_pool()
+
+
+def test_a_closed_cache_lets_go_of_pinned_mappings_with_their_views(
+    rstore: ShmStore, reader: ShmStore
+) -> None:
+    ref = rstore.put(sample("float32", (MIB,), 1))
+    view = reader.get(ref)
+    cache = reader.reader_cache
+    assert cache is not None and len(cache) == 1
+    reader.close()  # the pinned entry stays while its view lives ...
+    assert len(cache) == 1
+    del view  # ... and goes with it, though its file is still linked (no sweeper any more)
+    assert len(cache) == 0
+    rstore.release(ref)
+    rstore.trim_pool()
+
+
 def test_cached_reader_in_another_process_lets_the_producer_rewrite(rstore: ShmStore) -> None:
     """A worker's case: its cached mapping outlives each task, its views do not."""
     tensors = [sample("uint8", (2 * MIB,), seed) for seed in range(3)]
