@@ -27,8 +27,8 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
 The ``transport`` workload has a runner of its own (``producer/bench/transport.py``, no
 modes) and writes, besides workload/machine/method/warnings::
 
-    transport.{1MB,16MB,128MB}: shm_ms, shm_recycled_ms, inline_ms (medians), memcpy_ms
-        (best), shm_over_memcpy, shm_recycled_over_memcpy, inline_over_shm, message_bytes_shm,
+    transport.{1MB,16MB,128MB}: shm_ms, shm_fresh_ms, inline_ms (medians), memcpy_ms
+        (best), shm_over_memcpy, shm_fresh_over_memcpy, inline_over_shm, message_bytes_shm,
         message_bytes_inline (raw Redis entries), put_ms, probe_read_ms, shm_rest_ms,
         spread_ms, samples_ms, redis_memory (used_memory around each series), errors
     redis: version, proto_max_bulk_len, client_query_buffer_limit, appendonly, used_memory
