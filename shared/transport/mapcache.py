@@ -48,18 +48,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-def lock_shared(fd: int) -> bool:
-    """Take a shared ``flock`` on ``fd``'s open file description without waiting.
-
-    Returns False when a writer holds the exclusive lock (the file is being rewritten).
-    """
+def _try_flock(fd: int, op: int) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, op | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             return False
         raise
     return True
+
+
+def lock_shared(fd: int) -> bool:
+    """Take a shared ``flock`` on ``fd``'s open file description without waiting.
+
+    Returns False when a writer holds the exclusive lock (the file is being rewritten).
+    """
+    return _try_flock(fd, fcntl.LOCK_SH)
 
 
 def lock_exclusive(fd: int) -> bool:
@@ -68,13 +72,16 @@ def lock_exclusive(fd: int) -> bool:
     Returns False when any other description holds a lock (a reader has a live view). A failed
     attempt leaves ``fd`` with no lock at all (``flock`` drops a held lock before converting).
     """
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return False
-        raise
-    return True
+    return _try_flock(fd, fcntl.LOCK_EX)
+
+
+def unmap_and_close(mm: mmap.mmap, fd: int) -> None:
+    """Unmap ``mm`` and close ``fd`` (call once). A buffer still exported from the mapping (an
+    exception's frame may hold one) keeps it mapped until collected; the descriptor, and any
+    flock it carries, goes now either way."""
+    with suppress(BufferError):
+        mm.close()
+    os.close(fd)
 
 
 def unlock(fd: int) -> None:
@@ -100,14 +107,9 @@ class Mapping:
 
     def close(self) -> None:
         """Unmap and close the descriptor, once."""
-        if self.closed:
-            return
-        self.closed = True
-        # An Arrow buffer still exported from the mapping (an exception's frame may hold one)
-        # keeps it mapped until collected; the descriptor, and with it the lock, goes now.
-        with suppress(BufferError):
-            self.mm.close()
-        os.close(self.fd)
+        if not self.closed:
+            self.closed = True
+            unmap_and_close(self.mm, self.fd)
 
 
 class MappingCache:

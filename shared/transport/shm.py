@@ -123,6 +123,7 @@ from shared.transport.mapcache import (
     lock_exclusive,
     lock_shared,
     unlock,
+    unmap_and_close,
 )
 from shared.transport.ref import (
     DTYPE_ITEMSIZE,
@@ -349,14 +350,9 @@ class _Kept:
 
     def close(self) -> None:
         """Unmap and close the descriptor, once (a second close could hit a reused fd)."""
-        if self.closed:
-            return
-        self.closed = True
-        # A buffer still exported from the mapping (an exception's frame may hold one) keeps
-        # it alive until collected; the descriptor goes now either way.
-        with suppress(BufferError):
-            self.mm.close()
-        os.close(self.fd)
+        if not self.closed:
+            self.closed = True
+            unmap_and_close(self.mm, self.fd)
 
     def detach(self) -> int:
         """Unmap, and hand the descriptor (with any lock on it) to the caller."""
