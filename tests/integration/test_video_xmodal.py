@@ -160,6 +160,7 @@ def test_bad_and_partial_videos(fleet: tuple[FleetClient, Path]) -> None:
         bad / "torchcodec_av1_video_truncated_half.mkv",  # decodes 1.4 s of 5 s
         bad / "torchcodec_av1_video_truncated_3000B.mkv",  # opens, no frame decodes
         DATA / "videos" / "torchcodec_h264_10bits.mp4",  # fine
+        bad / "mmaction2_test_truncated_half.avi",  # decodes 3.08 s of the 6.56 s declared
     ]
     reqs = [SubmitRequest("video", client.video_inputs(f)) for f in files]
     assert "video_ref" in reqs[0].inputs and "video_b64" in reqs[1].inputs
@@ -175,6 +176,9 @@ def test_bad_and_partial_videos(fleet: tuple[FleetClient, Path]) -> None:
     assert err.value.code == "VIDEO_DECODE"
     ok = handles[3].get(60)  # 34.7 KB: over the inline size, so it went through shm too
     assert "video_ref" in reqs[3].inputs and ok["frames"] == 8 and ok["partial"] is False
+    avi = handles[4].get(60)  # 8 fps, at most 32 frames: 25 frames, 0.00-3.00 s
+    assert avi["partial"] is True and avi["frames"] == 25
+    assert "of the 6.56 s the header declares" in avi["partial_reason"]
     assert segments(root) == []
 
 

@@ -241,6 +241,17 @@ def test_truncated_file_returns_what_decoded_flagged_partial(adapter: VideoAdapt
     assert out["duration_s"] == pytest.approx(5.0)
 
 
+def test_truncated_avi_is_flagged_by_its_declared_frame_count(adapter: VideoAdapter) -> None:
+    """FFmpeg shortens a cut AVI's duration to the data present (3.28 s here); its header
+    still declares 164 frames at 25 fps (6.56 s): that is what flags it."""
+    half = VIDEOS / "bad" / "mmaction2_test_truncated_half.avi"
+    out = run(variant(adapter, sample_fps=1.0), {"video_b64": b64(half)})[0]
+    assert out["partial"] is True
+    assert "ended at 3.08 s of the 6.56 s" in out["partial_reason"]
+    # the first frame at or after each second on the clip's clock (its first frame is t = 0)
+    assert out["frames"] == 4 and out["timestamps_s"] == [0.0, 1.0, 2.04, 3.0]
+
+
 def test_corrupt_middle_returns_what_decoded_flagged_partial(adapter: VideoAdapter) -> None:
     corrupt = base64.b64encode(zeroed_middle(NASA)).decode()
     out = run(variant(adapter, sample_fps=1.0), {"video_b64": corrupt})[0]

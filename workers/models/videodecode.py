@@ -23,10 +23,12 @@ Truncated and corrupt files (the documented contract):
   ``VIDEO_DECODE`` at once;
 - a file that opens but from which no frame decodes -> ``VIDEO_DECODE``;
 - a file that opens and decodes for a while, then hits a decode error or ends well before
-  the duration its header declares -> the frames decoded so far, with ``partial=True`` and
+  the length its header declares -> the frames decoded so far, with ``partial=True`` and
   a ``partial_reason``. "Well before" means more than ``max(0.5 s, 2 frame intervals)``
-  short of the video stream's declared duration (the container's when the stream has
-  none); a file whose header declares no duration can only be flagged by a decode error.
+  short of the declared length: the video stream's duration (the container's when the
+  stream has none) or its declared frame count over its frame rate, whichever is longer (an
+  AVI cut in half declares its full frame count, while FFmpeg shortens its duration to the
+  data present); a file whose header declares neither can only be flagged by a decode error.
 
 Frame sampling: frames are taken at ``sample_fps`` on the video's own clock (the first
 decoded frame is t = 0; each target time takes the first frame at or after it), up to
@@ -100,6 +102,10 @@ class VideoInfo:
         streams: number of streams in the container.
         stream_index: index of the video stream used (the first one).
         nbytes: encoded size in bytes.
+        declared_frames: the video stream's frame count as its header states it (AVI's
+            ``dwLength``, MP4's sample count), or None when it gives none. FFmpeg's AVI
+            demuxer recomputes the stream's duration from the data actually present, so for a
+            truncated AVI this count is the only trace of the length the file should have.
     """
 
     format: str
@@ -111,6 +117,15 @@ class VideoInfo:
     streams: int
     stream_index: int
     nbytes: int
+    declared_frames: int | None = None
+
+    @property
+    def declared_s(self) -> float | None:
+        """The longest length the header declares, in seconds: ``duration_s`` or
+        ``declared_frames / fps``, whichever is longer (None when it declares neither)."""
+        by_frames = self.declared_frames / self.fps if self.declared_frames and self.fps else None
+        known = [d for d in (self.duration_s, by_frames) if d is not None]
+        return max(known) if known else None
 
 
 @dataclass(slots=True)
@@ -281,7 +296,11 @@ def _check(container: Any, size: int, limits: VideoLimits) -> tuple[VideoInfo, A
             f"video lasts {duration:.1f} s, above the limit of {limits.max_duration_s:g} s"
         )
     codec = str(ctx.name or "?")
-    info = VideoInfo(fmt, codec, width, height, fps, duration, n_streams, stream.index, size)
+    frames = int(stream.frames or 0)
+    info = VideoInfo(
+        fmt, codec, width, height, fps, duration, n_streams, stream.index, size,
+        declared_frames=frames if frames > 0 else None,
+    )  # fmt: skip
     return info, stream
 
 
@@ -409,7 +428,7 @@ def sample_frames(
                     on_frame(len(taken))
                 if len(taken) >= max_frames:
                     # Unknown duration: we cannot tell, so say the rest was not looked at.
-                    capped = info.duration_s is None or _continues(info, rel + frame_dt, frame_dt)
+                    capped = info.declared_s is None or _continues(info, rel + frame_dt, frame_dt)
                     break
             if decoded >= limits.max_decoded_frames:
                 capped = True
@@ -429,7 +448,7 @@ def sample_frames(
     elif not capped and _continues(info, end, frame_dt):
         partial = True
         reason = (
-            f"the data ended at {end:.2f} s of the {info.duration_s:.2f} s the header declares "
+            f"the data ended at {end:.2f} s of the {info.declared_s:.2f} s the header declares "
             "(truncated file?)"
         )
     return SampledVideo(
@@ -446,7 +465,8 @@ def sample_frames(
 
 
 def _continues(info: VideoInfo, end_s: float, frame_dt: float) -> bool:
-    """Whether the declared duration extends clearly past ``end_s``."""
-    if info.duration_s is None:
+    """Whether the declared length extends clearly past ``end_s``."""
+    declared = info.declared_s
+    if declared is None:
         return False
-    return end_s + max(0.5, 2.0 * frame_dt) < info.duration_s
+    return end_s + max(0.5, 2.0 * frame_dt) < declared
