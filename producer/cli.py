@@ -373,12 +373,17 @@ def shm_ls() -> None:
             f"{seg.id}  {seg.nbytes:>12} B  owner={seg.owner}  age={now - seg.created_at:.0f}s"
             f"  expires_in={seg.expires_at - now:.0f}s  {owner_state}"
         )
-    typer.echo(f"{len(segs)} segments, {store.used_bytes()} bytes in {store.root}")
+    pooled = store.pool_bytes()
+    typer.echo(
+        f"{len(segs)} segments, {store.used_bytes()} bytes in {store.root} (of which "
+        f"{pooled} bytes: released files kept for reuse, [transport] recycle_bytes)"
+    )
 
 
 @shm_app.command("gc")
 def shm_gc() -> None:
-    """Remove expired segments and those whose owner process is gone."""
+    """Remove expired segments, those whose owner process is gone, and released files kept
+    for reuse that were not reused for 30 s."""
     from shared.transport import store_from_settings
 
     removed = store_from_settings(load_settings()).gc()

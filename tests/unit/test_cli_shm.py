@@ -37,3 +37,13 @@ def test_shm_ls_tells_detached_segments_from_owned_ones(shm_root: Path) -> None:
     assert lines[detached.id].endswith("detached")
     assert "4000 B" in lines[owned.id] and "10 B" in lines[detached.id]
     assert out.output.splitlines()[-1].startswith("2 segments")
+
+
+def test_shm_ls_counts_released_files_kept_for_reuse(shm_root: Path) -> None:
+    store = ShmStore(root=shm_root, recycle_bytes=8 << 20)
+    store.release(store.put(np.zeros(1 << 18, dtype=np.float32)))  # 1 MiB + metadata: pooled
+    [pooled] = [p for p in shm_root.iterdir() if p.name.startswith(".pool-")]
+    out = CliRunner().invoke(app, ["shm", "ls"])
+    assert out.exit_code == 0, out.output
+    last = out.output.splitlines()[-1]
+    assert last.startswith("0 segments, ") and f"{pooled.stat().st_size} bytes: released" in last
