@@ -112,7 +112,7 @@ class TransportSettings(_Section):
     """Tensor transport through /dev/shm (see ``shared.transport``)."""
 
     shm_root: Path | None = None  # None: /dev/shm/mmfleet-<uid>
-    capacity_bytes: int | None = None  # None: capacity_fraction of /dev/shm's size
+    capacity_bytes: int | None = Field(default=None, ge=0)  # None: capacity_fraction of /dev/shm
     capacity_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     default_ttl_s: float = Field(default=600.0, gt=0.0)
     shm_threshold_bytes: int = 65536  # tensors at least this large go through shm
@@ -124,6 +124,8 @@ class TransportSettings(_Section):
     # Readers keep their mappings of files a recycling producer will rewrite (page tables
     # ready for the next segment in the same file); 0 off. See shared.transport.mapcache.
     reader_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
+    # Every worker reclaims expired, orphaned and idle files this often (workers.janitor).
+    janitor_interval_s: float = Field(default=10.0, ge=0.0)
 
 
 class MetricsSettings(_Section):

@@ -626,12 +626,24 @@ class ShmStore:
             )
         if not problems:
             return None
+        enlarge = (
+            f"enlarge {self.root.parent} (docker run --shm-size, compose shm_size, a larger tmpfs)"
+        )
+        fixes = []
+        if total < self.capacity_bytes or free + used < self.capacity_bytes:
+            fixes.append(f"{enlarge} or lower the budget to what it holds")
+        if self.capacity_bytes < min_bytes:
+            fixes.append(
+                enlarge
+                if total < min_bytes
+                else "raise the budget ([transport] capacity_bytes or capacity_fraction)"
+            )
         return (
             "shared-memory transport: "
             + "; ".join(problems)
-            + f". Large tensors will be refused with SHM_CAPACITY. Fix: enlarge "
-            f"{self.root.parent} (docker run --shm-size, compose shm_size, a larger tmpfs) "
-            "or lower the budget."
+            + ". Large tensors will be refused with SHM_CAPACITY. Fix: "
+            + "; ".join(fixes)
+            + "."
         )
 
     # -- write -----------------------------------------------------------------------------
@@ -733,10 +745,14 @@ class ShmStore:
             else:
                 fd, have, kept = claimed
                 try:
-                    if size > have:
-                        self._reserve_check(size - have)  # counts the claimed file already
+                    # The claimed file is in the budget already (pool files count), but it
+                    # may have been pooled by a store with a larger budget: check anyway.
+                    self._reserve_check(max(0, size - have))
                 except BaseException:
-                    os.close(fd)
+                    if kept is not None:
+                        kept.close()  # its descriptor is fd: closed once, here
+                    else:
+                        os.close(fd)
                     _unlink_quiet(tmp)
                     raise
             if kept is None:
@@ -759,6 +775,9 @@ class ShmStore:
                 unlock(kept.fd)
             else:
                 try:
+                    # A claimed file's description may be one this store kept, its offset
+                    # at the end of an earlier write: the IPC file starts at byte 0.
+                    os.lseek(fd, 0, os.SEEK_SET)
                     if self.recycle_bytes and size >= _MIN_RECYCLE_BYTES:
                         keep_fd = os.dup(fd)  # the same description, kept with a mapping
                     f = os.fdopen(fd, "wb")  # buffered: write() loops over short writes
@@ -924,7 +943,21 @@ class ShmStore:
                                    prot=mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
                 else:
                     mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-            arr, meta = self._view(ref, mm, size)
+            failure: str | None = None
+            try:
+                arr, meta = self._view(ref, mm, size)
+            except TensorRefError as exc:
+                failure = exc.message
+            if failure is not None:
+                # Raised afresh, outside the except block: the caught exception's traceback
+                # holds frames that hold Arrow buffers over the mapping, and a caller that
+                # keeps the exception (Celery does, in a reference cycle) would keep the
+                # mapping, its tmpfs pages and its shared lock alive until a GC pass. Here
+                # nothing exports the mapping any more: unmap it now.
+                if entry is None:
+                    with suppress(BufferError):
+                        mm.close()
+                raise TensorRefError(failure)
             if entry is None and cache is not None and meta.recycle:
                 # A recycling producer will rewrite this file: keep the mapping (and our
                 # descriptor, with its shared lock) for the next segment written into it.
@@ -977,7 +1010,7 @@ class ShmStore:
                                not 0 <= offset <= size - ref.nbytes):  # fmt: skip
                 # Compressed IPC bodies are decompressed into fresh memory: not zero-copy.
                 raise TensorRefError(f"tensor {ref.id}: data is not inside the mapping")
-        except pa.ArrowException as exc:
+        except (pa.ArrowException, OSError, ValueError) as exc:
             raise TensorRefError(f"tensor {ref.id}: unreadable ({exc})") from None
         storage = np.dtype(np.uint8 if ref.dtype == "bool" else ref.dtype)
         # A view of the mapping itself (not of an Arrow buffer), so that its lifetime is

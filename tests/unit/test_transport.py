@@ -506,10 +506,11 @@ def test_default_capacity_and_check(root: Path) -> None:
     assert store.capacity_bytes == int(store.fs_total_bytes() * 0.5)
     big = ShmStore(root, capacity_bytes=store.fs_total_bytes() * 2)
     msg = big.check_capacity()
-    assert msg and "less than the transport budget" in msg
+    assert msg and "less than the transport budget" in msg and "lower the budget" in msg
     small = ShmStore(root, capacity_bytes=64 << 20)
     msg = small.check_capacity()
     assert msg and "only 64.0 MiB" in msg
+    assert "raise the budget" in msg and "lower" not in msg  # /dev/shm here holds far more
     ok = ShmStore(root, capacity_bytes=min(1 << 30, store.fs_free_bytes() // 2))
     assert ok.check_capacity(min_bytes=0) is None
 
@@ -774,6 +775,50 @@ def test_mapped_in_another_process_is_never_rewritten(rstore: ShmStore) -> None:
     rstore.trim_pool()
 
 
+def test_two_recycling_stores_sharing_the_pool_at_other_sizes(root: Path) -> None:
+    """A's kept descriptor ends where A's first write ended; B rewrites the file at another
+    size; A's next claim must write from byte 0 again, not append."""
+    a = ShmStore(root, capacity_bytes=1 << 30, recycle_bytes=64 * MIB)
+    b = ShmStore(root, capacity_bytes=1 << 30, recycle_bytes=64 * MIB)
+    a.release(a.put(np.full((1024, 1024), 1, np.float32)))
+    b.release(b.put(np.full((1024, 1020), 2, np.float32)))  # the same file, 16 KiB smaller
+    third = np.full((1024, 1024), 3, np.float32)
+    ref = a.put(third)
+    assert a.kept_puts == 0  # the kept mapping no longer fits the file: written by write()
+    np.testing.assert_array_equal(a.get(ref), third)
+    assert (root / f"{ref.id}.arrow").stat().st_size < third.nbytes + 64 * KIB
+    a.release(ref)
+    a.trim_pool()
+    a.close()
+    b.close()
+
+
+def test_a_refused_read_leaves_no_mapping_behind(store: ShmStore) -> None:
+    """A caller may keep the exception (Celery keeps it in a reference cycle): it must not
+    keep the mapping, its pages and its lock with it."""
+    ref = store.put(sample("float32", (MIB,), 1))
+    kept = []
+    for bad in ({**ref.to_dict(), "shape": [MIB // 2, 2]}, {**ref.to_dict(), "dtype": "int32"}):
+        try:
+            store.get(bad)
+        except TensorRefError as exc:
+            kept.append(exc)
+    assert len(kept) == 2
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    assert [ln for ln in maps if ref.id in ln] == []
+    store.release(ref)
+
+
+def test_a_small_budget_is_kept_when_claiming_another_stores_file(root: Path) -> None:
+    big = ShmStore(root, capacity_bytes=1 << 30, recycle_bytes=64 * MIB)
+    big.release(big.put(np.zeros(4 * MIB, np.uint8)))  # a 4 MiB pool file
+    tiny = ShmStore(root, capacity_bytes=100_000, recycle_bytes=64 * MIB)
+    with pytest.raises(ShmCapacityError, match="budget exceeded"):
+        tiny.put(np.zeros(4 * MIB, np.uint8))
+    assert segment_files(root) == []  # the claimed file went with the refusal
+    big.close()
+
+
 # -- the reader cache (shared.transport.mapcache) -------------------------------------------
 @pytest.fixture
 def reader(root: Path) -> Iterator[ShmStore]:
@@ -920,8 +965,9 @@ def test_cached_reader_in_another_process_lets_the_producer_rewrite(rstore: ShmS
         store = ShmStore(sys.argv[1], reader_cache_bytes=1 << 26)
         for line in sys.stdin:
             view = store.get(TensorRef.model_validate_json(line))
-            print(int(view.astype(np.int64).sum()), store.reader_cache.hits, flush=True)
-            del view
+            total = int(view.astype(np.int64).sum())
+            del view  # unpinned before the producer hears back (and puts the next one)
+            print(total, store.reader_cache.hits, flush=True)
     """
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen(
