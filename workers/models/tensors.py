@@ -18,15 +18,19 @@ So a result stored in Redis stays small whatever the array size. ``producer.clie
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared.errors import ShmCapacityError
 from shared.transport import ShmStore, TensorRef, encode_inline, process_store
 
 if TYPE_CHECKING:
     from shared.settings import Settings
+
+log = logging.getLogger(__name__)
 
 DEFAULT_INLINE_MAX_BYTES = 16 * 1024
 """Largest output array sent inline by default: 16 KiB raw, about 22 KB of base64 (e.g. 8
@@ -66,14 +70,28 @@ class TensorIO:
     def pack(self, array: np.ndarray) -> dict[str, Any]:
         """One output array as a wire object (shm ref or inline), see the module docstring.
 
+        When the shared-memory budget is exhausted, an array of at most
+        ``limits.max_inline_bytes`` goes inline instead: the request has been computed, and
+        Redis can carry it.
+
         Raises:
-            ShmCapacityError: the shared-memory budget is exhausted.
+            ShmCapacityError: the shared-memory budget is exhausted and the array is over
+                ``limits.max_inline_bytes``.
             PayloadTooLarge: inline only (no shared host) and over ``limits.max_inline_bytes``.
         """
         t = self.settings.transport
+        max_inline = self.settings.limits.max_inline_bytes
         if array.nbytes <= self.inline_max_bytes or not t.shared_host:
-            return encode_inline(array, self.settings.limits.max_inline_bytes)
-        ref = self.store.put(array, ttl_s=t.default_ttl_s, detach=True)
+            return encode_inline(array, max_inline)
+        try:
+            ref = self.store.put(array, ttl_s=t.default_ttl_s, detach=True)
+        except ShmCapacityError:
+            if array.nbytes > max_inline:
+                raise
+            log.warning(
+                "shared-memory budget exhausted: a %d-byte output goes inline", array.nbytes
+            )
+            return encode_inline(array, max_inline)
         return ref.to_dict()
 
     def pack_all(self, arrays: Sequence[np.ndarray]) -> list[dict[str, Any]]:
