@@ -30,6 +30,7 @@ from shared.keys import task_name
 from shared.metrics import metrics_port, serve
 from shared.settings import MODALITIES, load_settings
 from workers import engine_registry
+from workers.janitor import ShmJanitor
 from workers.probe import PROBE_TASK, read_tensor
 from workers.realtime import realtime_consumer_step
 from workers.runtime import refuse_early_cuda, validate_partitions
@@ -97,6 +98,7 @@ def _log_ready(**_: Any) -> None:
     warning = _shm_warning()
     if warning:
         log.warning("%s", warning)
+    _start_janitor()
     port = metrics_port(settings, engine.modality)
     if port:
         try:
@@ -125,8 +127,21 @@ def _shm_warning() -> str | None:
         return f"shared-memory transport unavailable: {exc}"
 
 
+_janitor: ShmJanitor | None = None
+
+
+def _start_janitor() -> None:
+    global _janitor
+    t = settings.transport
+    if t.shared_host and t.janitor_interval_s > 0 and _janitor is None:
+        _janitor = ShmJanitor(settings, t.janitor_interval_s)
+        _janitor.start()
+
+
 @signals.worker_shutdown.connect
 def _stop_engine(**_: Any) -> None:
+    if _janitor is not None:
+        _janitor.stop()
     with contextlib.suppress(RuntimeError):
         engine_registry.current().stop()
 
