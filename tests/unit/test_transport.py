@@ -993,6 +993,52 @@ def test_cached_reader_in_another_process_lets_the_producer_rewrite(rstore: ShmS
     rstore.trim_pool()
 
 
+def test_producers_sharing_the_pool_never_change_a_live_view(root: Path) -> None:
+    """Three processes put tensors of four close shapes into one recycling pool, read each
+    back through a reader cache, keep some views alive and check them after every put."""
+    code = """
+        import sys
+        import numpy as np
+        from shared.transport import ShmStore
+        seed, n = int(sys.argv[2]), int(sys.argv[3])
+        w = ShmStore(sys.argv[1], capacity_bytes=1 << 30, recycle_bytes=32 << 20)
+        r = ShmStore(sys.argv[1], capacity_bytes=1 << 30, reader_cache_bytes=64 << 20)
+        rng = np.random.default_rng(seed)
+        shapes = [(1024, 256), (1024, 255), (1024, 252), (1030, 256)]
+        held, bad = [], 0
+        for i in range(n):
+            a = np.full(shapes[rng.integers(4)], seed * 100_000 + i, np.int32)
+            ref = w.put(a)
+            view = r.get(ref)
+            bad += not np.array_equal(view, a)
+            if rng.random() < 0.3:
+                held = [*held[-6:], (view, a)]
+            del view
+            w.release(ref)
+            bad += sum(not np.array_equal(v, e) for v, e in held)
+        print(bad, w.kept_puts, r.reader_cache.hits, flush=True)
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    script = textwrap.dedent(code)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(root), str(seed), "80"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        for seed in (1, 2, 3)
+    ]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    bad, kept_puts, hits = (sum(int(o[k]) for o in outs) for k in range(3))
+    assert bad == 0
+    assert kept_puts > 0 and hits > 0  # files were rewritten and read through kept mappings
+    ShmStore(root).trim_pool()
+    assert segment_files(root) == []
+
+
 def test_pool_budget_small_files_and_gc(root: Path) -> None:
     store = ShmStore(root, capacity_bytes=1 << 30, recycle_bytes=5 * MIB)
     refs = [store.put(np.zeros(3 * MIB, np.uint8)) for _ in range(2)]
