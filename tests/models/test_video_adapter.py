@@ -336,13 +336,31 @@ def test_bad_refs(adapter: VideoAdapter, store: ShmStore) -> None:
 def test_shm_full_fails_the_request_and_leaves_nothing(
     adapter: VideoAdapter, tmp_path: Path
 ) -> None:
-    tiny = load_settings(transport={"shm_root": str(tmp_path / "tiny"), "capacity_bytes": 7_000})
+    tiny = load_settings(
+        transport={"shm_root": str(tmp_path / "tiny"), "capacity_bytes": 7_000},
+        limits={"max_inline_bytes": 1024},  # and too large to go inline instead
+    )
     a = variant(adapter, tiny, output_inline_max_bytes=0)  # every output through shm
-    sample = a.preprocess(a.prepare({"video_b64": b64(H264_10)}))  # 2 frames: 4 KiB of output
+    # (prepared where the input may be inline: 2 frames, 4 KiB of output)
+    sample = adapter.preprocess(adapter.prepare({"video_b64": b64(H264_10)}))
     with pytest.raises(ShmCapacityError) as info:
         a.run_batch([sample, sample])  # the second 4 KiB segment passes 7,000 bytes
     assert info.value.code == "SHM_CAPACITY"
     assert not ShmStore(root=tmp_path / "tiny").ls()  # the first one was released
+
+
+def test_shm_full_sends_an_output_redis_can_carry_inline(
+    adapter: VideoAdapter, tmp_path: Path
+) -> None:
+    tiny = load_settings(transport={"shm_root": str(tmp_path / "tiny"), "capacity_bytes": 7_000})
+    a = variant(adapter, tiny, output_inline_max_bytes=0)
+    sample = a.preprocess(a.prepare({"video_b64": b64(H264_10)}))
+    first, second = a.run_batch([sample, sample])  # the second 4 KiB output does not fit
+    assert first["frame_embeddings"]["kind"] == "shm"
+    assert second["frame_embeddings"]["kind"] == "inline"
+    emb = decode_inline(second["frame_embeddings"], max_bytes=1 << 20)
+    np.testing.assert_array_equal(emb, ShmStore(root=tmp_path / "tiny").get(first["frame_embeddings"]))
+    ShmStore(root=tmp_path / "tiny").release(first["frame_embeddings"]["id"])
 
 
 # -- pieces -------------------------------------------------------------------------------------
