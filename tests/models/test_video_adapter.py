@@ -359,8 +359,9 @@ def test_shm_full_sends_an_output_redis_can_carry_inline(
     assert first["frame_embeddings"]["kind"] == "shm"
     assert second["frame_embeddings"]["kind"] == "inline"
     emb = decode_inline(second["frame_embeddings"], max_bytes=1 << 20)
-    np.testing.assert_array_equal(emb, ShmStore(root=tmp_path / "tiny").get(first["frame_embeddings"]))
-    ShmStore(root=tmp_path / "tiny").release(first["frame_embeddings"]["id"])
+    store = ShmStore(root=tmp_path / "tiny")
+    np.testing.assert_array_equal(emb, store.get(first["frame_embeddings"]))
+    store.release(first["frame_embeddings"]["id"])
 
 
 # -- pieces -------------------------------------------------------------------------------------
