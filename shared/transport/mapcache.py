@@ -17,16 +17,19 @@ because nothing reads them. Each :class:`Mapping` is *pinned* by its live views 
 ``weakref.finalize`` on the base array every view derives from); the first pin takes the shared
 lock on the entry's own open file description, the last unpin drops it.
 
-Bounded by ``capacity_bytes`` (least recently used unpinned entries go first). A mapping of a
-file that was unlinked (by the producer's trim, the janitor, a dead owner's gc) would keep its
-tmpfs pages allocated, so unpinned ones are dropped at every lookup and by a sweeper thread
-(every ``sweep_interval_s``, alive only while the cache holds something).
+Bounded by ``capacity_bytes`` and ``max_entries`` (each entry holds two descriptors; least
+recently used unpinned entries go first). A mapping of a file that was unlinked (by the
+producer's trim, the janitor, a dead owner's gc) would keep its tmpfs pages allocated, so
+unpinned ones are dropped when their last view goes and by a :class:`Sweeper` thread (every
+``sweep_interval_s``, alive only while the cache holds something).
 
 Fork: a child shares its parent's open file descriptions, and a ``flock`` belongs to the
-description, so a ``LOCK_UN`` in the child (a view collected there, or at its exit) would drop
-the parent's lock under the parent's live view. An ``os.register_at_fork`` hook therefore
-disowns every entry in the child (no pin, no unlock, ever) and gives the cache a fresh lock
-(the parent's may have been held by a thread that does not exist in the child).
+description, so a ``LOCK_UN`` on either side (a view collected there, or at exit) would drop
+the lock the other side's live view relies on. ``os.register_at_fork`` hooks therefore give
+the child locks of its own: just before the fork, under the cache's lock, each pinned entry's
+file is opened again (a new description) and locked shared; the parent closes its copy of that
+descriptor after the fork, the child uses it in place of the shared one (whose copy it closes,
+which unlocks nothing). Unpinned entries are dropped in the child, and it gets a fresh lock.
 
 Re-entrancy: a view may be collected by the cyclic GC at any allocation, also inside a cache
 method on the same thread; its finalizer then re-enters the (reentrant) lock and may remove
@@ -42,6 +45,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -104,6 +108,7 @@ class Mapping:
     size: int
     pins: int = 0
     closed: bool = field(default=False, repr=False)
+    fork_fd: int | None = field(default=None, repr=False)  # see the module docstring, Fork
 
     def close(self) -> None:
         """Unmap and close the descriptor, once."""
@@ -112,25 +117,84 @@ class Mapping:
             unmap_and_close(self.mm, self.fd)
 
 
+class Sweeper:
+    """Calls ``sweep`` every ``interval_s`` on a daemon thread, under ``lock``, for as long as
+    it returns True (something is left to watch); :meth:`ensure` starts it again.
+
+    Args:
+        sweep: the owner's housekeeping (a bound method, held weakly: the thread does not keep
+            its owner alive, and ends once the owner is collected); returns whether to keep
+            sweeping.
+        interval_s: seconds between calls.
+        lock: the owner's lock (reentrant); the decision to stop is taken under it, so an
+            :meth:`ensure` under the same lock never finds a thread that is about to end.
+        name: the thread's name.
+    """
+
+    def __init__(
+        self, sweep: Callable[[], bool], interval_s: float, lock: threading.RLock, name: str
+    ) -> None:
+        self._sweep = weakref.WeakMethod(sweep)  # type: ignore[arg-type]
+        self.interval_s = float(interval_s)
+        self.lock = lock
+        self.name = name
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def ensure(self) -> None:
+        """Start the thread unless it runs (call with the owner's lock held)."""
+        if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(self._stop,), name=self.name, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Tell the thread to end (it does within ``interval_s``)."""
+        self._stop.set()
+
+    def reset_after_fork(self, lock: threading.RLock) -> None:
+        """In a forked child: no thread runs there; use the child's new owner lock."""
+        self.lock = lock
+        self._thread = None
+        self._stop = threading.Event()
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval_s):
+            with self.lock:
+                sweep = self._sweep()
+                if sweep is None or not sweep():
+                    if self._thread is threading.current_thread():
+                        self._thread = None
+                    return
+                del sweep  # no strong reference to the owner between ticks
+
+
 class MappingCache:
     """Mappings of recycled segment files, kept between views (see the module docstring).
 
     Args:
         capacity_bytes: the most bytes of files kept mapped together (> 0).
         sweep_interval_s: how often the sweeper drops mappings of unlinked files, in seconds.
+        max_entries: the most files kept mapped (each holds two descriptors: the entry's and
+            the one Python's ``mmap`` keeps).
 
     Thread-safe: views are collected on whatever thread drops them.
     """
 
-    def __init__(self, capacity_bytes: int, sweep_interval_s: float = 1.0) -> None:
-        if capacity_bytes <= 0 or sweep_interval_s <= 0:
-            raise ValueError("capacity_bytes and sweep_interval_s must be > 0")
+    def __init__(
+        self, capacity_bytes: int, sweep_interval_s: float = 1.0, max_entries: int = 128
+    ) -> None:
+        if capacity_bytes <= 0 or sweep_interval_s <= 0 or max_entries <= 0:
+            raise ValueError("capacity_bytes, sweep_interval_s and max_entries must be > 0")
         self.capacity_bytes = int(capacity_bytes)
         self.sweep_interval_s = float(sweep_interval_s)
+        self.max_entries = int(max_entries)
         self._entries: OrderedDict[tuple[int, int], Mapping] = OrderedDict()
         self._lock = threading.RLock()  # a view may be collected inside a cache call
-        self._sweeper: threading.Thread | None = None
-        self._wake = threading.Event()
+        self._sweeper = Sweeper(self._sweep_tick, sweep_interval_s, self._lock, "shm-map-sweeper")
         self._closed = False
         self.hits = 0  # views served from a mapping already in the cache
         self.adopted = 0  # mappings taken into the cache
@@ -150,7 +214,6 @@ class MappingCache:
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         with self._lock:
-            self._sweep_locked()
             entry = self._entries.get(key)
             if entry is None:
                 return None
@@ -179,22 +242,24 @@ class MappingCache:
         key = (st.st_dev, st.st_ino)
         with self._lock:
             entries = list(self._entries.values())
-            total = sum(e.size for e in entries)
+            total, count = sum(e.size for e in entries), len(entries)
             unpinned = [e for e in entries if e.pins == 0]  # least recently used first
-            if key in self._entries or total - sum(e.size for e in unpinned) + size > (
-                self.capacity_bytes
+            if (
+                key in self._entries
+                or total - sum(e.size for e in unpinned) + size > self.capacity_bytes
+                or count - len(unpinned) + 1 > self.max_entries
             ):
                 return None  # would not fit even with every unpinned entry gone: keep them
             for old in unpinned:
-                if total + size <= self.capacity_bytes:
+                if total + size <= self.capacity_bytes and count + 1 <= self.max_entries:
                     break
-                total -= old.size
+                total, count = total - old.size, count - 1
                 self._drop_locked(old)
             entry = Mapping(key, fd, mm, size, pins=1)
             self._entries[key] = entry
             self._closed = False
             self.adopted += 1
-            self._start_sweeper()
+            self._sweeper.ensure()
             return entry
 
     def attach(self, entry: Mapping, view: np.ndarray) -> None:
@@ -227,7 +292,7 @@ class MappingCache:
             for entry in list(self._entries.values()):
                 if entry.pins == 0:
                     self._drop_locked(entry)
-            self._wake.set()
+            self._sweeper.stop()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -254,40 +319,62 @@ class MappingCache:
                 self._drop_locked(entry)
         return len(gone)
 
-    def _after_fork_in_child(self) -> None:
-        """Disown every entry: the child's copies of the descriptions share the parent's
-        locks, so the child must never unlock them (closing its copies is harmless: a flock
-        goes with the description's last reference). Its views stay readable."""
-        self._lock = threading.RLock()
+    def _sweep_tick(self) -> bool:
+        self._sweep_locked()
+        return bool(self._entries)
+
+    # -- fork (see the module docstring) -------------------------------------------------------
+    def _before_fork(self) -> None:
+        self._lock.acquire()  # held across the fork: no entry changes meanwhile
         for entry in list(self._entries.values()):
-            entry.pins = 0
-            entry.closed = True
+            if entry.pins > 0 and not entry.closed:
+                try:
+                    fd = os.open(f"/proc/self/fd/{entry.fd}", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                if lock_shared(fd):  # it is pinned here: no writer can hold the file
+                    entry.fork_fd = fd
+                else:
+                    os.close(fd)
+
+    def _after_fork_in_parent(self) -> None:
+        for entry in list(self._entries.values()):
+            if entry.fork_fd is not None:
+                os.close(entry.fork_fd)  # the child's copy keeps that description and lock
+                entry.fork_fd = None
+        self._lock.release()
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.RLock()
+        self._sweeper.reset_after_fork(self._lock)
+        for entry in list(self._entries.values()):
+            # Closing the child's copies never unlocks the parent (a flock goes with the
+            # description's last reference); an explicit LOCK_UN here would.
             with suppress(OSError):
                 os.close(entry.fd)
-        self._entries.clear()
-        self._sweeper = None
-        self._wake = threading.Event()
-
-    def _start_sweeper(self) -> None:
-        if self._sweeper is not None and self._sweeper.is_alive() and not self._wake.is_set():
-            return  # (one told to stop by close() may still be finishing: start another)
-        self._wake = threading.Event()
-        self._sweeper = threading.Thread(
-            target=self._sweep_loop, args=(self._wake,), name="shm-map-sweeper", daemon=True
-        )
-        self._sweeper.start()
-
-    def _sweep_loop(self, wake: threading.Event) -> None:
-        while not wake.wait(self.sweep_interval_s):
-            with self._lock:
-                self._sweep_locked()
-                if not self._entries:
-                    if self._sweeper is threading.current_thread():
-                        self._sweeper = None
-                    return
+            if entry.pins > 0 and entry.fork_fd is not None:
+                entry.fd, entry.fork_fd = entry.fork_fd, None  # the child's own lock
+                continue
+            entry.pins = 0  # unpinned, or not lockable: never unlock anything from here
+            entry.closed = True
+            with suppress(BufferError):
+                entry.mm.close()
+            del self._entries[entry.key]
+        if self._entries:
+            self._sweeper.ensure()
 
 
 _caches: weakref.WeakSet[MappingCache] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for cache in list(_caches):
+        cache._before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for cache in list(_caches):
+        cache._after_fork_in_parent()
 
 
 def _after_fork_in_child() -> None:
@@ -295,7 +382,11 @@ def _after_fork_in_child() -> None:
         cache._after_fork_in_child()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
 
 
 def _unlinked(entry: Mapping) -> bool:
