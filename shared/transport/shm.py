@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import logging
 import math
@@ -103,14 +104,16 @@ import os
 import re
 import socket
 import stat
+import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -120,6 +123,7 @@ from shared.errors import ShmCapacityError, TensorRefError, TransportError
 from shared.transport._arrays import as_c_array
 from shared.transport.mapcache import (
     MappingCache,
+    Sweeper,
     lock_exclusive,
     lock_shared,
     unlock,
@@ -169,6 +173,8 @@ _MIN_RECYCLE_BYTES = 1 << 20  # smaller files are cheap to allocate: unlinked, n
 # the write): two tensors of one shape differ by a few bytes of metadata (times, ids, pids).
 _RECYCLE_SLACK_BYTES = 64 << 10
 _MIN_SHM_WARN_BYTES = 256 * 1024 * 1024
+# Out of descriptors or memory: the process's trouble, not the ref's.
+_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 # Arrow storage type of each allowed dtype. bool -> uint8: see the module docstring.
 _ARROW_TYPES: dict[str, pa.DataType] = {
@@ -412,6 +418,42 @@ def _write_ipc(sink: BinaryIO, schema: pa.Schema, batch: pa.RecordBatch) -> None
         writer.write_batch(batch)
 
 
+_stores: weakref.WeakSet[ShmStore] = weakref.WeakSet()
+
+
+def _stores_after_fork_in_child() -> None:
+    # A lock held by a parent's thread at the fork would never be released in the child.
+    for store in list(_stores):
+        store._kept_lock = threading.RLock()
+        store._kept_sweeper.reset_after_fork(store._kept_lock)
+
+
+os.register_at_fork(after_in_child=_stores_after_fork_in_child)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _os_errors_as_transport_errors(fn: _F) -> _F:
+    """An ``OSError`` that escapes ``fn`` (out of descriptors, out of memory, a root removed
+    underneath) becomes a :class:`TransportError` (``TRANSPORT_ERROR``): callers see a fleet
+    error with a stable code, never a bare OSError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            raise TransportError(f"shared-memory transport: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _reclaimed(seg_id: str) -> TensorRefError:
+    """The error of a read that found the segment's file being rewritten as another one."""
+    return TensorRefError(f"unknown tensor {seg_id}: released and reclaimed")
+
+
 def _unlink_quiet(path: Path) -> None:
     with suppress(FileNotFoundError):
         os.unlink(path)
@@ -451,7 +493,7 @@ class ShmStore:
         TransportError: the parent directory is missing (no /dev/shm: use the inline
             transport), or ``root`` is a symlink, not a directory, owned by another uid or
             not mode 0700.
-        ValueError: a non-positive TTL, capacity or fraction, or a negative recycle or reader
+        ValueError: a non-positive TTL or fraction, or a negative capacity, recycle or reader
             cache budget.
 
     Besides its settings, the store keeps only the mappings of a recycling store (see the
@@ -496,6 +538,13 @@ class ShmStore:
         # Mappings of files this process wrote, by (st_dev, st_ino); see _Kept.
         self._kept: dict[tuple[int, int], _Kept] = {}
         self._kept_pid = os.getpid()
+        # The worker's janitor thread runs gc() on the store the inference threads put to.
+        self._kept_lock = threading.RLock()
+        self._kept_sweeper = Sweeper(
+            self._sweep_kept_tick, 1.0, self._kept_lock, "shm-kept-sweeper"
+        )
+        self._own_pool: set[str] = set()  # pool names this store created (see trim_pool)
+        _stores.add(self)
         self.kept_puts = 0  # puts written through a kept mapping (one memcpy)
         self.reader_cache = MappingCache(reader_cache_bytes) if reader_cache_bytes else None
 
@@ -647,6 +696,7 @@ class ShmStore:
         )
 
     # -- write -----------------------------------------------------------------------------
+    @_os_errors_as_transport_errors
     def put(
         self,
         array: Any,
@@ -713,7 +763,8 @@ class ShmStore:
             pid_start=pid_start,
             created_at=ref.created_at,
             ttl_s=ttl,
-            recycle=bool(self.recycle_bytes),
+            # Only files that can be pooled are rewritten: only they are worth a reader's cache.
+            recycle=bool(self.recycle_bytes) and arr.nbytes >= _MIN_RECYCLE_BYTES,
         )
         arrow_type = _ARROW_TYPES[ref.dtype]
         schema = pa.schema(
@@ -895,7 +946,10 @@ class ShmStore:
             raise TensorRefError(
                 f"unknown tensor {seg_id}: released, reclaimed, or written on another host"
             ) from None
-        except OSError as exc:  # ELOOP: a symlink; EISDIR etc.
+        except OSError as exc:
+            if exc.errno in _RESOURCE_ERRNOS:
+                raise TransportError(f"cannot open tensor {seg_id}: {exc.strerror}") from None
+            # ELOOP: a symlink; EISDIR etc.
             raise TensorRefError(f"tensor {seg_id}: not a regular file ({exc.strerror})") from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != self._uid or st.st_size == 0:
@@ -912,12 +966,13 @@ class ShmStore:
                 as another segment, so this one was released.
         """
         if not lock_shared(fd):
-            raise TensorRefError(f"unknown tensor {seg_id}: released and reclaimed")
+            raise _reclaimed(seg_id)
         size = os.fstat(fd).st_size
         if size == 0:
             raise TensorRefError(f"tensor {seg_id}: not a non-empty regular file of this user")
         return size
 
+    @_os_errors_as_transport_errors
     def _load(self, ref: TensorRef, *, private: bool) -> np.ndarray:
         """Map ``ref``'s segment (or find it in the reader cache), check it, and return the
         zero-copy view. The view holds the segment's shared lock until it is collected: a
@@ -931,18 +986,21 @@ class ShmStore:
                 try:
                     entry = cache.pin(fd)
                 except BlockingIOError:
-                    msg = f"unknown tensor {ref.id}: released and reclaimed"
-                    raise TensorRefError(msg) from None
+                    raise _reclaimed(ref.id) from None
             if entry is not None:
                 mm, size = entry.mm, entry.size
             else:
                 size = self._lock_for_reading(fd, ref.id)
-                if private:
-                    # Copy-on-write: see get_torch.
-                    mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
-                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
-                else:
-                    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                # Copy-on-write when private: see get_torch.
+                flags, prot = (
+                    (mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+                    if private
+                    else (mmap.MAP_SHARED, mmap.PROT_READ)
+                )
+                try:
+                    mm = mmap.mmap(fd, size, flags=flags, prot=prot)
+                except OSError as exc:  # EMFILE (Python's mmap dups fd), ENOMEM
+                    raise TransportError(f"cannot map tensor {ref.id}: {exc}") from None
             failure: str | None = None
             try:
                 arr, meta = self._view(ref, mm, size)
@@ -1019,6 +1077,7 @@ class ShmStore:
         return np.frombuffer(mm, dtype=storage, count=n, offset=offset if n else 0), meta
 
     # -- delete, list, reclaim -------------------------------------------------------------
+    @_os_errors_as_transport_errors
     def release(self, ref: TensorRef | Mapping[str, Any] | str) -> bool:
         """Delete a segment; idempotent. Readers that mapped it keep their views.
 
@@ -1078,20 +1137,30 @@ class ShmStore:
         with self._lock():
             now = time.time()
             pooled = 0
+            present = set()
             for p, pst in self._pool_entries():
-                if now - pst.st_ctime > self.recycle_idle_s:
+                if self._pool_idle(pst, now):
                     _unlink_quiet(p)
                 else:
                     pooled += pst.st_size
+                    present.add(p.name)
+            self._own_pool &= present  # names claimed or reclaimed since are gone
             if pooled + st.st_size > self.recycle_bytes:
                 return False
             try:
                 # rename: the id's name is gone at once (no new reader can open it), and the
                 # inode, with its allocated pages, stays for a later put.
-                os.rename(path, self.root / f".pool-{new_id()}{SEGMENT_SUFFIX}")
+                name = f".pool-{new_id()}{SEGMENT_SUFFIX}"
+                os.rename(path, self.root / name)
             except FileNotFoundError:
                 return False  # released concurrently; the caller's unlink says so
+            self._own_pool.add(name)
         return True
+
+    def _pool_idle(self, st: os.stat_result, now: float) -> bool:
+        """Whether a pool file went unused past ``recycle_idle_s`` (its ctime is set by the
+        rename into the pool and by a claim's utime)."""
+        return now - st.st_ctime > self.recycle_idle_s
 
     def _claim_pooled(self, size: int, tmp: Path) -> tuple[int, int, _Kept | None] | None:
         """``(descriptor, its size, kept mapping or None)`` of a pool file renamed to ``tmp``,
@@ -1115,7 +1184,8 @@ class ShmStore:
             key=lambda e: (e[1].st_size != size, e[1].st_size < size, abs(e[1].st_size - size)),
         )
         for path, st in candidates:
-            kept = self._kept.pop((st.st_dev, st.st_ino), None)
+            with self._kept_lock:
+                kept = self._kept.pop((st.st_dev, st.st_ino), None)
             if kept is not None and kept.size != size:
                 kept.close()
                 kept = None
@@ -1167,51 +1237,71 @@ class ShmStore:
 
     def _remember(self, kept: _Kept) -> None:
         st = os.fstat(kept.fd)
-        self._kept[(st.st_dev, st.st_ino)] = kept
-        # At most recycle_bytes mapped: the oldest mappings go first (their files stay).
-        total = sum(k.size for k in self._kept.values())
-        for key in list(self._kept):
-            if total <= self.recycle_bytes:
-                break
-            old = self._kept.pop(key)
-            total -= old.size
-            old.close()
+        with self._kept_lock:
+            self._kept[(st.st_dev, st.st_ino)] = kept
+            # At most recycle_bytes mapped: the oldest mappings go first (their files stay).
+            total = sum(k.size for k in self._kept.values())
+            for key in list(self._kept):
+                if total <= self.recycle_bytes:
+                    break
+                old = self._kept.pop(key)
+                total -= old.size
+                old.close()
+            # A file unlinked elsewhere (the janitor, another store's trim) would keep its
+            # pages while this producer idles: swept within a second.
+            self._kept_sweeper.ensure()
 
     def _sweep_kept(self) -> None:
         """Drop mappings of files that are gone (their pages are not in any budget), and,
         in a forked child, the parent's mappings."""
-        if os.getpid() != self._kept_pid:
-            for k in self._kept.values():
-                with suppress(OSError, ValueError):
+        with self._kept_lock:
+            if os.getpid() != self._kept_pid:
+                for k in self._kept.values():
+                    with suppress(OSError, ValueError):
+                        k.close()  # the child's copies: unlocks nothing of the parent's
+                self._kept.clear()
+                self._kept_pid = os.getpid()
+                return
+            for key, k in list(self._kept.items()):
+                if os.fstat(k.fd).st_nlink == 0:
+                    del self._kept[key]
                     k.close()
-            self._kept.clear()
-            self._kept_pid = os.getpid()
-            return
-        for key, k in list(self._kept.items()):
-            if os.fstat(k.fd).st_nlink == 0:
-                del self._kept[key]
-                k.close()
+
+    def _sweep_kept_tick(self) -> bool:
+        self._sweep_kept()
+        return bool(self._kept)
 
     def kept_bytes(self) -> int:
         """Bytes of segment files this process keeps mapped for rewriting (recycling only)."""
-        return sum(k.size for k in self._kept.values())
+        with self._kept_lock:
+            return sum(k.size for k in self._kept.values())
 
     def close(self) -> None:
         """Drop every mapping this store keeps for rewriting (recycling) and every unpinned
         one its reader cache keeps; the files stay."""
-        for k in self._kept.values():
-            with suppress(OSError, ValueError):
-                k.close()
-        self._kept.clear()
+        with self._kept_lock:
+            for k in self._kept.values():
+                with suppress(OSError, ValueError):
+                    k.close()
+            self._kept.clear()
+            self._kept_sweeper.stop()
         if self.reader_cache is not None:
             self.reader_cache.close()
 
-    def trim_pool(self) -> list[str]:
-        """Unlink every pool file; returns their names. Mapped pages go with the last mapping."""
+    def trim_pool(self, only_own: bool = False) -> list[str]:
+        """Unlink pool files; returns their names. Mapped pages go with the last mapping.
+
+        Args:
+            only_own: only the files this store put into the pool (and nobody has claimed
+                since), not other producers' (``FleetClient.close`` uses it).
+        """
         removed = []
         for path, _ in self._pool_entries():
+            if only_own and path.name not in self._own_pool:
+                continue
             _unlink_quiet(path)
             removed.append(path.name)
+        self._own_pool.difference_update(removed)
         self._sweep_kept()
         return removed
 
@@ -1305,8 +1395,7 @@ class ShmStore:
                     _unlink_quiet(path)
                     removed.append(m[1])
             elif _POOL_RE.fullmatch(name):
-                # ctime: set by the rename into the pool (and by a claim's utime).
-                if now - st.st_ctime > self.recycle_idle_s:
+                if self._pool_idle(st, now):
                     _unlink_quiet(path)
                     removed.append(name)
             elif m := _TMP_RE.fullmatch(name):

@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 import warnings
@@ -938,6 +939,121 @@ def test_a_forked_child_never_unlocks_the_parents_view(rstore: ShmStore, reader:
     del view
     rstore.release(rb)
     rstore.trim_pool()
+
+
+def test_a_forked_childs_view_survives_the_parent_dropping_its_own(
+    rstore: ShmStore, reader: ShmStore
+) -> None:
+    """The other direction: the parent's last unpin must not unlock the child's view."""
+    a, b = sample("float32", (MIB,), 1), sample("float32", (MIB,), 2)
+    ra = rstore.put(a)
+    view = reader.get(ra)
+    inode = (rstore.root / f"{ra.id}.arrow").stat().st_ino
+    go_r, go_w = os.pipe()
+    res_r, res_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child keeps its view until the parent has tried to rewrite the file
+        code = 1
+        try:
+            os.read(go_r, 1)
+            code = 0 if np.array_equal(view, a) else 3
+        finally:
+            os.write(res_w, bytes([code]))
+            os._exit(0)
+    del view
+    import gc
+
+    gc.collect()
+    rstore.release(ra)
+    rb = rstore.put(b)  # the child's view still pins the file: a fresh one
+    assert (rstore.root / f"{rb.id}.arrow").stat().st_ino != inode
+    os.write(go_w, b"x")
+    assert os.read(res_r, 1) == bytes([0])  # the child still saw a
+    os.waitpid(pid, 0)
+    for fd in (go_r, go_w, res_r, res_w):
+        os.close(fd)
+    rstore.release(rb)
+    rstore.trim_pool()
+
+
+def test_small_segments_are_not_cached(rstore: ShmStore, reader: ShmStore) -> None:
+    ref = rstore.put(sample("float32", (1000,), 1))  # never pooled, so never rewritten
+    np.testing.assert_array_equal(reader.get(ref), sample("float32", (1000,), 1))
+    assert reader.reader_cache is not None and len(reader.reader_cache) == 0
+    rstore.release(ref)
+
+
+def test_an_idle_producer_lets_go_of_files_unlinked_elsewhere(rstore: ShmStore) -> None:
+    rstore.release(rstore.put(sample("uint8", (2 * MIB,), 1)))
+    assert rstore.kept_bytes() > 0
+    ShmStore(rstore.root).trim_pool()  # e.g. a janitor; the producer itself does nothing
+    deadline = time.monotonic() + 10
+    while rstore.kept_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rstore.kept_bytes() == 0  # its sweeper dropped the mapping: the pages can go
+
+
+def test_trim_pool_can_leave_other_producers_files(rstore: ShmStore, root: Path) -> None:
+    other = ShmStore(root, capacity_bytes=1 << 30, recycle_bytes=64 * MIB)
+    other.release(other.put(sample("uint8", (2 * MIB,), 1)))
+    rstore.release(rstore.put(sample("uint8", (3 * MIB,), 2)))
+    [mine] = rstore.trim_pool(only_own=True)
+    assert pool_files(root) != [] and mine not in pool_files(root)  # the other's stays
+    assert other.trim_pool(only_own=True) and pool_files(root) == []
+    other.close()
+
+
+def test_a_janitor_thread_and_puts_share_a_store(rstore: ShmStore) -> None:
+    """A worker's janitor runs gc() on the store its inference threads put to."""
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def collect() -> None:
+        while not stop.is_set():
+            try:
+                rstore.gc()
+                ShmStore(rstore.root).trim_pool()
+            except BaseException as exc:
+                errors.append(exc)
+
+    t = threading.Thread(target=collect)
+    t.start()
+    try:
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            rstore.release(rstore.put(sample("uint8", (2 * MIB,), 1)))
+    except BaseException as exc:
+        errors.append(exc)
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+    rstore.trim_pool()
+
+
+def test_running_out_of_descriptors_is_a_transport_error(rstore: ShmStore) -> None:
+    code = """
+        import resource, sys
+        import numpy as np
+        from shared.errors import FleetError
+        from shared.transport import ShmStore
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        w = ShmStore(sys.argv[1], capacity_bytes=1 << 30)
+        r = ShmStore(sys.argv[1], capacity_bytes=1 << 30)
+        views = []
+        try:
+            for i in range(200):
+                views.append(r.get(w.put(np.zeros(1000, np.uint8), detach=True)))
+        except FleetError as exc:
+            print(exc.code, flush=True)
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), str(rstore.root)],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=60,
+    )  # fmt: skip
+    assert out.stdout.strip() == "TRANSPORT_ERROR", out.stderr[-2000:]
+    ShmStore(rstore.root).gc(now=time.time() + 10_000)
 
 
 def test_a_closed_cache_lets_go_of_pinned_mappings_with_their_views(
