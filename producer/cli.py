@@ -210,6 +210,7 @@ def _submit_resolved(
     from producer.client import FleetClient, ResultHandle
 
     handle: ResultHandle | None = None
+    client: FleetClient | None = None
     try:
         client = FleetClient.from_settings()
         inputs = make_inputs(client)
@@ -220,10 +221,8 @@ def _submit_resolved(
             raise
         if wait_s <= 0:
             _print({"id": handle.id})
-            client.close()
             return
         result = handle.get(timeout_s=wait_s)
-        client.close()  # a one-shot process: no file of its own kept for reuse
     except FleetError as exc:
         _fail(exc, handle.id if handle is not None else None)
         return
@@ -233,6 +232,9 @@ def _submit_resolved(
     except TimeoutError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
+    finally:
+        if client is not None:
+            client.close()  # a one-shot process: no released file kept for reuse
     _print({"id": handle.id, "result": _jsonable(result, full)})
 
 

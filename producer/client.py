@@ -350,11 +350,12 @@ class FleetClient:
 
     def close(self) -> None:
         """Give back what this client holds: its store's mappings and the released segment
-        files kept for reuse (``[transport] recycle_bytes``), and the Celery app's
-        connections. Segments still in flight stay (their TTLs and owners govern them)."""
+        files it kept for reuse (``[transport] recycle_bytes``; other producers' stay), and
+        the Celery app's connections. Segments still in flight stay (their TTLs and owners
+        govern them)."""
         store = self.__dict__.pop("_shm_store", None)
         if store is not None:
-            store.trim_pool()
+            store.trim_pool(only_own=True)
             store.close()
         self.app.close()
 

@@ -118,9 +118,9 @@ def _log_ready(**_: Any) -> None:
 def _shm_warning() -> str | None:
     """A warning when /dev/shm is smaller than the transport's budget (Docker: 64 MB)."""
     try:
-        from shared.transport import store_from_settings
+        from shared.transport import process_store
 
-        return store_from_settings(settings, role="worker").check_capacity(
+        return process_store(settings, role="worker").check_capacity(
             settings.transport.min_shm_warn_bytes
         )
     except FleetError as exc:

@@ -51,8 +51,13 @@ class ShmJanitor:
         return removed
 
     def _run(self) -> None:
+        from shared.errors import FleetError
+
         while not self._stop.wait(self.interval_s):
             try:
                 self.collect()
-            except Exception:  # a janitor must outlive a bad file or a vanished root
+            except FleetError as exc:  # no usable root (the startup log said why): stop
+                log.warning("shm janitor stopped: %s", exc)
+                return
+            except Exception:  # a janitor must outlive a bad file
                 log.exception("shm janitor: collection failed")

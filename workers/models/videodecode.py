@@ -26,9 +26,10 @@ Truncated and corrupt files (the documented contract):
   the length its header declares -> the frames decoded so far, with ``partial=True`` and
   a ``partial_reason``. "Well before" means more than ``max(0.5 s, 2 frame intervals)``
   short of the declared length: the video stream's duration (the container's when the
-  stream has none) or its declared frame count over its frame rate, whichever is longer (an
-  AVI cut in half declares its full frame count, while FFmpeg shortens its duration to the
-  data present); a file whose header declares neither can only be flagged by a decode error.
+  stream has none), or for an AVI its declared frame count over its frame rate when that is
+  longer (an AVI cut in half declares its full frame count, while FFmpeg shortens its duration
+  to the data present); a file whose header declares neither can only be flagged by a decode
+  error.
 
 Frame sampling: frames are taken at ``sample_fps`` on the video's own clock (the first
 decoded frame is t = 0; each target time takes the first frame at or after it), up to
@@ -102,10 +103,11 @@ class VideoInfo:
         streams: number of streams in the container.
         stream_index: index of the video stream used (the first one).
         nbytes: encoded size in bytes.
-        declared_frames: the video stream's frame count as its header states it (AVI's
-            ``dwLength``, MP4's sample count), or None when it gives none. FFmpeg's AVI
-            demuxer recomputes the stream's duration from the data actually present, so for a
-            truncated AVI this count is the only trace of the length the file should have.
+        declared_frames: an AVI video stream's frame count as its header states it
+            (``dwLength``), else None. FFmpeg's AVI demuxer recomputes the stream's duration
+            from the data actually present, so for a truncated AVI this count is the only
+            trace of the length the file should have. Other containers' counts are not used:
+            an MP4's sample count includes pre-roll that its edit list skips.
     """
 
     format: str
@@ -296,7 +298,7 @@ def _check(container: Any, size: int, limits: VideoLimits) -> tuple[VideoInfo, A
             f"video lasts {duration:.1f} s, above the limit of {limits.max_duration_s:g} s"
         )
     codec = str(ctx.name or "?")
-    frames = int(stream.frames or 0)
+    frames = int(stream.frames or 0) if fmt == "avi" else 0
     info = VideoInfo(
         fmt, codec, width, height, fps, duration, n_streams, stream.index, size,
         declared_frames=frames if frames > 0 else None,
