@@ -18,18 +18,21 @@ because nothing reads them. Each :class:`Mapping` is *pinned* by its live views 
 lock on the entry's own open file description, the last unpin drops it.
 
 Bounded by ``capacity_bytes`` and ``max_entries`` (each entry holds two descriptors; least
-recently used unpinned entries go first). A mapping of a file that was unlinked (by the
+recently used unpinned entries go first; all unpinned ones when the process runs out of
+descriptors). A mapping of a file that was unlinked (by the
 producer's trim, the janitor, a dead owner's gc) would keep its tmpfs pages allocated, so
 unpinned ones are dropped when their last view goes and by a :class:`Sweeper` thread (every
 ``sweep_interval_s``, alive only while the cache holds something).
 
 Fork: a child shares its parent's open file descriptions, and a ``flock`` belongs to the
 description, so a ``LOCK_UN`` on either side (a view collected there, or at exit) would drop
-the lock the other side's live view relies on. ``os.register_at_fork`` hooks therefore give
-the child locks of its own: just before the fork, under the cache's lock, each pinned entry's
-file is opened again (a new description) and locked shared; the parent closes its copy of that
-descriptor after the fork, the child uses it in place of the shared one (whose copy it closes,
-which unlocks nothing). Unpinned entries are dropped in the child, and it gets a fresh lock.
+the lock the other side's live view relies on. ``os.register_at_fork`` hooks therefore make
+sure neither side ever unlocks a description both hold: the child disowns every entry (it
+closes its copies of the descriptors, which unlocks nothing; its views keep their mappings),
+and the parent marks the entries pinned at the fork as shared: when their last view goes it
+closes its references instead of unlocking. The lock then goes with the description's last
+reference, in whichever process that is. (No descriptor is needed at fork time, so a process
+out of descriptors forks safely too.) The child gets a fresh cache lock.
 
 Re-entrancy: a view may be collected by the cyclic GC at any allocation, also inside a cache
 method on the same thread; its finalizer then re-enters the (reentrant) lock and may remove
@@ -108,7 +111,8 @@ class Mapping:
     size: int
     pins: int = 0
     closed: bool = field(default=False, repr=False)
-    fork_fd: int | None = field(default=None, repr=False)  # see the module docstring, Fork
+    # Pinned when this process forked: the child shares the description, and so the lock.
+    shared: bool = field(default=False, repr=False)
 
     def close(self) -> None:
         """Unmap and close the descriptor, once."""
@@ -185,7 +189,7 @@ class MappingCache:
     """
 
     def __init__(
-        self, capacity_bytes: int, sweep_interval_s: float = 1.0, max_entries: int = 128
+        self, capacity_bytes: int, sweep_interval_s: float = 1.0, max_entries: int = 64
     ) -> None:
         if capacity_bytes <= 0 or sweep_interval_s <= 0 or max_entries <= 0:
             raise ValueError("capacity_bytes, sweep_interval_s and max_entries must be > 0")
@@ -274,6 +278,14 @@ class MappingCache:
                 self._drop_locked(entry)
 
     # -- housekeeping ------------------------------------------------------------------------
+    def drop_unpinned(self) -> int:
+        """Drop every mapping no view uses (e.g. to give descriptors back); returns how many."""
+        with self._lock:
+            idle = [e for e in list(self._entries.values()) if e.pins == 0]
+            for entry in idle:
+                self._drop_locked(entry)
+            return len(idle)
+
     def sweep(self) -> int:
         """Drop unpinned mappings of files that were unlinked; returns how many."""
         with self._lock:
@@ -303,7 +315,12 @@ class MappingCache:
             return
         entry.pins -= 1
         if entry.pins == 0 and not entry.closed:
-            unlock(entry.fd)
+            if entry.shared:
+                # A LOCK_UN would unlock the child's views too: close our references
+                # instead; the lock goes with the description's last one, in either process.
+                self._drop_locked(entry)
+            else:
+                unlock(entry.fd)
 
     def _drop_locked(self, entry: Mapping) -> None:
         if self._entries.get(entry.key) is entry:
@@ -326,42 +343,28 @@ class MappingCache:
     # -- fork (see the module docstring) -------------------------------------------------------
     def _before_fork(self) -> None:
         self._lock.acquire()  # held across the fork: no entry changes meanwhile
-        for entry in list(self._entries.values()):
-            if entry.pins > 0 and not entry.closed:
-                try:
-                    fd = os.open(f"/proc/self/fd/{entry.fd}", os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    continue
-                if lock_shared(fd):  # it is pinned here: no writer can hold the file
-                    entry.fork_fd = fd
-                else:
-                    os.close(fd)
 
     def _after_fork_in_parent(self) -> None:
         for entry in list(self._entries.values()):
-            if entry.fork_fd is not None:
-                os.close(entry.fork_fd)  # the child's copy keeps that description and lock
-                entry.fork_fd = None
+            if entry.pins > 0:
+                entry.shared = True  # the child may hold views on it: never unlock it
         self._lock.release()
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
         self._sweeper.reset_after_fork(self._lock)
         for entry in list(self._entries.values()):
-            # Closing the child's copies never unlocks the parent (a flock goes with the
-            # description's last reference); an explicit LOCK_UN here would.
+            # Disowned: closing the child's copies never unlocks anything (a flock goes with
+            # the description's last reference); a view here keeps the mapping, and with it
+            # a reference to the locked description, until it is collected.
+            entry.closed = True
             with suppress(OSError):
                 os.close(entry.fd)
-            if entry.pins > 0 and entry.fork_fd is not None:
-                entry.fd, entry.fork_fd = entry.fork_fd, None  # the child's own lock
-                continue
-            entry.pins = 0  # unpinned, or not lockable: never unlock anything from here
-            entry.closed = True
-            with suppress(BufferError):
-                entry.mm.close()
-            del self._entries[entry.key]
-        if self._entries:
-            self._sweeper.ensure()
+            if entry.pins == 0:
+                with suppress(BufferError):
+                    entry.mm.close()
+            entry.pins = 0
+        self._entries.clear()
 
 
 _caches: weakref.WeakSet[MappingCache] = weakref.WeakSet()
