@@ -121,7 +121,7 @@ class TransportSettings(_Section):
     # Keep released files >= 1 MiB (this many bytes in all) and write later segments into
     # them: no new tmpfs pages per tensor (see shared.transport.shm, "Recycling"); 0 off.
     recycle_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
-    # Readers keep their mappings of files a recycling producer will rewrite (page tables
+    # Workers keep their mappings of files a recycling producer will rewrite (page tables
     # ready for the next segment in the same file); 0 off. See shared.transport.mapcache.
     reader_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
     # Every worker reclaims expired, orphaned and idle files this often (workers.janitor).

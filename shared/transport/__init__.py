@@ -40,7 +40,9 @@ def store_from_settings(
         capacity_fraction=t.capacity_fraction,
         role=role,
         recycle_bytes=t.recycle_bytes,
-        reader_cache_bytes=t.reader_cache_bytes,
+        # Workers read every input once per task from files producers rewrite; a producer
+        # reads each output once: a cache would only hold its descriptors.
+        reader_cache_bytes=t.reader_cache_bytes if role == "worker" else 0,
     )
 
 

@@ -51,8 +51,9 @@ costs more than copying into them (measured for 128 MiB: a put into fresh pages 
 memcpys of the same bytes, into allocated ones about 2, and unlinking it 1.4). A recycling
 store's :meth:`ShmStore.release` renames the released file to a pool name
 (``.pool-<random>``) instead of unlinking it, up to ``recycle_bytes`` in all; a later
-:meth:`ShmStore.put` claims the pool file closest in size (at least as large, else at most
-64 KiB smaller), truncates it to the exact size and writes the new segment into its
+:meth:`ShmStore.put` claims the pool file closest in size (at least as large and at most
+twice as large, else at most 64 KiB smaller; a segment under about 1 MiB claims none),
+truncates it to the exact size and writes the new segment into its
 allocated pages, under a new random id. A pool file is reused only when no reader has a live
 view of it: after the rename no process can open it by id any more, and the claim takes an
 exclusive ``flock`` without waiting, which every reader's shared lock denies (a reader locks
@@ -426,12 +427,20 @@ def _stores_after_fork_in_child() -> None:
     for store in list(_stores):
         store._kept_lock = threading.RLock()
         store._kept_sweeper.reset_after_fork(store._kept_lock)
+        store._own_pool = set()  # the parent's pool files are not the child's to trim
+        for fd in list(store._root_lock_fds):
+            # Another thread of the parent held the root lock: closing the child's copy
+            # leaves the lock to the parent (which drops it when its own copy closes).
+            with suppress(OSError):
+                os.close(fd)
+        store._root_lock_fds = set()
 
 
 os.register_at_fork(after_in_child=_stores_after_fork_in_child)
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T")
 
 
 def _os_errors_as_transport_errors(fn: _F) -> _F:
@@ -544,11 +553,13 @@ class ShmStore:
             self._sweep_kept_tick, 1.0, self._kept_lock, "shm-kept-sweeper"
         )
         self._own_pool: set[str] = set()  # pool names this store created (see trim_pool)
+        self._root_lock_fds: set[int] = set()  # descriptors holding the root lock (_lock)
         _stores.add(self)
         self.kept_puts = 0  # puts written through a kept mapping (one memcpy)
         self.reader_cache = MappingCache(reader_cache_bytes) if reader_cache_bytes else None
 
     # -- the directory ---------------------------------------------------------------------
+    @_os_errors_as_transport_errors
     def _open_root(self) -> None:
         created = False
         try:
@@ -595,10 +606,14 @@ class ShmStore:
         forked child would otherwise share with its parent (and so not exclude it).
         """
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # A child forked while another thread holds it would keep the lock with its copy
+        # (and wait on itself at its first put): the fork hook closes the child's copies.
+        self._root_lock_fds.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
+            self._root_lock_fds.discard(fd)
             os.close(fd)  # closing releases the lock
 
     def _path(self, seg_id: str) -> Path:
@@ -620,6 +635,7 @@ class ShmStore:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
 
+    @_os_errors_as_transport_errors
     def used_bytes(self) -> int:
         """Bytes held by this store's files: segments, in-progress temp files and pool files.
 
@@ -646,6 +662,7 @@ class ShmStore:
                     total += st.st_size
         return total
 
+    @_os_errors_as_transport_errors
     def check_capacity(self, min_bytes: int = _MIN_SHM_WARN_BYTES) -> str | None:
         """A warning for the startup log when /dev/shm cannot hold what the budget promises.
 
@@ -941,7 +958,9 @@ class ShmStore:
         """An O_RDONLY descriptor of a segment that is a regular file owned by this uid."""
         path = self._path(seg_id)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = self._with_descriptors(
+                lambda: os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            )
         except FileNotFoundError:
             raise TensorRefError(
                 f"unknown tensor {seg_id}: released, reclaimed, or written on another host"
@@ -956,6 +975,18 @@ class ShmStore:
             os.close(fd)
             raise TensorRefError(f"tensor {seg_id}: not a non-empty regular file of this user")
         return fd
+
+    def _with_descriptors(self, call: Callable[[], _T]) -> _T:
+        """``call()``; when the process is out of descriptors, once more after the reader
+        cache gave back those of the mappings no view uses."""
+        try:
+            return call()
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            if self.reader_cache is None or not self.reader_cache.drop_unpinned():
+                raise
+        return call()
 
     def _lock_for_reading(self, fd: int, seg_id: str) -> int:
         """Take the shared lock every reader holds while it maps a segment (see
@@ -998,7 +1029,7 @@ class ShmStore:
                     else (mmap.MAP_SHARED, mmap.PROT_READ)
                 )
                 try:
-                    mm = mmap.mmap(fd, size, flags=flags, prot=prot)
+                    mm = self._with_descriptors(lambda: mmap.mmap(fd, size, flags=flags, prot=prot))
                 except OSError as exc:  # EMFILE (Python's mmap dups fd), ENOMEM
                     raise TransportError(f"cannot map tensor {ref.id}: {exc}") from None
             failure: str | None = None
@@ -1126,6 +1157,7 @@ class ShmStore:
                         out.append((self.root / entry.name, st))
         return out
 
+    @_os_errors_as_transport_errors
     def pool_bytes(self) -> int:
         """Bytes held by released files kept for reuse (0 unless recycling)."""
         return sum(st.st_size for _, st in self._pool_entries())
@@ -1164,8 +1196,9 @@ class ShmStore:
 
     def _claim_pooled(self, size: int, tmp: Path) -> tuple[int, int, _Kept | None] | None:
         """``(descriptor, its size, kept mapping or None)`` of a pool file renamed to ``tmp``,
-        or None (caller holds the root lock). The closest fit at least ``size`` large is
-        preferred, then the closest one at most ``_RECYCLE_SLACK_BYTES`` smaller.
+        or None (caller holds the root lock). The closest fit at least ``size`` large (and at
+        most twice as large) is preferred, then the closest one at most
+        ``_RECYCLE_SLACK_BYTES`` smaller. Segments too small to be pooled claim nothing.
 
         Only a file whose exclusive ``flock`` is free is returned, and it is returned holding
         it (the caller drops it once the new segment is written): every reader holds a shared
@@ -1175,11 +1208,15 @@ class ShmStore:
         lock: another process may have rewritten it at another size); otherwise the mapping
         is dropped. A file whose lock is taken is unlinked from the pool, never rewritten.
         """
+        if size < _MIN_RECYCLE_BYTES - _RECYCLE_SLACK_BYTES:
+            return None  # its file would never return to the pool: a larger put's loss
         candidates = sorted(
             (
                 (p, st)
                 for p, st in self._pool_entries()
-                if st.st_size >= size - _RECYCLE_SLACK_BYTES
+                # From a little smaller to twice as large: a much larger file is kept for
+                # the tensors of its own size.
+                if size - _RECYCLE_SLACK_BYTES <= st.st_size <= 2 * size
             ),
             key=lambda e: (e[1].st_size != size, e[1].st_size < size, abs(e[1].st_size - size)),
         )
@@ -1288,6 +1325,7 @@ class ShmStore:
         if self.reader_cache is not None:
             self.reader_cache.close()
 
+    @_os_errors_as_transport_errors
     def trim_pool(self, only_own: bool = False) -> list[str]:
         """Unlink pool files; returns their names. Mapped pages go with the last mapping.
 
@@ -1326,6 +1364,7 @@ class ShmStore:
             return True  # detached, or another host's process: only the TTL applies
         return pid_alive(meta.pid, meta.pid_start)
 
+    @_os_errors_as_transport_errors
     def ls(self) -> list[SegmentInfo]:
         """The readable segments, oldest first. Unreadable files are skipped (see :meth:`gc`)."""
         out = []
@@ -1356,6 +1395,7 @@ class ShmStore:
         out.sort(key=lambda s: s.created_at)
         return out
 
+    @_os_errors_as_transport_errors
     def gc(self, now: float | None = None) -> list[str]:
         """Reclaim segments past their TTL or whose owner process died, and stale temp files.
 

@@ -7,6 +7,7 @@ fresh interpreters (``subprocess``) so that they see only what the transport map
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -679,13 +680,20 @@ def test_recycled_file_is_rewritten_under_a_new_id(rstore: ShmStore) -> None:
     assert (rstore.root / f"{rl.id}.arrow").stat().st_ino == inode
     np.testing.assert_array_equal(rstore.get(rl), larger)
     rb = rl
-    # ... and a smaller tensor a larger file, truncated to its exact size.
+    # ... and a smaller tensor (at least half its size) a larger file, truncated to fit.
     assert rstore.release(rb)
-    small = sample("float32", (MIB // 2,), 3)
+    small = sample("float32", (MIB * 3 // 4,), 3)
     rs = rstore.put(small)
+    assert (rstore.root / f"{rs.id}.arrow").stat().st_ino == inode
     np.testing.assert_array_equal(rstore.get(rs), small)
     assert rstore.used_bytes() < a.nbytes
     assert rstore.release(rs)
+    # A tensor under half the file's size leaves it for tensors of its own size.
+    tiny = sample("float32", (MIB // 4,), 4)  # 1 MiB
+    rt = rstore.put(tiny)
+    assert (rstore.root / f"{rt.id}.arrow").stat().st_ino != inode
+    assert len(pool_files(rstore.root)) == 1
+    assert rstore.release(rt)
     assert rstore.trim_pool() and segment_files(rstore.root) == []
 
 
@@ -973,6 +981,111 @@ def test_a_forked_childs_view_survives_the_parent_dropping_its_own(
     for fd in (go_r, go_w, res_r, res_w):
         os.close(fd)
     rstore.release(rb)
+    rstore.trim_pool()
+
+
+def test_a_child_forked_during_a_put_elsewhere_can_put(rstore: ShmStore) -> None:
+    """A child forked while another thread holds the root lock must not keep it."""
+    stop = threading.Event()
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            rstore.release(rstore.put(np.full((256, 256 + i % 7), i, np.int32)))
+            i += 1
+
+    t = threading.Thread(target=churn)
+    t.start()
+    hung = 0
+    try:
+        for _ in range(60):
+            time.sleep(0.002)  # let the other thread into put()
+            pid = os.fork()
+            if pid == 0:
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)  # (pytest-timeout's handler)
+                signal.alarm(5)  # a hang ends the child with SIGALRM
+                try:
+                    ShmStore(rstore.root).release(ShmStore(rstore.root).put(np.ones(10)))
+                finally:
+                    os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            hung += os.WIFSIGNALED(status)
+    finally:
+        stop.set()
+        t.join()
+    assert hung == 0
+    rstore.trim_pool()
+
+
+def test_a_forked_childs_view_is_safe_without_free_descriptors(
+    rstore: ShmStore, reader: ShmStore
+) -> None:
+    import resource
+
+    a, b = sample("float32", (MIB,), 1), sample("float32", (MIB,), 2)
+    ra = rstore.put(a)
+    view = reader.get(ra)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    go_r, go_w = os.pipe()
+    res_r, res_w = os.pipe()
+    held = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        with contextlib.suppress(OSError):
+            while True:  # no descriptor left at the fork
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.read(go_r, 1)
+                ok = np.array_equal(view, a)
+                os.write(res_w, bytes([0 if ok else 3]))
+            finally:
+                os._exit(0)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    del view
+    rstore.release(ra)
+    rb = rstore.put(b)  # the child's copy of the view still holds the lock
+    os.write(go_w, b"x")
+    assert os.read(res_r, 1) == bytes([0])
+    os.waitpid(pid, 0)
+    for fd in (go_r, go_w, res_r, res_w):
+        os.close(fd)
+    rstore.release(rb)
+    rstore.trim_pool()
+
+
+def test_out_of_descriptors_the_cache_gives_its_idle_ones_back(
+    rstore: ShmStore, reader: ShmStore
+) -> None:
+    import resource
+
+    refs = [rstore.put(sample("uint8", (2 * MIB,), seed)) for seed in range(8)]
+    for r in refs:
+        reader.get(r)  # each view dropped at once: 8 idle cached mappings (16 descriptors)
+    assert reader.reader_cache is not None and len(reader.reader_cache) == 8
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        view = reader.get(refs[0])  # opening the file needs a descriptor: there is none ...
+    except TransportError:
+        view = None
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert view is not None  # ... until the idle mappings gave theirs back
+    np.testing.assert_array_equal(view, sample("uint8", (2 * MIB,), 0))
+    del view
+    for r in refs:
+        rstore.release(r)
     rstore.trim_pool()
 
 
