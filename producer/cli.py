@@ -249,7 +249,12 @@ def _jsonable(obj: Any, full: bool) -> Any:
 
 
 FullOpt = Annotated[
-    bool, typer.Option("--full", help="print embedding arrays in full, not just their shapes")
+    bool,
+    typer.Option(
+        "--full",
+        help="print tensor outputs (e.g. frame_embeddings) in full, not just their shapes "
+        "(embeddings sent as JSON lists, e.g. clip_embedding, always print in full)",
+    ),
 ]
 
 

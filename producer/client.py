@@ -354,10 +354,12 @@ class FleetClient:
         the Celery app's connections. Segments still in flight stay (their TTLs and owners
         govern them)."""
         store = self.__dict__.pop("_shm_store", None)
-        if store is not None:
-            store.trim_pool(only_own=True)
-            store.close()
-        self.app.close()
+        try:
+            if store is not None:
+                store.trim_pool(only_own=True)
+                store.close()
+        finally:
+            self.app.close()
 
     def video_inputs(
         self, path_or_bytes: str | Path | bytes, ttl_s: float | None = None

@@ -189,7 +189,9 @@ def test_redis_memory_does_not_grow_with_tensor_size(sclient: FleetClient) -> No
     for _ in range(3):
         after_small.append(roundtrip(small))
         after_big.append(roundtrip(big))
-    assert max(abs(b - a) for a, b in zip(after_small, after_big, strict=True)) < 4 * KIB, (
+    # 16 KiB: Redis's own bookkeeping moves by a few KiB between calls; a 64 MiB tensor
+    # through Redis would show as 64 MiB.
+    assert max(abs(b - a) for a, b in zip(after_small, after_big, strict=True)) < 16 * KIB, (
         after_small,
         after_big,
     )
