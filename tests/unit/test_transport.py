@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -949,6 +949,37 @@ def test_a_forked_child_never_unlocks_the_parents_view(rstore: ShmStore, reader:
     rstore.trim_pool()
 
 
+def fork_keeping(
+    view: np.ndarray, expected: np.ndarray, before_fork: Callable[[], None] | None = None
+) -> Callable[[], bool]:
+    """Fork a child that keeps its copy of ``view``. Returns a function that lets the child
+    look at it (after whatever the caller did meanwhile) and says whether it still equals
+    ``expected``."""
+    go_r, go_w = os.pipe()
+    res_r, res_w = os.pipe()
+    if before_fork is not None:
+        before_fork()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.read(go_r, 1)
+            code = 0 if np.array_equal(view, expected) else 3
+        finally:
+            os.write(res_w, bytes([code]))
+            os._exit(0)
+
+    def child_still_sees() -> bool:
+        os.write(go_w, b"x")
+        ok = os.read(res_r, 1) == bytes([0])
+        os.waitpid(pid, 0)
+        for fd in (go_r, go_w, res_r, res_w):
+            os.close(fd)
+        return ok
+
+    return child_still_sees
+
+
 def test_a_forked_childs_view_survives_the_parent_dropping_its_own(
     rstore: ShmStore, reader: ShmStore
 ) -> None:
@@ -957,17 +988,7 @@ def test_a_forked_childs_view_survives_the_parent_dropping_its_own(
     ra = rstore.put(a)
     view = reader.get(ra)
     inode = (rstore.root / f"{ra.id}.arrow").stat().st_ino
-    go_r, go_w = os.pipe()
-    res_r, res_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child keeps its view until the parent has tried to rewrite the file
-        code = 1
-        try:
-            os.read(go_r, 1)
-            code = 0 if np.array_equal(view, a) else 3
-        finally:
-            os.write(res_w, bytes([code]))
-            os._exit(0)
+    child_still_sees = fork_keeping(view, a)
     del view
     import gc
 
@@ -975,11 +996,7 @@ def test_a_forked_childs_view_survives_the_parent_dropping_its_own(
     rstore.release(ra)
     rb = rstore.put(b)  # the child's view still pins the file: a fresh one
     assert (rstore.root / f"{rb.id}.arrow").stat().st_ino != inode
-    os.write(go_w, b"x")
-    assert os.read(res_r, 1) == bytes([0])  # the child still saw a
-    os.waitpid(pid, 0)
-    for fd in (go_r, go_w, res_r, res_w):
-        os.close(fd)
+    assert child_still_sees()
     rstore.release(rb)
     rstore.trim_pool()
 
@@ -1026,22 +1043,16 @@ def test_a_forked_childs_view_is_safe_without_free_descriptors(
     ra = rstore.put(a)
     view = reader.get(ra)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    go_r, go_w = os.pipe()
-    res_r, res_w = os.pipe()
-    held = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-    try:
+    held: list[int] = []
+
+    def use_up_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
         with contextlib.suppress(OSError):
             while True:  # no descriptor left at the fork
                 held.append(os.open(os.devnull, os.O_RDONLY))
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.read(go_r, 1)
-                ok = np.array_equal(view, a)
-                os.write(res_w, bytes([0 if ok else 3]))
-            finally:
-                os._exit(0)
+
+    try:
+        child_still_sees = fork_keeping(view, a, before_fork=use_up_descriptors)
     finally:
         for fd in held:
             os.close(fd)
@@ -1049,11 +1060,7 @@ def test_a_forked_childs_view_is_safe_without_free_descriptors(
     del view
     rstore.release(ra)
     rb = rstore.put(b)  # the child's copy of the view still holds the lock
-    os.write(go_w, b"x")
-    assert os.read(res_r, 1) == bytes([0])
-    os.waitpid(pid, 0)
-    for fd in (go_r, go_w, res_r, res_w):
-        os.close(fd)
+    assert child_still_sees()
     rstore.release(rb)
     rstore.trim_pool()
 
