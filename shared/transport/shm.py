@@ -420,9 +420,11 @@ def _write_ipc(sink: BinaryIO, schema: pa.Schema, batch: pa.RecordBatch) -> None
 
 
 _stores: weakref.WeakSet[ShmStore] = weakref.WeakSet()
+_root_fd_guard = threading.Lock()  # see ShmStore._lock
 
 
 def _stores_after_fork_in_child() -> None:
+    _root_fd_guard.release()  # taken by the forking thread, which goes on in the child
     # A lock held by a parent's thread at the fork would never be released in the child.
     for store in list(_stores):
         store._kept_lock = threading.RLock()
@@ -436,7 +438,11 @@ def _stores_after_fork_in_child() -> None:
         store._root_lock_fds = set()
 
 
-os.register_at_fork(after_in_child=_stores_after_fork_in_child)
+os.register_at_fork(
+    before=_root_fd_guard.acquire,
+    after_in_parent=_root_fd_guard.release,
+    after_in_child=_stores_after_fork_in_child,
+)
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -605,16 +611,20 @@ class ShmStore:
         A fresh descriptor per call: flock locks belong to the open file description, which a
         forked child would otherwise share with its parent (and so not exclude it).
         """
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        # A child forked while another thread holds it would keep the lock with its copy
-        # (and wait on itself at its first put): the fork hook closes the child's copies.
-        self._root_lock_fds.add(fd)
+        # A child forked while another thread holds the lock would keep it with its copy of
+        # the descriptor (and wait on itself at its first put): the fork hook closes the
+        # child's copies. The guard keeps a fork out of the windows where a descriptor is
+        # open but not (or no longer) registered.
+        with _root_fd_guard:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self._root_lock_fds.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            self._root_lock_fds.discard(fd)
-            os.close(fd)  # closing releases the lock
+            with _root_fd_guard:
+                self._root_lock_fds.discard(fd)
+                os.close(fd)  # closing releases the lock
 
     def _path(self, seg_id: str) -> Path:
         return self.root / f"{validate_id(seg_id)}{SEGMENT_SUFFIX}"

@@ -279,6 +279,14 @@ def test_zero_copy_in_another_process(store: ShmStore) -> None:
     assert r["writeable"] is False and r["shape"] == [16, 1024, 1024]
 
 
+def test_arrow_uses_the_fork_safe_system_allocator() -> None:
+    r = run_py(
+        "import json, shared.transport, pyarrow as pa; "
+        "print(json.dumps({'pool': pa.default_memory_pool().backend_name}))"
+    )
+    assert r == {"pool": "system"}
+
+
 def test_import_does_not_load_torch() -> None:
     r = run_py(
         "import sys, json, shared.transport; print(json.dumps({'torch': 'torch' in sys.modules}))"
