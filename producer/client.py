@@ -121,6 +121,9 @@ def outcome_from_meta(meta: dict[str, Any]) -> dict[str, Any]:
     if meta.get("status") == "SUCCESS":
         return {"result": meta["result"]}
     res = meta.get("result")
+    if meta.get("status") == "REVOKED" and not isinstance(res, FleetError):
+        # stored by Celery's own revoke command (``celery control revoke``, Flower)
+        return {"error": {"code": "REVOKED", "message": f"revoked: {res}", "type": "REVOKED"}}
     if isinstance(res, FleetError):
         return {"error": res.to_dict()}
     if isinstance(res, BaseException):

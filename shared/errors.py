@@ -72,6 +72,25 @@ class VideoDecodeError(InvalidInput):
     code = "VIDEO_DECODE"
 
 
+class InvalidMessage(InvalidInput):
+    """The message itself is malformed (not Celery's ``[args, kwargs, embed]`` body, bad
+    headers): no request could be read from it. Acked; never retried."""
+
+    code = "INVALID_MESSAGE"
+
+
+class Revoked(FleetError):
+    """The request was revoked (``celery control revoke``, Flower) before it ran."""
+
+    code = "REVOKED"
+
+
+class EtaNotSupported(InvalidInput):
+    """An ETA or countdown: inference requests run as soon as possible or not at all."""
+
+    code = "ETA_NOT_SUPPORTED"
+
+
 class DeadlineExceeded(FleetError):
     """The request's deadline passed before it could run; it was not run."""
 

@@ -14,6 +14,11 @@ PRIORITY_SEP = "\x06\x16"  # kombu's default separator; kept so plain Celery cli
 TASK_PREFIX = "fleet."
 DELIVERY_COUNT_PREFIX = "fleet:deliveries:"  # INCR per delivery, for poison-message detection
 RESULT_KEY_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
+FINAL_KEY_PREFIX = "fleet:final:"  # SET NX by the first final result: later ones are dropped
+# kombu's Redis transport: the unacked hash (tag -> [payload, exchange, routing_key]), its
+# index (tag scored by delivery or, with leases, last renewal time) and the restore mutex.
+UNACKED_KEY = "unacked"
+UNACKED_INDEX_KEY = "unacked_index"
 WORKER_STATS_PREFIX = "fleet:worker:"  # HSET by each worker: device, stream, warmup
 
 
@@ -52,3 +57,8 @@ def delivery_count_key(task_id: str) -> str:
 
 def result_key(task_id: str) -> str:
     return f"{RESULT_KEY_PREFIX}{task_id}"
+
+
+def final_key(task_id: str) -> str:
+    """Marks that ``task_id`` has its final result (``workers.results``: first one wins)."""
+    return f"{FINAL_KEY_PREFIX}{task_id}"

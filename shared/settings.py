@@ -41,9 +41,30 @@ class RedisSettings(_Section):
     port: int = 6390
     db: int = 0
     password: str | None = None
+    # Batching workers hold a lease on every message they hold (workers.lease): a dead
+    # worker's messages are back in their queue within lease_s, a live worker's never leave.
+    lease_s: float = Field(default=10.0, ge=1.0, le=3600.0)
+    # The last resort for consumers without leases (baseline workers, plain Celery).
     visibility_timeout_s: int = 3600
     restore_scan_interval_s: float = 10.0  # how often a worker returns expired unacked messages
     result_expires_s: int = 86400
+
+    @property
+    def lease_renew_s(self) -> float:
+        """How often a worker renews its leases (seconds)."""
+        return self.lease_s / 5.0
+
+    @property
+    def lease_scan_s(self) -> float:
+        """How often a batching worker returns lapsed leases' messages (seconds)."""
+        return min(self.restore_scan_interval_s, self.lease_s / 10.0)
+
+    @property
+    def lease_expiry_s(self) -> float:
+        """Age of a lease's last renewal after which its message is returned (seconds):
+        the lease less one renewal period and one scan, so a dead worker's messages are back
+        within ``lease_s`` of its death."""
+        return self.lease_s - self.lease_renew_s - self.lease_scan_s
 
 
 class StackSettings(_Section):
@@ -154,6 +175,9 @@ class ModalityConfig(_Section):
     max_queue_length_by_priority: dict[str, int] = Field(default_factory=dict)
     circuit_threshold: int = 5  # consecutive failed batches that open the breaker
     circuit_cooldown_s: float = 10.0
+    # On SIGTERM: the running batch and what the window holds run for up to this long;
+    # the rest goes back to its queue at once (a deploy is not a crash).
+    soft_shutdown_timeout_s: float = Field(default=30.0, ge=0.0)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     device: DeviceConfig = Field(default_factory=DeviceConfig)
 

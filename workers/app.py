@@ -31,6 +31,7 @@ from shared.metrics import metrics_port, serve
 from shared.settings import MODALITIES, load_settings
 from workers import engine_registry
 from workers.janitor import ShmJanitor
+from workers.lease import lease_transport_options
 from workers.probe import PROBE_TASK, read_tensor
 from workers.realtime import realtime_consumer_step
 from workers.runtime import refuse_early_cuda, validate_partitions
@@ -84,7 +85,9 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
         app.conf.broker_transport_options = {
             **app.conf.broker_transport_options,
             "fetch_limit": engine.cfg.device.fetch_limit,
+            **lease_transport_options(settings),
         }
+        engine.start_leases()
         if engine.cfg.batching.realtime_lane:
             step = realtime_consumer_step(modality, engine.cfg.batching.realtime_prefetch)
             app.steps["consumer"].add(step)

@@ -36,6 +36,8 @@ from kombu.transport.virtual import QoS as VirtualQoS
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
+from workers import lease
+
 log = logging.getLogger("fleet.broker")
 
 # Takes up to ARGV[1] messages, walking the priority lists (all KEYS but the last two) in
@@ -78,8 +80,54 @@ return out
 """
 
 
+class QoS(kombu_redis.QoS):
+    """kombu's Redis QoS, reporting what it holds to the process's lease keeper.
+
+    ``restore_at_shutdown`` is off: kombu would push back every message of a channel it
+    closes, including after a connection loss, while the engine still runs them (they then
+    ran twice). The engine returns what it holds itself (``LeaseKeeper.give_back``), and the
+    messages of a worker that dies return when their leases lapse. Without a lease keeper
+    (not a batching worker) this is kombu's QoS unchanged.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.restore_at_shutdown = lease.current() is None
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        super().append(message, delivery_tag)
+        _hold(delivery_tag)
+
+    def append_recorded(self, message: Any, delivery_tag: str) -> None:
+        """Track a message whose unacked entry the fetch script wrote already."""
+        VirtualQoS.append(self, message, delivery_tag)
+        _hold(delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        super().ack(delivery_tag)
+        _release(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        super().reject(delivery_tag, requeue=requeue)
+        _release(delivery_tag)
+
+
+def _hold(tag: str) -> None:
+    keeper = lease.current()
+    if keeper is not None:
+        keeper.hold(tag)
+
+
+def _release(tag: str) -> None:
+    keeper = lease.current()
+    if keeper is not None:
+        keeper.release([tag])
+
+
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel, taking up to ``fetch_limit`` messages per round trip."""
+
+    QoS = QoS
 
     fetch_limit = 64
     # Messages that arrived in a multi-message fetch, over every channel of this process
@@ -157,7 +205,7 @@ class Channel(kombu_redis.Channel):
             self.fetch_limit > 1
             and self.ack_emulation
             and not self.global_keyprefix
-            and isinstance(self.qos, kombu_redis.QoS)
+            and isinstance(self.qos, QoS)
             and all(c is not None and not c[1] for c in consumers)
         )
 
@@ -175,7 +223,7 @@ class Channel(kombu_redis.Channel):
                 self.connection._deliver(payload, queue)
                 continue
             message = self.Message(payload, channel=self)
-            VirtualQoS.append(self.qos, message, message.delivery_tag)
+            self.qos.append_recorded(message, message.delivery_tag)
             self._consumers_by_queue[queue][0](message)
 
 

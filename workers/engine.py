@@ -23,11 +23,23 @@ Failure handling
 ----------------
 - Transient faults (:class:`~shared.errors.TransientError`) are retried in place, up to the
   modality's ``max_retries``, after ``retry_backoff_s * 2**attempt``. Nothing else is retried.
-- Poison messages: before a batch runs, each member's in-flight counter
-  (``fleet:deliveries:<id>``) is incremented in Redis, and deleted with its result. A message
-  redelivered after its worker died with it in flight is a *suspect*: it runs in a batch of
-  its own, so it cannot take innocent requests down with it again; once its counter reaches
-  ``MAX_DELIVERIES`` it fails with ``WORKER_LOST`` instead of running.
+- Leases (``workers.lease``): every message this worker holds is renewed by a thread of its
+  own; a dead worker's messages return within ``lease_s``, a live one's never leave it.
+- One final result per request: result writes are first-wins (``workers.results``); before a
+  batch runs, members that already have a final result (a redelivered or duplicated copy)
+  are acked without running (``workers.inflight``); a task id the window already holds is
+  a *twin*: it waits for the first copy and is acked (or given back) with it.
+- Poison messages: on a request's first run in a delivery its in-flight counter
+  (``fleet:deliveries:<id>``) is incremented, and deleted with its result, or given back on a
+  shutdown. A message redelivered after its worker died with it in flight is a *suspect*: it
+  runs in a batch of its own, so it cannot take innocent requests down with it again; once
+  its counter reaches ``MAX_DELIVERIES`` it fails with ``WORKER_LOST`` instead of running.
+- Results or acks that Redis refuses (a restart, a dropped connection) are retried with
+  backoff for ``SETTLE_GIVE_UP_S``; a request still unsettled then is given back to its
+  queue, so its prefetch slot never stays taken.
+- Shutdown (:meth:`Engine.stop`, on SIGTERM): the running batch and what the window holds
+  run to the end for up to ``soft_shutdown_timeout_s``; the rest is given back at once.
+- Revoked requests (``celery control revoke``) held in the window never run: ``REVOKED``.
 - A per-model :class:`~workers.circuit.CircuitBreaker` opens after consecutive failed
   batches; while open, requests fail fast with ``CIRCUIT_OPEN``.
 """
@@ -50,6 +62,7 @@ from typing import Any
 
 from celery import Celery
 from celery.worker import state as worker_state
+from kombu.transport.virtual import QoS as VirtualQoS
 
 from shared.errors import (
     CircuitOpen,
@@ -58,7 +71,9 @@ from shared.errors import (
     DeviceOOM,
     FleetError,
     InvalidInput,
+    InvalidMessage,
     ModelError,
+    Revoked,
     UnsupportedModality,
     WorkerLost,
 )
@@ -72,6 +87,8 @@ from workers.acks import ack_batch
 from workers.batcher import Batcher, Lane, Pending, Policy, Trigger
 from workers.circuit import CircuitBreaker
 from workers.faults import FaultInjector
+from workers.inflight import FINAL, MAX_DELIVERIES, InFlight
+from workers.lease import LeaseKeeper
 from workers.models import make_adapter
 from workers.models.base import Prepared
 from workers.results import Outcome, ResultWriter
@@ -80,8 +97,9 @@ from workers.runtime import DeviceRuntime
 log = logging.getLogger("fleet.engine")
 
 TRIM_EVERY_BATCHES = 10  # give glibc's freed-but-kept heap pages back (see _trim_heap)
-MAX_DELIVERIES = 3  # in-flight deliveries after which a message is poison
 IN_FLIGHT_TTL_S = 7 * 86400
+SETTLE_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # then every 2 s: Redis restarts take seconds
+SETTLE_GIVE_UP_S = 60.0  # a result or ack still refused then: the request is given back
 PROGRESS_INTERVAL_S = 0.25  # at most this often per request: progress is for humans
 
 
@@ -98,6 +116,8 @@ class Work:
     started_s: float = 0.0
     batch_id: str = ""
     batch_size: int = 0
+    counted: bool = False  # its in-flight counter was incremented for this delivery
+    twins: list[Any] = field(default_factory=list)  # more copies of this task id, held
 
 
 @dataclass(slots=True)
@@ -122,6 +142,10 @@ class _Done:
     run_ms: float = 0.0
     priority: str = "unknown"  # for requests refused before they became Work
     stored: bool | None = None  # None: not yet written; False: the write failed
+    duplicate: bool = False  # the request had its final result already: ack, write nothing
+    acked: bool = False
+    first_failure_s: float = 0.0  # monotonic time of the first refused store or ack
+    attempts: int = 0  # store/ack attempts
 
 
 _Posted = _Done | _Progress | _Retry | tuple[str, list[Work]]
@@ -135,6 +159,11 @@ class EngineStats:
     expired: int = 0
     retried: int = 0
     acked_in_batches: int = 0  # acks that shared a Redis pipeline (workers.acks)
+    duplicates: int = 0  # copies acked without running or writing: a final result stood
+    twins: int = 0  # copies of a task id the window held already
+    revoked: int = 0
+    settle_retries: int = 0  # result writes or acks retried after Redis refused them
+    given_back: int = 0  # messages returned to their queue unrun (shutdown, unsettled)
     model_s: float = 0.0  # seconds the inference threads spent running batches (all lanes)
     batches: int = 0
     batch_sizes: Counter[int] = field(default_factory=Counter)
@@ -181,6 +210,13 @@ class Engine:
         self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)
         self.faults = FaultInjector(settings.debug.fault_injection)
         self.writer = ResultWriter(app)
+        ttl = max(IN_FLIGHT_TTL_S, settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
+        self.inflight = InFlight(app.backend.client, int(ttl))
+        self.keeper: LeaseKeeper | None = None
+        self._by_id: dict[str, Work] = {}  # held or running, by task id (twins join these)
+        self._running: dict[str, Work] = {}  # in a batch on an inference thread now
+        self._hub: Any = None
+        self._draining = False
         self.stats = EngineStats()
         self.metrics = FleetMetrics(modality)
         self._bind_gauges()
@@ -237,18 +273,80 @@ class Engine:
             self.runtime.stats(),
         )
 
-    def stop(self) -> None:
+    def start_leases(self) -> None:
+        """Start renewing the leases of every message this process holds (batch mode)."""
+        import redis
+
+        from workers import lease
+
+        client = redis.Redis.from_url(
+            self.settings.redis_url(), socket_timeout=5.0, socket_connect_timeout=2.0
+        )
+        self.keeper = LeaseKeeper(client, self.settings.redis.lease_renew_s)
+        lease.install(self.keeper)
+        self.keeper.start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Shut down gracefully: finish the running batch and what the window holds for up
+        to ``timeout_s`` (default: the modality's ``soft_shutdown_timeout_s``), then give
+        the rest back to its queue at once. Called on the worker's shutdown, after Celery
+        stopped consuming; results and acks are then written from the inference thread."""
+        timeout_s = self.cfg.soft_shutdown_timeout_s if timeout_s is None else timeout_s
+        self.drain()  # what the loop thread had not handled yet
+        with self._lock:
+            self._draining = True
+            self._inline = True
+            self._notify_all()
+        end = time.monotonic() + timeout_s
+        while self._threaded and time.monotonic() < end and self._busy():
+            time.sleep(0.05)
         with self._lock:
             self._stop = True
             self._notify_all()
         for t in self._threads:
-            t.join(timeout=30)
+            t.join(timeout=max(end - time.monotonic(), 0.0) + 1.0)
+        self._give_back_rest()
+        if self.keeper is not None:
+            self.keeper.stop()
+
+    def _busy(self) -> bool:
+        with self._lock:
+            return bool(len(self.batcher) or self._delayed or self._running)
+
+    def _give_back_rest(self) -> None:
+        """Return everything still held (unrun, or running past the shutdown timeout)."""
+        with self._lock:
+            works = list(self._by_id.values())
+            self._by_id.clear()
+        if not works:
+            return
+        counted = [w.req.id for w in works if w.counted]
+        with contextlib.suppress(Exception):  # a shutdown is not a death: uncount
+            self.inflight.uncount(counted)
+        self._give_back([r for w in works for r in (w.req, *w.twins)])
+        log.info("shutdown: gave back %d requests (%d were running)", len(works), len(counted))
+
+    def _give_back(self, reqs: list[Any]) -> None:
+        """Return messages to their queues at once, unrun (their prefetch slots are freed)."""
+        tags = [r.message.delivery_tag for r in reqs if not r.acknowledged]
+        if self.keeper is not None:
+            self.keeper.give_back(tags)
+        for r in reqs:
+            if r.acknowledged:
+                continue
+            qos = getattr(r.message.channel, "qos", None)
+            if qos is not None:
+                VirtualQoS.ack(qos, r.message.delivery_tag)  # forget it: frees the slot
+            r.acknowledged = True  # nothing may ack it any more: another worker owns it
+            worker_state.task_ready(r)
+        self.stats.given_back += len(tags)
 
     def attach(self, hub: Any) -> None:
         """Complete requests on the consumer's event loop (``hub``), or inline if ``None``."""
         if hub is None:
             self._inline = True
             return
+        self._hub = hub
         hub.add_reader(self._wake_r, self.drain)
 
     def _warmup(self) -> None:
@@ -316,6 +414,12 @@ class Engine:
         """A message entered the prefetch window (event-loop thread)."""
         self.stats.received += 1
         worker_state.task_reserved(req)
+        with self._lock:
+            first = self._by_id.get(req.id)
+            if first is not None:  # a copy of a task id held already: runs once, with it
+                first.twins.append(req)
+                self.stats.twins += 1
+                return
         label = "unknown"
         try:
             if req.args:
@@ -357,6 +461,7 @@ class Engine:
             item=work,
         )
         with self._lock:
+            self._by_id[req.id] = work
             self.batcher.add(pending)
             self._lane_cv[self.batcher.lane_of(pending)].notify()
 
@@ -364,13 +469,40 @@ class Engine:
         """For a redelivered message: raise WorkerLost if poison; True if a crash suspect."""
         if not (req.delivery_info or {}).get("redelivered"):
             return False
-        in_flight = int(self.app.backend.client.get(delivery_count_key(req.id)) or 0)
+        in_flight = self.inflight.deaths(req.id)
         log.info("redelivered id=%s died_in_flight=%d", req.id, in_flight)
         if in_flight >= MAX_DELIVERIES:
             raise WorkerLost(
                 f"its worker was lost {in_flight} times while running it; not retried again"
             )
         return in_flight > 0
+
+    def refuse(self, req: Any, exc: FleetError) -> None:
+        """Fail a request at arrival with ``exc`` (stored first-wins, then acked)."""
+        self._finish_now(req, exc)
+
+    def refuse_message(self, message: Any, exc: Exception) -> None:
+        """A message no request could be built from: a coded ``INVALID_MESSAGE`` result
+        under its task id (when it has one), then acked. Never raises: the consumer must
+        not die on a message (it would die again on its redelivery, forever)."""
+        self.stats.received += 1
+        headers = getattr(message, "headers", None)
+        task_id = headers.get("id") if isinstance(headers, dict) else None
+        err = (
+            exc
+            if isinstance(exc, InvalidMessage)
+            else InvalidMessage(f"malformed message: {type(exc).__name__}: {exc}")
+        )
+        log.warning("malformed message id=%s: %s", task_id, err.message)
+        try:
+            if isinstance(task_id, str) and task_id:
+                self.writer.write([Outcome(task_id, error=err)])
+            message.ack()
+        except Exception:  # Redis away: leave it leased; its redelivery is refused again
+            log.warning("could not settle malformed message id=%s", task_id, exc_info=True)
+            return
+        self.stats.failed += 1
+        self.stats.errors[err.code] += 1
 
     def _finish_now(self, req: Any, exc: FleetError, priority: str = "unknown") -> None:
         self._complete([_Done(None, req, Outcome(req.id, error=exc), priority=priority)])
@@ -411,6 +543,10 @@ class Engine:
                         for p in d.batch
                     ]
                 )
+            finally:
+                with self._lock:
+                    for p in d.batch:
+                        self._running.pop(p.id, None)
 
     def _wait_s(self, wake_at_s: float | None, now: float) -> float | None:
         times = [t for t in (wake_at_s, self._delayed[0][0] if self._delayed else None) if t]
@@ -445,7 +581,9 @@ class Engine:
             self._post([_Done(w, w.req, Outcome(w.req.id, error=err)) for w in batch])
             return
         self.runtime.yield_now()
-        self._mark_in_flight(batch)
+        batch = self._begin(batch)
+        if not batch:
+            return
         self._post_started(batch)
         done: list[_Done] = []
         ready: list[tuple[Work, Any]] = []
@@ -473,17 +611,36 @@ class Engine:
         if next(self._trim_count) % TRIM_EVERY_BATCHES == 0:
             _trim_heap()
 
-    def _mark_in_flight(self, batch: list[Work]) -> None:
-        # Outlive every redelivery, however long a dead worker takes to come back.
-        ttl = max(IN_FLIGHT_TTL_S, self.settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
+    def _begin(self, batch: list[Work]) -> list[Work]:
+        """The members to run: revoked ones end ``REVOKED``, ones with a final result are
+        acked unrun; the others are counted in flight (first run of a delivery only)."""
+        revoked = worker_state.revoked
+        gone = [w for w in batch if w.req.id in revoked]
+        if gone:
+            self.stats.revoked += len(gone)
+            err = Revoked("revoked before it ran")
+            # Celery's revoke command stored REVOKED already (it does for reserved requests):
+            # that document stands; ours is written only if it is missing.
+            outs = [Outcome(w.req.id, error=err, keep_existing=True) for w in gone]
+            self._post([_Done(w, w.req, o) for w, o in zip(gone, outs, strict=True)])
+            batch = [w for w in batch if w.req.id not in revoked]
         try:
-            with self.app.backend.client.pipeline(transaction=False) as pipe:
-                for w in batch:
-                    pipe.incr(delivery_count_key(w.req.id))
-                    pipe.expire(delivery_count_key(w.req.id), ttl)
-                pipe.execute()
-        except Exception:  # counting is a safety net; never fail a batch over it
-            log.warning("could not mark batch in flight", exc_info=True)
+            states = self.inflight.begin([w.req.id for w in batch], [not w.counted for w in batch])
+        except Exception:  # a safety net: run anyway (result writes are first-wins)
+            log.warning("could not check or count batch in flight", exc_info=True)
+            return batch
+        dups = [w for w, st in zip(batch, states, strict=True) if st == FINAL]
+        if dups:
+            self.stats.duplicates += len(dups)
+            self._post([_Done(w, w.req, Outcome(w.req.id), duplicate=True) for w in dups])
+        run = []
+        for w, st in zip(batch, states, strict=True):
+            if st != FINAL:
+                w.counted = w.counted or st > 0
+                run.append(w)
+        with self._lock:
+            self._running.update((w.req.id, w) for w in run)
+        return run
 
     def _judge_model(self, ran: list[_Done]) -> None:
         if not ran:
@@ -573,19 +730,30 @@ class Engine:
         self._wake()
 
     def _store(self, done: list[_Done]) -> bool:
-        try:
-            self.writer.write(
-                [d.outcome for d in done],
-                also_delete=[delivery_count_key(d.req.id) for d in done],
-            )
-            ok = True
-        except Exception:
-            # Not acked: the messages return after the visibility timeout (at-least-once).
-            log.exception("storing %d results failed; leaving them unacked", len(done))
-            ok = False
+        """Write the final results of ``done`` (first-wins); duplicates write nothing."""
+        todo = [d for d in done if not d.duplicate]
         for d in done:
-            d.stored = ok
-        return ok
+            if d.duplicate:
+                d.stored = True
+        if not todo:
+            return True
+        try:
+            written = self.writer.write(
+                [d.outcome for d in todo],
+                also_delete=[delivery_count_key(d.req.id) for d in todo],
+            )
+        except Exception as exc:
+            # Not acked, still leased: retried with backoff (_settle_later).
+            log.warning("storing %d results failed (%s); will retry", len(todo), exc)
+            for d in todo:
+                d.stored = False
+            return False
+        for d, ok in zip(todo, written, strict=True):
+            d.stored = True
+            if not ok:  # an earlier final result stands: this copy only needs its ack
+                d.duplicate = True
+                self.stats.duplicates += 1
+        return True
 
     def _post_item(self, item: _Posted) -> None:
         if self._inline:
@@ -644,22 +812,71 @@ class Engine:
                 w.req.on_accepted(os.getpid(), time.monotonic())
 
     def _complete(self, done: list[_Done]) -> None:
-        unstored = [d for d in done if d.stored is None]
+        """Store, ack and finish ``done``; what Redis refuses is retried later."""
+        unstored = [d for d in done if not d.stored]
         if unstored:
             self._store(unstored)
-        done = [d for d in done if d.stored]
-        if not done:
-            return
-        try:
-            self.stats.acked_in_batches += ack_batch(d.req for d in done)
-        except Exception:  # stored, not acked: redelivered after the visibility timeout
-            log.exception("acking %d requests failed", len(done))
+        stored = [d for d in done if d.stored and not d.acked]
+        if stored:
+            reqs = [r for d in stored for r in (d.req, *(d.work.twins if d.work else ()))]
+            try:
+                self.stats.acked_in_batches += ack_batch(reqs, self.keeper)
+                for d in stored:
+                    d.acked = True
+            except Exception as exc:  # stored, not acked: still leased, retried
+                log.warning("acking %d requests failed (%s); will retry", len(reqs), exc)
         now = time.monotonic()
+        left = []
         for d in done:
-            self._finish_one(d, now)
+            if d.acked:
+                self._finish_one(d, now)
+            else:
+                left.append(d)
+        if left:
+            self._settle_later(left, now)
+
+    def _settle_later(self, done: list[_Done], now: float) -> None:
+        """Retry storing/acking ``done`` with backoff; give them back after
+        ``SETTLE_GIVE_UP_S`` (their prefetch slots must not stay taken for good)."""
+        for d in done:
+            d.first_failure_s = d.first_failure_s or now
+            d.attempts += 1
+        self.stats.settle_retries += len(done)
+        if now - min(d.first_failure_s for d in done) >= SETTLE_GIVE_UP_S:
+            log.error("%d requests could not be settled for %.0f s; giving them back",
+                      len(done), SETTLE_GIVE_UP_S)  # fmt: skip
+            self._give_back_unsettled(done)
+            return
+        delay = SETTLE_BACKOFF_S[min(done[0].attempts - 1, len(SETTLE_BACKOFF_S) - 1)]
+        if self._hub is not None and not self._inline:
+            self._hub.call_later(delay, self._complete, done)
+        else:  # no event loop (draining, tests): this thread waits
+            time.sleep(delay)
+            self._complete(done)
+
+    def _give_back_unsettled(self, done: list[_Done]) -> None:
+        reqs = []
+        for d in done:
+            with self._lock:
+                self._by_id.pop(d.req.id, None)
+            reqs += [d.req, *(d.work.twins if d.work else ())]
+        with contextlib.suppress(Exception):
+            self.inflight.uncount([d.req.id for d in done if d.work and d.work.counted])
+        self._give_back(reqs)
 
     def _finish_one(self, d: _Done, now: float) -> None:
         req, o, w = d.req, d.outcome, d.work
+        with self._lock:
+            if w is not None and self._by_id.get(req.id) is w:
+                del self._by_id[req.id]
+        for twin in w.twins if w else ():
+            worker_state.task_ready(twin)
+        if d.duplicate:
+            worker_state.task_ready(req)
+            log.info("request id=%s state=DUPLICATE (a final result stood; acked)", req.id)
+            return
+        if self._draining:  # Celery's event connection is gone: send no events
+            req._eventer = None
         if o.error is None:
             self.stats.succeeded += 1
             summary = (
@@ -714,6 +931,12 @@ class Engine:
             "expired": s.expired,
             "retried": s.retried,
             "acked_in_batches": s.acked_in_batches,
+            "duplicates": s.duplicates,
+            "twins": s.twins,
+            "revoked": s.revoked,
+            "settle_retries": s.settle_retries,
+            "given_back": s.given_back,
+            "leases": self.keeper.snapshot() if self.keeper else None,
             "model_s": round(s.model_s, 6),
             "fetched_in_batches": broker.Channel.fetched_in_batches_total,
             "batches": s.batches,

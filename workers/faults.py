@@ -12,11 +12,13 @@ Faults (checked right before a batch containing the request runs):
                      request (a batch too big for the partition: split and recovered).
 - ``"oom_always"``   out-of-memory even alone (fails alone with ``DEVICE_OOM``).
 - ``"crash"``        the worker process exits at once (a poison message).
+- ``"slow:S"``       the batch takes S more seconds (a long video, a hung model call).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -52,6 +54,8 @@ class FaultInjector:
                 continue
             if spec == "crash":
                 os._exit(70)
+            if spec.startswith("slow:"):
+                time.sleep(float(spec.split(":", 1)[1]))
             if spec == "model_error":
                 raise RuntimeError("injected model fault")
             if spec == "oom_always" or (spec == "oom" and len(batch) > 1):

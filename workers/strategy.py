@@ -4,8 +4,12 @@ Celery calls a task's *strategy* for every message of that task that enters the 
 prefetch window; the default strategy executes it in the pool. This one builds the same
 :class:`celery.worker.request.Request` (so ids, events, acks and ``inspect`` behave as
 usual), sends ``task-received``, and gives the request to :class:`workers.engine.Engine`
-instead. Revoked and expired messages are dropped as by the default strategy; ETA and
-rate limits are not supported for inference requests (an ETA message is rejected).
+instead. Revoked and expired messages are dropped as by the default strategy. A message
+no request can be built from (a body that is not Celery's ``[args, kwargs, embed]``, broken
+headers) gets a coded ``INVALID_MESSAGE`` failure and is acked: it must not crash the
+consumer (the worker would die on it at every restart). ETA/countdown is not supported for
+inference requests: such a message fails ``ETA_NOT_SUPPORTED`` (the producer refuses it at
+submit; this covers other clients).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from celery.utils.imports import symbol_by_name
 from celery.worker.request import create_request_cls
 from celery.worker.strategy import hybrid_to_proto2, proto1_to_proto2
 
+from shared.errors import EtaNotSupported, InvalidMessage
 from workers import engine_registry
 from workers.events import coalesce_task_events
 
@@ -35,7 +40,7 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     )
     revoked = consumer.controller.state.revoked
 
-    def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **__: Any) -> None:
+    def build(message: Any, body: Any, ack: Any, reject: Any) -> Any:
         if body is None and "args" not in message.payload:
             body, headers, decoded, utc = (message.body, message.headers, False, True)
         elif "args" in message.payload:
@@ -56,6 +61,15 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
             decoded=decoded,
             utc=utc,
         )
+        _check_shape(req)
+        return req
+
+    def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **__: Any) -> None:
+        try:
+            req = build(message, body, ack, reject)
+        except Exception as exc:  # a malformed message: fail it, never the consumer
+            engine.refuse_message(message, exc)
+            return
         if (req.expires or req.id in revoked) and req.revoked():
             return
         if send_events:
@@ -70,8 +84,21 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
                 retries=req.request_dict.get("retries", 0),
             )
         if req.eta:
-            req.reject(requeue=False)
+            engine.refuse(req, EtaNotSupported("ETA/countdown is not supported; submit when due"))
             return
         engine.on_request(req)
 
     return handler
+
+
+def _check_shape(req: Any) -> None:
+    """Touch what the engine reads, so a malformed message fails here, not later.
+
+    Raises:
+        InvalidMessage: the id, args or kwargs are not what Celery's protocol 2 sends.
+    """
+    if not isinstance(req.id, str) or not req.id:
+        raise InvalidMessage("the message has no task id")
+    if not isinstance(req.args, list | tuple) or not isinstance(req.kwargs, dict):
+        raise InvalidMessage("the body is not [args, kwargs, embed]")
+    _ = req.eta, req.expires, req.delivery_info  # parsed lazily by Celery: may raise
