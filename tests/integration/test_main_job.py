@@ -17,7 +17,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from producer.client import FleetClient, SubmitRequest, image_inputs
+from producer.client import FleetClient, SubmitRequest, image_inputs, outcome_from_meta
 from shared.errors import FleetError, QueueFull
 
 pytestmark = pytest.mark.integration
@@ -132,7 +132,7 @@ def test_batches_form_under_load_and_match_single_results(client: FleetClient) -
     assert max(abs(a - b) for a, b in zip(alone, batched, strict=True)) < 1e-4
 
 
-def test_pickled_message_is_refused_and_never_runs(client: FleetClient) -> None:
+def test_pickled_message_is_refused_coded_and_never_runs(client: FleetClient) -> None:
     from kombu import Queue
 
     task_id = str(uuid.uuid4())
@@ -153,9 +153,12 @@ def test_pickled_message_is_refused_and_never_runs(client: FleetClient) -> None:
         )  # fmt: skip
     # A request queued behind it at the same priority: once it is done, the pickle was seen.
     assert client.submit("text", {"text": "After the pickle."}).get(30)["dim"] == 384
+    # Never deserialized, never run: its sender gets a coded failure instead of silence.
     meta = client.app.backend.get_task_meta(task_id)
-    assert meta["status"] == "PENDING"  # no result was ever stored for it
-    assert sum(client.queue_depth("text").values()) == 0  # consumed and discarded
+    assert meta["status"] == "FAILURE"
+    assert outcome_from_meta(meta)["error"]["code"] == "INVALID_MESSAGE"
+    assert "ContentDisallowed" in outcome_from_meta(meta)["error"]["message"]
+    assert sum(client.queue_depth("text").values()) == 0  # consumed and acked
 
 
 def test_queue_full_refuses_then_everything_drains(
