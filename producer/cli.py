@@ -73,6 +73,9 @@ def worker(
     ),
     prefetch: Annotated[int, typer.Option(help="prefetch window; 0 = from config")] = 0,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    name: Annotated[
+        str, typer.Option(help="node name before @host (default: MODALITY); one per process")
+    ] = "",
 ) -> None:
     """Run one worker process for MODALITY (a thin wrapper over `celery worker -Q MODALITY`)."""
     if modality not in MODALITIES:
@@ -97,7 +100,7 @@ def worker(
     queues = modality if lane else f"{modality},{realtime_queue_name(modality)}"
     argv = [
         sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-        "-Q", queues, "-P", "solo", "-c", "1", "-n", f"{modality}@%h",
+        "-Q", queues, "-P", "solo", "-c", "1", "-n", f"{name or modality}@%h",
         f"--prefetch-multiplier={window}", "-E", "--without-mingle", "--without-gossip",
         "-l", loglevel,
     ]  # fmt: skip

@@ -163,12 +163,24 @@ class Stack:
             return False
 
     # -- workers ------------------------------------------------------------------------
-    def worker_argv(self, modality: str, mode: str = "batch") -> list[str]:
-        return [sys.executable, "-m", "producer.cli", "worker", modality, "--mode", mode]
+    def worker_argv(self, modality: str, mode: str = "batch", node: str = "") -> list[str]:
+        argv = [sys.executable, "-m", "producer.cli", "worker", modality, "--mode", mode]
+        return [*argv, "--name", node] if node else argv
 
-    def start_worker(self, modality: str, mode: str = "batch") -> Proc:
-        proc = self._spawn(f"worker-{modality}", self.worker_argv(modality, mode))
-        node = f"{modality}@{socket.gethostname()}"
+    @staticmethod
+    def worker_name(modality: str, instance: int = 0) -> str:
+        """The process name (pidfile, log) of a worker: ``worker-text``, ``worker-text-1``."""
+        return f"worker-{modality}" + (f"-{instance}" if instance else "")
+
+    def start_worker(self, modality: str, mode: str = "batch", instance: int = 0) -> Proc:
+        """Start a worker and wait until it answers a ping. ``instance`` > 0 starts another
+        worker of the same modality (node ``text-1@host``, process ``worker-text-1``)."""
+        node_name = f"{modality}-{instance}" if instance else modality
+        proc = self._spawn(
+            self.worker_name(modality, instance),
+            self.worker_argv(modality, mode, node_name if instance else ""),
+        )
+        node = f"{node_name}@{socket.gethostname()}"
         self._wait(
             lambda: self.worker_ping(node), f"worker {modality}", proc, self.s.stack.ready_timeout_s
         )

@@ -35,6 +35,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual import QoS as VirtualQoS
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from workers import lease
 
@@ -153,6 +154,18 @@ class Channel(kombu_redis.Channel):
         queue = self._tag_to_queue.get(consumer_tag)
         self._consumers_by_queue.pop(queue, None)
         return super().basic_cancel(consumer_tag)
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        # A new pool needs the kombu Connection's parameters. kombu detaches the transport
+        # from that Connection (``transport.client = None``) once it is closed or collected,
+        # and a channel it could not close then (on a dead broker, a connection error in one
+        # channel's close ends kombu's close loop) is closed again later: its QoS restoring
+        # the unacked messages would build a pool and fail with an AttributeError, which no
+        # cleanup path ignores and which stops the worker. It is a connection error: the
+        # broker connection is gone; the messages stay unacked in Redis and come back.
+        if self.connection is None or self.connection.client is None:
+            raise RedisConnectionError("broker connection closed")
+        return super()._connparams(asynchronous=asynchronous)
 
     def _brpop_read(self, **options: Any) -> bool:
         try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from celery import bootsteps
 from kombu import Consumer, Queue
+from kombu.common import ignore_errors
 
 from shared import keys
 
@@ -44,5 +45,18 @@ def realtime_consumer_step(modality: str, prefetch: int) -> type[bootsteps.Consu
         def start(self, c: Any) -> None:
             self._consumer = c
             super().start(c)
+
+        def _close(self, c: Any, cancel_consumers: bool = True) -> None:
+            # Celery's ConsumerStep._close ignores errors through ``c.connection``, which is
+            # None after a connection loss (the consumer drops it before it restarts the
+            # steps): a connection error closing this channel on a dead broker would be an
+            # AttributeError that stops the worker. Ignore through the consumer, as Celery's
+            # own steps (Tasks, Control) do.
+            channels = {consumer.channel for consumer in self.consumers or [] if consumer.channel}
+            for consumer in self.consumers or []:
+                if cancel_consumers:
+                    ignore_errors(c, consumer.cancel)
+            for channel in channels:
+                ignore_errors(c, channel.close)
 
     return RealtimeLaneConsumer

@@ -10,6 +10,7 @@ finished request, ``request id=<id> state=<STATE>``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -287,3 +288,59 @@ def test_an_eta_message_gets_a_coded_failure(rclient: FleetClient, worker: Any) 
         keys.task_name("text"), kwargs=env.to_kwargs(), countdown=1, queue=keys.queue_name("text")
     )
     assert outcome_of(rclient, res.id)["error"]["code"] == "ETA_NOT_SUPPORTED"
+
+
+# -- Redis and network faults --------------------------------------------------------------
+def kill_redis_and_restart(st: Any) -> float:
+    """SIGKILL redis-server, start it again on its port from its AOF; seconds it was down."""
+    pid = st._read_pid(st.pids / "redis.pid")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    wait_for(lambda: not st.alive("redis"), "redis-server to die", 10)
+    st.start_redis()
+    return time.monotonic() - t0
+
+
+def test_a_redis_restart_under_load_is_survived_and_nothing_is_lost(
+    rclient: FleetClient, worker: Any
+) -> None:
+    pid = worker_pid(worker)
+    hs = rclient.submit_many(
+        [SubmitRequest("text", {"text": words(i)}, "bulk") for i in range(300)]
+    )
+    r = redis_of(worker)
+    wait_for(lambda: r.hlen(keys.UNACKED_KEY) >= 50, "the worker to hold a window")
+    down_s = kill_redis_and_restart(worker)
+    outs = rclient.wait_all(hs, timeout_s=120)
+    assert worker.alive("worker-text") and worker_pid(worker) == pid, worker.log_tail("worker-text")
+    assert all(o is not None and "result" in o for o in outs), [
+        o for o in outs if not o or "result" not in o
+    ][:3]
+    twice = sum(runs(worker, h.id, "SUCCESS") > 1 for h in hs)
+    print(f"redis down {down_s:.1f} s; {twice} of {len(hs)} ran twice")
+    wait_for(lambda: settled(worker), "the queue and unacked hash to empty", 30)
+
+
+def test_killed_worker_connections_do_not_rerun_what_the_engine_holds(
+    rclient: FleetClient, worker: Any
+) -> None:
+    """``CLIENT KILL`` of every worker connection mid-batch: the worker reconnects; what its
+    engine held is neither restored behind its back nor run twice."""
+    pid = worker_pid(worker)
+    blocker = rclient.submit("text", {"text": words(14), "_inject": "slow:2"}, "bulk")
+    hs = rclient.submit_many([SubmitRequest("text", {"text": words(i)}, "bulk") for i in range(60)])
+    r = redis_of(worker)
+    wait_for(lambda: r.hlen(keys.UNACKED_KEY) >= 61, "the worker to hold all 61")
+    me = r.client_id()
+    killed = 0
+    for c in r.client_list():
+        if int(c["id"]) != me and c.get("cmd") not in ("client|list", "client"):
+            with contextlib.suppress(redis.RedisError):
+                killed += int(r.client_kill_filter(_id=c["id"]))
+    assert killed > 0
+    outs = rclient.wait_all([blocker, *hs], timeout_s=60)
+    assert all(o is not None and "result" in o for o in outs)
+    assert worker_pid(worker) == pid and worker.alive("worker-text")
+    wait_for(lambda: settled(worker), "the queue and unacked hash to empty", 30)
+    assert sum(runs(worker, h.id, "SUCCESS") for h in [blocker, *hs]) == 61, "some ran twice"
