@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORKLOAD ?= mixed
 PYTEST_ARGS ?=
 
-.PHONY: venv up down status flower demo test lint bench soak gpu-check clean
+.PHONY: venv up down status flower demo test lint bench soak chaos gpu-check clean
 
 venv: $(VENV)/.installed
 
@@ -46,6 +46,11 @@ bench: venv
 
 soak: venv
 	$(BIN)/fleet soak
+
+# Faults injected into a real stack under load (configs/chaos.toml); writes reports/chaos.json.
+# CI runs the short version (tests/integration/test_chaos_short.py).
+chaos: venv
+	$(BIN)/fleet chaos
 
 gpu-check: venv
 	$(BIN)/python -m workers.gpu_check

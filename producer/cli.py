@@ -365,6 +365,31 @@ def soak(
     raise typer.Exit(main(SoakOptions(requests=requests, warmup=warmup, wave=wave, out=out)))
 
 
+@app.command()
+def chaos(
+    short: Annotated[bool, typer.Option(help="the short scenarios, text workers only (CI)")] = (
+        False
+    ),
+    scenarios: Annotated[str, typer.Option(help="comma list of scenario names (default: all)")] = (
+        ""
+    ),
+    video: Annotated[bool, typer.Option(help="start a video worker and run video scenarios")] = (
+        True
+    ),
+    file: Annotated[Path, typer.Option(help="the scenario file")] = Path("configs/chaos.toml"),
+    out: Annotated[Path, typer.Option(help="the JSON report")] = Path("reports/chaos.json"),
+) -> None:
+    """Inject faults into a real stack under load; report lost / duplicated / recovery.
+
+    Exit 0 when every scenario meets the goal (0 lost, 0 duplicated final results, every
+    request final within 15 s of the fault's end not counting worker restarts, no worker
+    exit), 1 otherwise, 2 on a bad scenario file.
+    """
+    from producer.chaos.main import main
+
+    raise typer.Exit(main(file, [n for n in scenarios.split(",") if n], short, video, out))
+
+
 @shm_app.command("ls")
 def shm_ls() -> None:
     """List segments: id, size, owner, age, expiry, whether the owner is alive (or

@@ -36,6 +36,7 @@ from kombu.transport.virtual import QoS as VirtualQoS
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError as RedisResponseError
 
 from workers import lease
 
@@ -207,6 +208,11 @@ class Channel(kombu_redis.Channel):
             # The message BRPOP took is still delivered; the rest wait in Redis.
             log.warning("fetching more messages failed; delivering one", exc_info=True)
             self.client.connection.disconnect()
+            return []
+        except RedisResponseError as exc:
+            # Refused before it ran (NOPERM: an ACL denies scripts; NOSCRIPT after a
+            # failover is reloaded by redis-py): nothing was taken; kombu's path goes on.
+            log.warning("fetching more messages refused (%s); delivering one", exc)
             return []
         return list(zip(flat[0::2], flat[1::2], strict=True))
 

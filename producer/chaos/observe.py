@@ -109,3 +109,24 @@ def poll_outcomes(client: FleetClient, ids: Iterable[str]) -> dict[str, dict[str
 
 def handles_ids(handles: Iterable[ResultHandle]) -> list[str]:
     return [h.id for h in handles]
+
+
+def locate(r: redis.Redis, task_ids: Iterable[str]) -> dict[str, str]:
+    """Where each (lost) task id is now: a queue's priority list, kombu's unacked hash with
+    its lease's age, or nowhere in Redis. For reading a failed run."""
+    want = {t.encode(): t for t in task_ids}
+    where = dict.fromkeys(want.values(), "nowhere")
+    for key in r.scan_iter(count=1000):
+        kind = r.type(key)
+        if kind == b"list":
+            for item in r.lrange(key, 0, -1):
+                for raw, tid in want.items():
+                    if raw in item:
+                        where[tid] = f"queued in {key!r}"
+    scores = dict(r.zrange(keys.UNACKED_INDEX_KEY, 0, -1, withscores=True))
+    for tag, entry in r.hgetall(keys.UNACKED_KEY).items():
+        for raw, tid in want.items():
+            if raw in entry:
+                age = time.time() - scores[tag] if tag in scores else None
+                where[tid] = f"unacked tag={tag.decode()} lease_age_s={age}"
+    return where

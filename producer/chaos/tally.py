@@ -47,7 +47,9 @@ def row(name: str, seen: Seen) -> dict[str, Any]:
     """The report row of one scenario."""
     ids = list(dict.fromkeys(seen.sent))
     final = [i for i in ids if i in seen.last]
-    changed = {i for i in final if i in seen.first and state_of(seen.first[i]) != state_of(seen.last[i])}
+    changed = {
+        i for i in final if i in seen.first and state_of(seen.first[i]) != state_of(seen.last[i])
+    }
     published_twice = {i for i in ids if seen.publishes[i] > 1}
     recover = (
         round(max(seen.all_final_s - seen.fault_end_s, 0.0), 2)
@@ -65,6 +67,7 @@ def row(name: str, seen: Seen) -> dict[str, Any]:
         "worker_exited": seen.worker_exited,
         "worker_restart_s": [round(s, 1) for s in seen.restart_s],
         "states": dict(Counter(state_of(seen.last[i]) for i in final).most_common()),
+        "lost_ids": [i for i in ids if i not in seen.last][:20],  # for reading the logs
     }
 
 
