@@ -296,6 +296,11 @@ class Engine:
         with self._lock:
             self._draining = True
             self._inline = True
+            # Celery's event connection is closed by now: the inference thread must not
+            # send events through it (progress, retried, started, succeeded).
+            for w in self._by_id.values():
+                for r in (w.req, *w.twins):
+                    r._eventer = None
             self._notify_all()
         end = time.monotonic() + timeout_s
         while self._threaded and time.monotonic() < end and self._busy():
@@ -875,8 +880,6 @@ class Engine:
             worker_state.task_ready(req)
             log.info("request id=%s state=DUPLICATE (a final result stood; acked)", req.id)
             return
-        if self._draining:  # Celery's event connection is gone: send no events
-            req._eventer = None
         if o.error is None:
             self.stats.succeeded += 1
             summary = (
