@@ -23,6 +23,8 @@ Relies on kombu's Redis channel internals (``_brpop_read``, ``_q_for_pri``, ``_q
 
 Transport options (Celery ``broker_transport_options``):
     fetch_limit: most messages taken per round trip (default 64; 1 = kombu's behaviour).
+    fetch_max_bytes: most payload bytes taken per round trip (default 8 MiB; the first
+        message is always taken): large images do not hold Redis for long.
 """
 
 from __future__ import annotations
@@ -42,41 +44,62 @@ from workers import lease
 
 log = logging.getLogger("fleet.broker")
 
-# Takes up to ARGV[1] messages, walking the priority lists (all KEYS but the last two) in
-# order and emptying each before the next, and records each in kombu's unacked hash and index
-# (the last two KEYS) in the same atomic step, so no message is ever out of Redis without its
-# unacked entry (kombu's own fetch leaves a gap between BRPOP and QoS.append). The entry is
-# kombu's format, ``[payload, exchange, routing_key]`` with the payload's JSON kept
-# byte for byte, scored with ARGV[2] (the worker's clock, as kombu scores it). A message
-# whose delivery tag cannot be read is pushed back where it was and the walk stops: kombu's
-# own path takes it next. Returns a flat array: key, item, key, item, ...
+# Takes up to ARGV[1] messages, and at most ARGV[3] bytes of them (always at least one),
+# walking the priority lists (all KEYS but the last two) in order and emptying each before
+# the next, and records each in kombu's unacked hash and index (the last two KEYS) in the
+# same atomic step, so no message is ever out of Redis without its unacked entry. The entry
+# is kombu's format, ``[payload, exchange, routing_key]`` with the payload's JSON kept byte
+# for byte, scored with ARGV[2] (the worker's clock, as kombu scores it).
+# The delivery tag and info are read from the payload's last 4 KiB, where kombu's JSON puts
+# ``properties`` (after the body): Redis is single-threaded, and decoding a whole 10 MiB
+# payload here would stall every client for tens of milliseconds. Only a small payload
+# whose tail does not have them is decoded; one that cannot be read is pushed back where
+# it was and the walk stops: kombu's own path takes it next.
+# Returns a flat array: key, item, key, item, ...
 _TAKE_MANY = """
 local n = #KEYS - 2
 local hash, index = KEYS[n + 1], KEYS[n + 2]
 local left = tonumber(ARGV[1])
+local budget = tonumber(ARGV[3] or '0')
+local taken = 0
 local out = {}
-for i = 1, n do
-  local key = KEYS[i]
-  while left > 0 do
+local function props(item)
+  local tail = string.sub(item, -4096)
+  local tag = string.match(tail, '"delivery_tag"%s*:%s*"([^"\\]+)"')
+  local info = string.match(tail, '"delivery_info"%s*:%s*(%b{})')
+  if tag and info then
+    local ex = string.match(info, '"exchange"%s*:%s*"([^"\\]*)"')
+    local rk = string.match(info, '"routing_key"%s*:%s*"([^"\\]*)"')
+    if ex and rk then return tag, ex, rk end
+  end
+  if #item > 65536 then return nil end
+  local ok, msg = pcall(cjson.decode, item)
+  local p = ok and type(msg) == 'table' and msg['properties']
+  local i = type(p) == 'table' and p['delivery_info']
+  if type(p) ~= 'table' or type(p['delivery_tag']) ~= 'string' or type(i) ~= 'table' then
+    return nil
+  end
+  return p['delivery_tag'], i['exchange'], i['routing_key']
+end
+for k = 1, n do
+  local key = KEYS[k]
+  while left > 0 and (budget <= 0 or taken < budget) do
     local item = redis.call('RPOP', key)
     if not item then break end
-    local ok, msg = pcall(cjson.decode, item)
-    local props = ok and type(msg) == 'table' and msg['properties']
-    local tag = type(props) == 'table' and props['delivery_tag']
-    local info = type(props) == 'table' and props['delivery_info']
-    if type(tag) ~= 'string' or type(info) ~= 'table' then
+    local tag, ex, rk = props(item)
+    if not tag then
       redis.call('RPUSH', key, item)
       return out
     end
-    local entry = '[' .. item .. ',' .. cjson.encode(info['exchange']) .. ','
-      .. cjson.encode(info['routing_key']) .. ']'
+    local entry = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
     redis.call('HSET', hash, tag, entry)
     redis.call('ZADD', index, ARGV[2], tag)
     out[#out + 1] = key
     out[#out + 1] = item
     left = left - 1
+    taken = taken + #item
   end
-  if left == 0 then break end
+  if left == 0 or (budget > 0 and taken >= budget) then break end
 end
 return out
 """
@@ -132,10 +155,15 @@ class Channel(kombu_redis.Channel):
     QoS = QoS
 
     fetch_limit = 64
+    fetch_max_bytes = 8 * 2**20  # payload bytes per round trip (the first message always)
     # Messages that arrived in a multi-message fetch, over every channel of this process
     # (the worker's stats); each channel also counts its own in ``fetched_in_batches``.
     fetched_in_batches_total = 0
-    from_transport_options = (*kombu_redis.Channel.from_transport_options, "fetch_limit")
+    from_transport_options = (
+        *kombu_redis.Channel.from_transport_options,
+        "fetch_limit",
+        "fetch_max_bytes",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._consumers_by_queue: dict[str, tuple[Any, bool]] = {}
@@ -203,7 +231,9 @@ class Channel(kombu_redis.Channel):
         try:
             if self._take_many is None:
                 self._take_many = self.client.register_script(_TAKE_MANY)
-            flat = self._take_many(keys=keys, args=[n, repr(time.time())], client=self.client)
+            flat = self._take_many(
+                keys=keys, args=[n, repr(time.time()), self.fetch_max_bytes], client=self.client
+            )
         except self.connection_errors:
             # The message BRPOP took is still delivered; the rest wait in Redis.
             log.warning("fetching more messages failed; delivering one", exc_info=True)

@@ -6,6 +6,9 @@ stack's workers never see these queues.
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -150,3 +153,44 @@ def test_an_unreadable_message_stays_where_it_was(conn: Connection) -> None:
     assert consumer.client.lrange(keys.priority_list_key(QUEUE, 6), -1, -1) == [b"not json"]
     assert consumer._size(QUEUE) == 2
     assert consumer.client.hlen("unacked") == 0
+
+
+def test_a_byte_budget_bounds_each_round_trip(stack: Any, fleet_settings: Any) -> None:
+    # ~1.4 MB messages (1 MiB bodies, base64), a 2.5 MiB budget: the script stops once it has
+    # taken 2.5 MiB (two), besides the message BRPOP took; the rest wait in Redis.
+    with Connection(
+        _db7(fleet_settings),
+        transport="workers.broker:Transport",
+        transport_options={**OPTIONS, "fetch_limit": 64, "fetch_max_bytes": int(2.5 * 2**20)},
+    ) as c:
+        c.default_channel.client.flushdb()
+        queue = Queue(QUEUE, Exchange(QUEUE), QUEUE)
+        producer = Producer(c.default_channel, exchange=queue.exchange, routing_key=QUEUE)
+        blob = os.urandom(2**20)
+        for i in range(6):
+            producer.publish(blob, headers={"i": i}, declare=[queue], serializer="raw",
+                             content_type="application/octet-stream")  # fmt: skip
+        seen: list[int] = []
+        channel = _consume(c, 10, lambda m: seen.append(m.headers["i"]), rounds=1)
+        assert seen == [0, 1, 2] and channel.fetched_in_batches == 3
+        assert channel.client.hlen("unacked") == 3 and channel._size(QUEUE) == 3
+        stored = [json.loads(e)[0] for e in channel.client.hvals("unacked")]
+        assert all(base64.b64decode(m["body"]) == blob for m in stored)  # payloads intact
+        c.default_channel.client.flushdb()
+
+
+def test_a_message_whose_properties_are_not_last_is_still_recorded(conn: Connection) -> None:
+    # Another client's JSON: compact, properties first. The script reads the tag from the
+    # decoded payload (it is small) and records it as kombu would.
+    _publish(conn, [6])
+    redis = conn.default_channel.client
+    key = keys.priority_list_key(QUEUE, 6)
+    original = json.loads(redis.rpop(key))
+    reordered = {"properties": original.pop("properties"), **original}
+    redis.lpush(key, json.dumps(reordered, separators=(",", ":")))
+    _publish(conn, [6])
+    seen: list[int] = []
+    channel = _consume(conn, 10, lambda m: seen.append(m.payload["i"]), rounds=1)
+    assert sorted(seen) == [0, 0] and channel.client.hlen("unacked") == 2
+    tags = {json.loads(e)[0]["properties"]["delivery_tag"] for e in channel.client.hvals("unacked")}
+    assert tags == {t.decode() for t in channel.client.hkeys("unacked")}
