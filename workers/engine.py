@@ -214,6 +214,8 @@ class Engine:
         self.inflight = InFlight(app.backend.client, int(ttl))
         self.keeper: LeaseKeeper | None = None
         self._by_id: dict[str, Work] = {}  # held or running, by task id (twins join these)
+        self._arriving: dict[str, list[Any]] = {}  # arrived, not yet admitted -> its twins
+        self._admitting: list[tuple[Any, TaskEnvelope]] = []
         self._running: dict[str, Work] = {}  # in a batch on an inference thread now
         self._hub: Any = None
         self._draining = False
@@ -292,7 +294,8 @@ class Engine:
         the rest back to its queue at once. Called on the worker's shutdown, after Celery
         stopped consuming; results and acks are then written from the inference thread."""
         timeout_s = self.cfg.soft_shutdown_timeout_s if timeout_s is None else timeout_s
-        self.drain()  # what the loop thread had not handled yet
+        self._admit()  # what arrived last, then what the loop thread had not handled yet
+        self.drain()
         with self._lock:
             self._draining = True
             self._inline = True
@@ -416,13 +419,21 @@ class Engine:
 
     # -- loop thread: arrivals ----------------------------------------------------------
     def on_request(self, req: Any) -> None:
-        """A message entered the prefetch window (event-loop thread)."""
+        """A message entered the prefetch window (event-loop thread).
+
+        Cheap checks run here; decoding waits for :meth:`_admit`, which first counts the
+        delivery in Redis (one round trip for every message of a fetch), so that a message
+        whose decoding kills the worker is counted like one that kills it in a batch."""
         self.stats.received += 1
         worker_state.task_reserved(req)
         with self._lock:
             first = self._by_id.get(req.id)
             if first is not None:  # a copy of a task id held already: runs once, with it
                 first.twins.append(req)
+                self.stats.twins += 1
+                return
+            if req.id in self._arriving:
+                self._arriving[req.id].append(req)
                 self.stats.twins += 1
                 return
         label = "unknown"
@@ -435,31 +446,76 @@ class Engine:
             env = TaskEnvelope.from_kwargs(req.kwargs)
             # Only the four classes become metric labels: a producer sending arbitrary
             # priority strings must not create unbounded Prometheus series.
-            priority = Priority.parse(env.priority)
+            Priority.parse(env.priority)
             label = env.priority
             self._check_served(env)
             if env.expired():  # waited in Redis past its deadline: do not even validate it
                 raise DeadlineExceeded("deadline passed before it could run")
-            suspect = self._check_redelivery(req)
-            inputs, fault = self.faults.split(env.inputs)
-            prepared = self.adapter.prepare(inputs)
         except FleetError as exc:
             self._finish_now(req, exc, label)
             return
-        except Exception as exc:  # an adapter bug must not kill the consumer
-            log.exception("prepare failed id=%s", req.id)
-            self._finish_now(req, InvalidInput(f"input could not be prepared: {exc}"), label)
+        with self._lock:
+            self._arriving[req.id] = []
+        self._admitting.append((req, env))
+        if self._hub is not None and not self._inline:
+            if len(self._admitting) == 1:  # after the rest of this fetch's messages
+                self._hub.call_soon(self._admit)
+        else:
+            self._admit()
+
+    def _admit(self) -> None:
+        """Count the deliveries of the messages that arrived, then decode and hold them."""
+        batch, self._admitting = self._admitting, []
+        if not batch:
             return
+        try:
+            counts = self.inflight.arrive([req.id for req, _ in batch])
+        except Exception:  # Redis away: count them when their batch runs instead
+            log.warning("could not count %d arrivals", len(batch), exc_info=True)
+            counts = [0] * len(batch)
+        decoded = []
+        for (req, env), count in zip(batch, counts, strict=True):
+            with self._lock:
+                twins = self._arriving.pop(req.id, [])
+            if self._hold(req, env, count, twins) and count > 0:
+                decoded.append(req.id)
+        # Decoded without dying: waiting in the window is no fault of theirs (a worker that
+        # dies now was not killed by them); they are counted again when their batch runs.
+        try:
+            self.inflight.uncount(decoded)
+        except Exception:
+            log.warning("could not uncount %d decoded arrivals", len(decoded), exc_info=True)
+
+    def _hold(self, req: Any, env: TaskEnvelope, count: int, twins: list[Any]) -> bool:
+        """Decode one request and give it to the batcher (``count``: its deliveries so far,
+        this one included; 0 if not counted). False if it was refused instead."""
+        try:
+            deaths = count - 1
+            if deaths >= MAX_DELIVERIES:
+                raise WorkerLost(
+                    f"its worker was lost {deaths} times while running it; not retried again"
+                )
+            if deaths > 0:
+                log.info("redelivered id=%s died_in_flight=%d", req.id, deaths)
+            inputs, fault = self.faults.split(env.inputs)
+            self.faults.on_prepare(fault)
+            prepared = self.adapter.prepare(inputs)
+        except Exception as exc:  # an adapter bug must not kill the consumer either
+            if not isinstance(exc, FleetError):
+                log.exception("prepare failed id=%s", req.id)
+                exc = InvalidInput(f"input could not be prepared: {exc}")
+            for r in (req, *twins):
+                self._finish_now(r, exc, env.priority)
+            return False
         now = time.monotonic()
-        deadline_s = _monotonic_deadline(env.deadline_ms)
-        work = Work(req, env, prepared, now, fault=fault)
+        work = Work(req, env, prepared, now, fault=fault, twins=twins)
         # A suspect of a crash gets a bucket of its own: it runs alone.
-        bucket = f"{prepared.bucket}#suspect-{req.id}" if suspect else prepared.bucket
+        bucket = f"{prepared.bucket}#suspect-{req.id}" if count > 1 else prepared.bucket
         pending = Pending(
             id=req.id,
-            priority=priority,
+            priority=Priority.parse(env.priority),
             arrival_s=now,
-            deadline_s=deadline_s,
+            deadline_s=_monotonic_deadline(env.deadline_ms),
             bucket=bucket,
             length=prepared.length,
             nbytes=prepared.nbytes,
@@ -469,18 +525,7 @@ class Engine:
             self._by_id[req.id] = work
             self.batcher.add(pending)
             self._lane_cv[self.batcher.lane_of(pending)].notify()
-
-    def _check_redelivery(self, req: Any) -> bool:
-        """For a redelivered message: raise WorkerLost if poison; True if a crash suspect."""
-        if not (req.delivery_info or {}).get("redelivered"):
-            return False
-        in_flight = self.inflight.deaths(req.id)
-        log.info("redelivered id=%s died_in_flight=%d", req.id, in_flight)
-        if in_flight >= MAX_DELIVERIES:
-            raise WorkerLost(
-                f"its worker was lost {in_flight} times while running it; not retried again"
-            )
-        return in_flight > 0
+        return True
 
     def refuse(self, req: Any, exc: FleetError) -> None:
         """Fail a request at arrival with ``exc`` (stored first-wins, then acked)."""
@@ -740,7 +785,9 @@ class Engine:
         for d in done:
             if d.duplicate:
                 d.stored = True
-        if not todo:
+        if not todo:  # copies counted at arrival: their counters go (best effort)
+            with contextlib.suppress(Exception):
+                self.app.backend.client.delete(*[delivery_count_key(d.req.id) for d in done])
             return True
         try:
             written = self.writer.write(

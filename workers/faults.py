@@ -13,6 +13,8 @@ Faults (checked right before a batch containing the request runs):
 - ``"oom_always"``   out-of-memory even alone (fails alone with ``DEVICE_OOM``).
 - ``"crash"``        the worker process exits at once (a poison message).
 - ``"slow:S"``       the batch takes S more seconds (a long video, a hung model call).
+- ``"crash_prepare"`` the worker process exits while decoding the request's input (a media
+                     header that crashes a decoder).
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ class FaultInjector:
         rest = {k: v for k, v in inputs.items() if k != INJECT_KEY}
         spec = inputs[INJECT_KEY]
         return rest, spec if isinstance(spec, str) else None
+
+    def on_prepare(self, spec: str | None) -> None:
+        """Act on a fault due while the request's input is decoded."""
+        if spec == "crash_prepare":
+            os._exit(70)
 
     def before_batch(self, batch: Sequence[tuple[str, str | None]]) -> None:
         """Raise the injected fault of a batch of ``(request_id, spec)``, if any."""

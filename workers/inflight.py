@@ -5,12 +5,17 @@ One round trip per batch (``_BEGIN``), for every member:
 - if ``fleet:final:<id>`` exists, the request already has its final result (a redelivered
   or duplicated copy of a finished request): it is not run, only acked
   (``workers.results`` writes that marker with the first final result);
-- else, on the request's first run in this delivery, its in-flight counter
-  ``fleet:deliveries:<id>`` is incremented. The counter is deleted with the final result,
-  and given back (decremented) when a worker shuts down or returns the request, so what is
-  left of it counts only deliveries whose worker died while running them: a redelivered
-  message whose counter reached ``MAX_DELIVERIES`` is poison (``WORKER_LOST``). In-place
-  retries of a transient fault run again in the same delivery and are not counted.
+- else, if it was not counted at arrival (Redis was away then), its in-flight counter is
+  incremented now.
+
+The in-flight counter ``fleet:deliveries:<id>`` is incremented when a delivery arrives,
+before its input is decoded (:meth:`InFlight.arrive`, one round trip per fetch), and given
+back once it decoded (a worker dying while it waits in the window is not its fault); it is
+incremented again when its batch runs, deleted with the final result, and given back when a
+worker shuts down or returns the request unrun. What is left of it counts the deliveries
+whose worker died decoding or running them: a delivery that finds ``MAX_DELIVERIES``
+deaths is poison (``WORKER_LOST``). In-place retries of a transient fault run again in the same delivery and
+are not counted.
 """
 
 from __future__ import annotations
@@ -70,9 +75,20 @@ class InFlight:
         args = [self.ttl_s, *("1" if c else "0" for c in count)]
         return [int(x) for x in self._begin(keys=ks, args=args)]
 
-    def deaths(self, task_id: str) -> int:
-        """How many deliveries of ``task_id`` died in flight (its counter)."""
-        return int(self.client.get(keys.delivery_count_key(task_id)) or 0)
+    def arrive(self, task_ids: Sequence[str]) -> list[int]:
+        """Count one delivery of each id; returns each counter (deliveries so far).
+
+        Raises:
+            redis.RedisError: Redis is unreachable.
+        """
+        if not task_ids:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for tid in task_ids:
+                pipe.incr(keys.delivery_count_key(tid))
+                pipe.expire(keys.delivery_count_key(tid), self.ttl_s)
+            replies = pipe.execute()
+        return [int(x) for x in replies[0::2]]
 
     def uncount(self, task_ids: Sequence[str]) -> None:
         """Give back the counts of requests that did not die (shutdown, returned unrun)."""

@@ -344,3 +344,28 @@ def test_killed_worker_connections_do_not_rerun_what_the_engine_holds(
     assert worker_pid(worker) == pid and worker.alive("worker-text")
     wait_for(lambda: settled(worker), "the queue and unacked hash to empty", 30)
     assert sum(runs(worker, h.id, "SUCCESS") for h in [blocker, *hs]) == 61, "some ran twice"
+
+
+def test_a_message_that_kills_the_worker_while_decoding_ends_worker_lost(
+    rclient: FleetClient, worker: Any
+) -> None:
+    """A death before any batch ran (a media header crashing a decoder) counts too: after
+    three such deaths the fourth delivery fails ``WORKER_LOST`` instead of a crash loop."""
+    from producer.stack import StackError
+
+    poison = rclient.submit("text", {"text": words(15), "_inject": "crash_prepare"}, "bulk")
+    innocent = rclient.submit("text", {"text": words(16)}, "bulk")
+    restarts = 0
+    end = time.monotonic() + 180
+    while poison.state() != "FAILURE" and time.monotonic() < end and restarts < 6:
+        if not worker.alive("worker-text"):
+            worker.stop("worker-text", timeout_s=1)
+            restarts += 1
+            with contextlib.suppress(StackError):
+                worker.start_worker("text")
+        time.sleep(0.1)
+    assert poison.outcome(5)["error"]["code"] == "WORKER_LOST"
+    assert restarts == 3  # three deliveries died decoding it; the fourth was refused
+    if not worker.alive("worker-text"):
+        worker.start_worker("text")
+    assert innocent.get(60)["dim"] == 384
