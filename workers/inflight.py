@@ -14,8 +14,8 @@ back once it decoded (a worker dying while it waits in the window is not its fau
 incremented again when its batch runs, deleted with the final result, and given back when a
 worker shuts down or returns the request unrun. What is left of it counts the deliveries
 whose worker died decoding or running them: a delivery that finds ``MAX_DELIVERIES``
-deaths is poison (``WORKER_LOST``). In-place retries of a transient fault run again in the same delivery and
-are not counted.
+deaths is poison (``WORKER_LOST``). In-place retries of a transient fault run again in the
+same delivery and are not counted.
 """
 
 from __future__ import annotations
