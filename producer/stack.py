@@ -136,6 +136,8 @@ class Stack:
                     f"dir {self.dir / 'redis'}",
                     "appendonly yes",
                     "appendfsync everysec",
+                    # push notifications let workers fetch without BRPOP's gap
+                    "notify-keyspace-events El",
                     'save ""',
                     f"logfile {self.logs / 'redis.log'}",
                     "daemonize no",

@@ -44,6 +44,11 @@ class RedisSettings(_Section):
     # Batching workers hold a lease on every message they hold (workers.lease): a dead
     # worker's messages are back in their queue within lease_s, a live worker's never leave.
     lease_s: float = Field(default=10.0, ge=1.0, le=3600.0)
+    # Batching workers wait for messages on push notifications (the server needs
+    # notify-keyspace-events El; `fleet up` sets it) and take each with an atomic script;
+    # false, or a server without them: kombu's BRPOP, which loses the message in flight
+    # when a worker is killed.
+    fetch_notify: bool = True
     # The last resort for consumers without leases (baseline workers, plain Celery).
     visibility_timeout_s: int = 3600
     restore_scan_interval_s: float = 10.0  # how often a worker returns expired unacked messages

@@ -85,6 +85,7 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
         app.conf.broker_transport_options = {
             **app.conf.broker_transport_options,
             "fetch_limit": engine.cfg.device.fetch_limit,
+            "fetch_notify": settings.redis.fetch_notify,
             **lease_transport_options(settings),
         }
         engine.start_leases()

@@ -159,17 +159,112 @@ class Channel(kombu_redis.Channel):
     # Messages that arrived in a multi-message fetch, over every channel of this process
     # (the worker's stats); each channel also counts its own in ``fetched_in_batches``.
     fetched_in_batches_total = 0
+    fetch_notify = True  # wait on push notifications instead of BRPOP where the server can
     from_transport_options = (
         *kombu_redis.Channel.from_transport_options,
         "fetch_limit",
         "fetch_max_bytes",
+        "fetch_notify",
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._consumers_by_queue: dict[str, tuple[Any, bool]] = {}
         self._take_many: Any = None
         self.fetched_in_batches = 0
+        self._notify: bool | None = None  # None: not decided yet for this channel
+        self._bell_sock: Any = None  # the socket our subscription lives on
+        self._maybe_more = True  # the last take filled its request: Redis may hold more
         super().__init__(*args, **kwargs)
+
+    # -- gap-free fetch: push notifications + the take script ------------------------------
+    # BRPOP removes a message from Redis when it replies; until the worker has read that
+    # reply and recorded the message as unacked, it exists only in a socket buffer, and a
+    # worker killed then loses it. With push notifications (``notify-keyspace-events El``)
+    # the channel's BRPOP connection instead subscribes to the ``lpush``/``rpush`` key
+    # events, and every message is taken by ``_TAKE_MANY``, which pops and records in one
+    # atomic step: no message is ever out of Redis without its unacked entry. A PING on the
+    # subscribed connection wakes the channel when Redis may still hold messages (its last
+    # take was full) and nothing new is pushed. Without the server setting, or for channels
+    # the script cannot serve, kombu's BRPOP is used as before.
+    def _notify_usable(self) -> bool:
+        if self._notify is None:
+            self._notify = self.fetch_notify and self._server_notifies()
+        queues = list(self.active_queues)
+        return self._notify and bool(queues) and self._batchable(queues)
+
+    def _server_notifies(self) -> bool:
+        try:
+            with self.conn_or_acquire() as client:
+                reply = client.config_get("notify-keyspace-events")
+            flags = bytes_to_str(next(iter(reply.values()), "") if reply else "")
+        except Exception as exc:  # CONFIG denied (ACL) or unknown: BRPOP, with its gap
+            log.warning("cannot read notify-keyspace-events (%s); fetching with BRPOP", exc)
+            return False
+        if "E" in flags and ("l" in flags or "A" in flags):
+            return True
+        log.warning(
+            "Redis notify-keyspace-events is %r (needs E and l): fetching with BRPOP, which "
+            "loses the message in flight when a worker is killed",
+            flags,
+        )
+        return False
+
+    def _brpop_start(self, timeout: Any = None) -> None:
+        if not self._notify_usable():
+            return super()._brpop_start(timeout)
+        conn = self.client.connection
+        if conn._sock is None:
+            conn.connect()
+        if self._bell_sock is not conn._sock:  # a new connection: subscribe it
+            db = self.client.connection_pool.connection_kwargs.get("db", 0)
+            conn.send_command("SUBSCRIBE", f"__keyevent@{db}__:lpush", f"__keyevent@{db}__:rpush")
+            self._bell_sock = conn._sock
+            self._maybe_more = True
+        elif self._maybe_more:
+            conn.send_command("PING")  # wakes this channel's read: take what is waiting
+        self._in_poll = conn
+        self._brpop_sent_at = None  # no reply is due: kombu's BRPOP health check skips it
+
+    def _bell_read(self) -> bool:
+        conn = self.client.connection
+        try:
+            woken = False
+            while True:
+                # push_request: under RESP3 a push is returned, not skipped while waiting
+                reply = conn.read_response(push_request=True)
+                woken = woken or _is_wakeup(reply, self._fetch_keyset())
+                if not conn.can_read(timeout=0):
+                    break
+        except self.connection_errors:
+            conn.disconnect()
+            self._bell_sock = None
+            raise
+        if not woken and not self._maybe_more:
+            raise kombu_redis.Empty()
+        free = self.qos.can_consume_max_estimate()
+        want = min(self.fetch_limit, free if free is not None else self.fetch_limit)
+        items = self._take(max(want, 1), self._fetch_client())
+        self._maybe_more = len(items) >= want
+        if not items:
+            raise kombu_redis.Empty()
+        self._deliver_many(items, recorded=True)
+        return True
+
+    def _fetch_keyset(self) -> set[bytes]:
+        queues = list(self.active_queues)
+        return {self._q_for_pri(q, p).encode() for p in self.priority_steps for q in queues}
+
+    def _fetch_client(self) -> Any:
+        client = self.__dict__.get("_fetch_client_")
+        if client is None:
+            client = self.__dict__["_fetch_client_"] = self._create_client()
+        return client
+
+    def close(self) -> None:
+        if self._bell_sock is not None:
+            self._in_poll = None  # kombu would read a pending reply: there is none to read
+            self._bell_sock = None
+        super().close()
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         ret = super().basic_consume(queue, *args, **kwargs)
@@ -198,6 +293,8 @@ class Channel(kombu_redis.Channel):
 
     def _brpop_read(self, **options: Any) -> bool:
         try:
+            if self._bell_sock is not None and self._in_poll is self.client.connection:
+                return self._bell_read()
             try:
                 reply = self.client.parse_response(self.client.connection, "BRPOP", **options)
             except self.connection_errors:
@@ -219,26 +316,33 @@ class Channel(kombu_redis.Channel):
     def _take_more(self) -> list[tuple[bytes, bytes]]:
         """Up to the window's free slots (less the one BRPOP took) from the same keys, each
         already recorded as unacked (see ``_TAKE_MANY``)."""
-        queues = self._queue_cycle.consume(len(self.active_queues))
-        if not queues or not self._batchable(queues):
-            return []
         free = self.qos.can_consume_max_estimate()
         n = min(self.fetch_limit, free if free is not None else self.fetch_limit) - 1
-        if n <= 0:
-            return []
-        keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
-        keys += [self.unacked_key, self.unacked_index_key]
         try:
-            if self._take_many is None:
-                self._take_many = self.client.register_script(_TAKE_MANY)
-            flat = self._take_many(
-                keys=keys, args=[n, repr(time.time()), self.fetch_max_bytes], client=self.client
-            )
+            return self._take(n, self.client)
         except self.connection_errors:
             # The message BRPOP took is still delivered; the rest wait in Redis.
             log.warning("fetching more messages failed; delivering one", exc_info=True)
             self.client.connection.disconnect()
             return []
+
+    def _take(self, n: int, client: Any) -> list[tuple[bytes, bytes]]:
+        """Up to ``n`` messages from this channel's queues, recorded as unacked.
+
+        Raises:
+            redis.ConnectionError: Redis is unreachable (nothing was taken).
+        """
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if n <= 0 or not queues or not self._batchable(queues):
+            return []
+        keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
+        keys += [self.unacked_key, self.unacked_index_key]
+        try:
+            if self._take_many is None:
+                self._take_many = client.register_script(_TAKE_MANY)
+            flat = self._take_many(
+                keys=keys, args=[n, repr(time.time()), self.fetch_max_bytes], client=client
+            )
         except RedisResponseError as exc:
             # Refused before it ran (NOPERM: an ACL denies scripts; NOSCRIPT after a
             # failover is reloaded by redis-py): nothing was taken; kombu's path goes on.
@@ -258,9 +362,10 @@ class Channel(kombu_redis.Channel):
             and all(c is not None and not c[1] for c in consumers)
         )
 
-    def _deliver_many(self, items: list[tuple[bytes, bytes]]) -> None:
+    def _deliver_many(self, items: list[tuple[bytes, bytes]], recorded: bool = False) -> None:
         """Hand the BRPOP'd message to kombu's own path (which records it as unacked), then
-        each message the script took (recorded already) to its consumer, in order."""
+        each message the script took (recorded already) to its consumer, in order.
+        ``recorded``: every item came from the script (the notification path)."""
         if len(items) > 1:
             self.fetched_in_batches += len(items)
             Channel.fetched_in_batches_total += len(items)
@@ -268,7 +373,7 @@ class Channel(kombu_redis.Channel):
             queue = bytes_to_str(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
             payload = loads(bytes_to_str(raw))
-            if i == 0:
+            if i == 0 and not recorded:
                 self.connection._deliver(payload, queue)
                 continue
             message = self.Message(payload, channel=self)
@@ -280,3 +385,17 @@ class Transport(kombu_redis.Transport):
     """kombu's Redis transport with :class:`Channel` (``broker_transport`` in Celery)."""
 
     Channel = Channel
+
+
+def _is_wakeup(reply: Any, keys: set[bytes]) -> bool:
+    """Whether a reply on the subscribed connection calls for a take: a push to one of
+    ``keys``, or our own PING (``[b"pong", b""]`` in RESP2, ``PONG`` in RESP3); subscribe
+    confirmations do not."""
+    if reply in (b"PONG", "PONG"):  # RESP3 answers PING plainly in subscribed mode
+        return True
+    if not isinstance(reply, list | tuple) or not reply:
+        return False
+    kind = reply[0]
+    if kind in (b"message", "message"):
+        return len(reply) > 2 and (reply[2] in keys or str(reply[2]).encode() in keys)
+    return kind in (b"pong", "pong")

@@ -44,6 +44,8 @@ def rstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "FLEET_MODALITIES__TEXT__BATCHING__REALTIME_LANE": "false",
         "FLEET_MODALITIES__TEXT__RETRY_BACKOFF_S": "0.1",
         "FLEET_METRICS__PORT_BASE": "0",
+        # RELIABILITY_FETCH_NOTIFY=false: kombu's BRPOP fetch, to see what the other fixes
+        "FLEET_REDIS__FETCH_NOTIFY": os.environ.get("RELIABILITY_FETCH_NOTIFY", "true"),
     }
     with isolated_environment(tmp_path_factory.mktemp("reliability-run"), overrides) as settings:
         st = Stack(settings)
@@ -369,3 +371,35 @@ def test_a_message_that_kills_the_worker_while_decoding_ends_worker_lost(
     if not worker.alive("worker-text"):
         worker.start_worker("text")
     assert innocent.get(60)["dim"] == 384
+
+
+def in_redis(r: redis.Redis, task_id: str) -> bool:
+    """Whether a message of ``task_id`` is in Redis: queued, or in kombu's unacked hash."""
+    needle = task_id.encode()
+    lists = [
+        keys.priority_list_key(q, p)
+        for q in (keys.queue_name("text"), keys.realtime_queue_name("text"))
+        for p in keys.PRIORITY_STEPS
+    ]
+    queued = any(needle in item for k in lists for item in r.lrange(k, 0, -1))
+    return queued or any(needle in e for e in r.hvals(keys.UNACKED_KEY))
+
+
+def test_a_message_is_never_only_in_a_killed_workers_socket(
+    rclient: FleetClient, worker: Any
+) -> None:
+    """An idle worker waits for messages without popping one (BRPOP would hand the next
+    message over the socket at once, out of Redis, and a kill then loses it)."""
+    wait_for(lambda: settled(worker), "an idle worker")
+    pid = worker_pid(worker)
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        h = rclient.submit("text", {"text": words(17)}, "bulk")
+        time.sleep(0.5)
+        assert in_redis(redis_of(worker), h.id), "the message left Redis unrecorded"
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGCONT)
+    worker.stop("worker-text", timeout_s=1)
+    worker.start_worker("text")
+    assert h.get(60)["dim"] == 384
