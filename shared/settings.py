@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -29,6 +29,8 @@ from pydantic_settings import (
 
 MODALITIES: tuple[str, ...] = ("text", "image", "video", "xmodal")
 PRIORITY_NAMES: tuple[str, ...] = ("realtime", "high", "normal", "bulk")
+# A poison message is refused on its 4th delivery (workers.inflight.MAX_DELIVERIES + 1).
+DELIVERIES_COVERED = 4
 _REPO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.toml"
 
 
@@ -220,6 +222,21 @@ class Settings(BaseSettings):
         if missing:
             raise ValueError(f"priority classes missing from config: {sorted(missing)}")
         return v
+
+    @model_validator(mode="after")
+    def _tensors_outlive_redeliveries(self) -> Settings:
+        """A request's /dev/shm input must stay valid while the request may still run: up to
+        ``DELIVERIES_COVERED`` deliveries, each returned up to ``lease_s`` after its worker
+        died (a crash-redelivered video would otherwise fail ``TENSOR_REF_INVALID``)."""
+        need = DELIVERIES_COVERED * self.redis.lease_s
+        if self.transport.default_ttl_s < need:
+            raise ValueError(
+                f"[transport] default_ttl_s = {self.transport.default_ttl_s:g} s is shorter than "
+                f"{DELIVERIES_COVERED} leases ([redis] lease_s = {self.redis.lease_s:g} s): a "
+                f"request redelivered after a crash would find its tensors gone; raise "
+                f"default_ttl_s to at least {need:g} or lower lease_s"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -174,6 +174,8 @@ class Channel(kombu_redis.Channel):
         self._notify: bool | None = None  # None: not decided yet for this channel
         self._bell_sock: Any = None  # the socket our subscription lives on
         self._maybe_more = True  # the last take filled its request: Redis may hold more
+        self._retry_at = 0.0  # monotonic: a refused take is retried from then (by the kick)
+        self._last_take = 0.0  # monotonic
         super().__init__(*args, **kwargs)
 
     # -- gap-free fetch: push notifications + the take script ------------------------------
@@ -220,7 +222,7 @@ class Channel(kombu_redis.Channel):
             conn.send_command("SUBSCRIBE", f"__keyevent@{db}__:lpush", f"__keyevent@{db}__:rpush")
             self._bell_sock = conn._sock
             self._maybe_more = True
-        elif self._maybe_more:
+        elif self._maybe_more and time.monotonic() >= self._retry_at:
             conn.send_command("PING")  # wakes this channel's read: take what is waiting
         self._in_poll = conn
         self._brpop_sent_at = None  # no reply is due: kombu's BRPOP health check skips it
@@ -239,11 +241,16 @@ class Channel(kombu_redis.Channel):
             conn.disconnect()
             self._bell_sock = None
             raise
-        if not woken and not self._maybe_more:
+        if (not woken and not self._maybe_more) or time.monotonic() < self._retry_at:
             raise kombu_redis.Empty()
         free = self.qos.can_consume_max_estimate()
         want = min(self.fetch_limit, free if free is not None else self.fetch_limit)
-        items = self._take(max(want, 1), self._fetch_client())
+        self._last_take = time.monotonic()
+        try:
+            items = self._take(max(want, 1), self._fetch_client())
+        except _TakeRefused:  # retried by the next kick, not at every notification
+            self._maybe_more, self._retry_at = True, time.monotonic() + KICK_INTERVAL_S
+            raise kombu_redis.Empty() from None
         self._maybe_more = len(items) >= want
         if not items:
             raise kombu_redis.Empty()
@@ -320,6 +327,8 @@ class Channel(kombu_redis.Channel):
         n = min(self.fetch_limit, free if free is not None else self.fetch_limit) - 1
         try:
             return self._take(n, self.client)
+        except _TakeRefused:
+            return []
         except self.connection_errors:
             # The message BRPOP took is still delivered; the rest wait in Redis.
             log.warning("fetching more messages failed; delivering one", exc_info=True)
@@ -345,9 +354,9 @@ class Channel(kombu_redis.Channel):
             )
         except RedisResponseError as exc:
             # Refused before it ran (NOPERM: an ACL denies scripts; NOSCRIPT after a
-            # failover is reloaded by redis-py): nothing was taken; kombu's path goes on.
-            log.warning("fetching more messages refused (%s); delivering one", exc)
-            return []
+            # failover is reloaded by redis-py): nothing was taken.
+            log.warning("fetching messages refused (%s); retrying", exc)
+            raise _TakeRefused() from exc
         return list(zip(flat[0::2], flat[1::2], strict=True))
 
     def _batchable(self, queues: list[str]) -> bool:
@@ -381,10 +390,43 @@ class Channel(kombu_redis.Channel):
             self._consumers_by_queue[queue][0](message)
 
 
+class _TakeRefused(Exception):
+    """Redis refused the take script (nothing was taken)."""
+
+
+KICK_INTERVAL_S = 1.0  # the notification fetch's safety net: see Transport._kick
+IDLE_KICK_S = 5.0  # an idle channel takes anyway this often (a missed notification)
+
+
 class Transport(kombu_redis.Transport):
     """kombu's Redis transport with :class:`Channel` (``broker_transport`` in Celery)."""
 
     Channel = Channel
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        super().register_with_event_loop(connection, loop)
+        tref = getattr(self, "_kick_tref", None)
+        if tref is not None:
+            tref.cancel()
+        self._kick_tref = loop.call_repeatedly(KICK_INTERVAL_S, self._kick)
+
+    def _kick(self) -> None:
+        """Wake waiting notification channels whose take is due without a push: one that
+        was refused (an ACL, a failover) or left messages behind, and every idle channel
+        every ``IDLE_KICK_S`` (a notification missed while reconnecting)."""
+        now = time.monotonic()
+        for ch in list(getattr(self.cycle, "_channels", ())):
+            if not isinstance(ch, Channel) or ch._bell_sock is None:
+                continue
+            conn = ch._in_poll
+            if not conn or conn._sock is not ch._bell_sock or now < ch._retry_at:
+                continue
+            if ch._maybe_more or now - ch._last_take >= IDLE_KICK_S:
+                try:
+                    conn.send_command("PING")
+                    ch._last_take = now
+                except ch.connection_errors:
+                    pass  # the read path reconnects
 
 
 def _is_wakeup(reply: Any, keys: set[bytes]) -> bool:

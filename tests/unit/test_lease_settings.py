@@ -36,3 +36,11 @@ def test_kombu_gets_the_expiry_as_visibility_and_a_mutex_that_lapses_with_the_le
 def test_a_lease_under_a_second_is_refused() -> None:
     with pytest.raises(ValidationError):
         RedisSettings(lease_s=0.5)
+
+
+def test_tensors_that_would_expire_before_a_redelivery_are_refused_at_load() -> None:
+    from shared.settings import load_settings
+
+    with pytest.raises(ValidationError, match="default_ttl_s = 30 s is shorter than 4 leases"):
+        load_settings(redis={"lease_s": 10}, transport={"default_ttl_s": 30})
+    assert load_settings(redis={"lease_s": 10}, transport={"default_ttl_s": 40}).redis.lease_s == 10
