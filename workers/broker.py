@@ -252,10 +252,24 @@ class Channel(kombu_redis.Channel):
             self._maybe_more, self._retry_at = True, time.monotonic() + KICK_INTERVAL_S
             raise kombu_redis.Empty() from None
         self._maybe_more = len(items) >= want
+        if self._maybe_more:  # Redis may hold more: read again once the window has room
+            conn.send_command("PING")
         if not items:
             raise kombu_redis.Empty()
         self._deliver_many(items, recorded=True)
         return True
+
+    def _subscribed(self) -> bool:
+        conn = getattr(self.__dict__.get("client"), "connection", None)
+        sock = getattr(conn, "_sock", None)
+        return sock is not None and sock is self._bell_sock
+
+    def _poll_error(self, type: str, **options: Any) -> Any:
+        if type == "BRPOP" and self._subscribed():  # no BRPOP reply to read: reconnect
+            self.client.connection.disconnect()
+            self._bell_sock = None
+            return None
+        return super()._poll_error(type, **options)
 
     def _fetch_keyset(self) -> set[bytes]:
         queues = list(self.active_queues)
@@ -299,9 +313,14 @@ class Channel(kombu_redis.Channel):
         return super()._connparams(asynchronous=asynchronous)
 
     def _brpop_read(self, **options: Any) -> bool:
-        try:
-            if self._bell_sock is not None and self._in_poll is self.client.connection:
+        if self._subscribed():
+            try:
                 return self._bell_read()
+            finally:
+                # Stays armed: the subscription is always listening, and kombu pauses an
+                # armed socket while the window is full (an unarmed one it would drop).
+                self._in_poll = self.client.connection
+        try:
             try:
                 reply = self.client.parse_response(self.client.connection, "BRPOP", **options)
             except self.connection_errors:

@@ -67,7 +67,7 @@ def test_one_round_trip_fills_the_window_in_priority_order(conn: Connection) -> 
     assert [m["pri"] for m in seen] == [0, 0, 3, 3, 3, 9]
     assert [m["i"] for m in seen] == [5, 7, 3, 4, 8, 0]
     assert channel.fetched_in_batches == 6
-    redis = channel.client
+    redis = conn.default_channel.client  # the consumer's own waits on pushes
     # all six are unacked (a crash now would restore them), the other six still queued
     assert redis.hlen("unacked") == 6 and redis.zcard("unacked_index") == 6
     assert channel._size(QUEUE) == 6
@@ -86,7 +86,10 @@ def test_messages_acked_inside_the_handler_leave_no_unacked_entry(conn: Connecti
     channel = _consume(conn, 10, ack_now, rounds=1)
     assert seen == [0, 1, 2, 3, 4]
     assert channel.fetched_in_batches == 5
-    assert channel.client.hlen("unacked") == 0 and channel.client.zcard("unacked_index") == 0
+    assert (
+        conn.default_channel.client.hlen("unacked") == 0
+        and conn.default_channel.client.zcard("unacked_index") == 0
+    )
     assert channel._size(QUEUE) == 0
 
 
@@ -113,7 +116,7 @@ def test_rejected_message_is_requeued_and_not_lost(conn: Connection) -> None:
     channel = _consume(conn, 10, reject_first, rounds=1)
     assert seen == [0, 1, 2]
     assert channel._size(QUEUE) == 1  # message 0 is back in Redis
-    assert channel.client.hlen("unacked") == 0
+    assert conn.default_channel.client.hlen("unacked") == 0
 
 
 def test_unacked_entries_restore_the_messages_intact(conn: Connection, fleet_settings: Any) -> None:
@@ -128,7 +131,7 @@ def test_unacked_entries_restore_the_messages_intact(conn: Connection, fleet_set
     ) as dying:
         seen: list[dict[str, int]] = []
         channel = _consume(dying, 10, lambda m: seen.append(m.payload), rounds=1)
-        redis = channel.client
+        redis = dying.default_channel.client  # the consumer's own waits on pushes
         assert len(seen) == 5 and channel._size(QUEUE) == 0 and redis.hlen("unacked") == 5
         channel.qos.restore_visible(num=10, interval=1)
         assert channel._size(QUEUE) == 0  # not yet: they are within the visibility timeout
@@ -142,17 +145,18 @@ def test_unacked_entries_restore_the_messages_intact(conn: Connection, fleet_set
 
 def test_an_unreadable_message_stays_where_it_was(conn: Connection) -> None:
     _publish(conn, [6] * 2)
-    channel = conn.default_channel
     # behind the two valid ones, in their priority's list
-    channel.client.lpush(keys.priority_list_key(QUEUE, 6), b"not json")
+    conn.default_channel.client.lpush(keys.priority_list_key(QUEUE, 6), b"not json")
     _publish(conn, [6])
     seen: list[int] = []
     consumer = _consume(conn, 10, lambda m: (seen.append(m.payload["i"]), m.ack()), rounds=1)
     # the two before it were taken; the walk stopped there and left it next in line
     assert seen == [0, 1]
-    assert consumer.client.lrange(keys.priority_list_key(QUEUE, 6), -1, -1) == [b"not json"]
+    assert conn.default_channel.client.lrange(keys.priority_list_key(QUEUE, 6), -1, -1) == [
+        b"not json"
+    ]
     assert consumer._size(QUEUE) == 2
-    assert consumer.client.hlen("unacked") == 0
+    assert conn.default_channel.client.hlen("unacked") == 0
 
 
 def test_a_byte_budget_bounds_each_round_trip(stack: Any, fleet_settings: Any) -> None:
@@ -174,8 +178,8 @@ def test_a_byte_budget_bounds_each_round_trip(stack: Any, fleet_settings: Any) -
         seen: list[int] = []
         channel = _consume(c, 10, lambda m: seen.append(m.headers["i"]), rounds=1)
         assert seen == [0, 1] and channel.fetched_in_batches == 2
-        assert channel.client.hlen("unacked") == 2 and channel._size(QUEUE) == 4
-        stored = [json.loads(e)[0] for e in channel.client.hvals("unacked")]
+        assert c.default_channel.client.hlen("unacked") == 2 and channel._size(QUEUE) == 4
+        stored = [json.loads(e)[0] for e in c.default_channel.client.hvals("unacked")]
         assert all(base64.b64decode(m["body"]) == blob for m in stored)  # payloads intact
         c.default_channel.client.flushdb()
 
@@ -191,7 +195,10 @@ def test_a_message_whose_properties_are_not_last_is_still_recorded(conn: Connect
     redis.lpush(key, json.dumps(reordered, separators=(",", ":")))
     _publish(conn, [6])
     seen: list[int] = []
-    channel = _consume(conn, 10, lambda m: seen.append(m.payload["i"]), rounds=1)
-    assert sorted(seen) == [0, 0] and channel.client.hlen("unacked") == 2
-    tags = {json.loads(e)[0]["properties"]["delivery_tag"] for e in channel.client.hvals("unacked")}
-    assert tags == {t.decode() for t in channel.client.hkeys("unacked")}
+    _consume(conn, 10, lambda m: seen.append(m.payload["i"]), rounds=1)
+    assert sorted(seen) == [0, 0] and conn.default_channel.client.hlen("unacked") == 2
+    tags = {
+        json.loads(e)[0]["properties"]["delivery_tag"]
+        for e in conn.default_channel.client.hvals("unacked")
+    }
+    assert tags == {t.decode() for t in conn.default_channel.client.hkeys("unacked")}
