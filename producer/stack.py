@@ -137,7 +137,7 @@ class Stack:
                     "appendonly yes",
                     "appendfsync everysec",
                     # push notifications let workers fetch without BRPOP's gap
-                    "notify-keyspace-events El",
+                    "notify-keyspace-events Kl",
                     'save ""',
                     f"logfile {self.logs / 'redis.log'}",
                     "daemonize no",

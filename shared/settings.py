@@ -47,7 +47,7 @@ class RedisSettings(_Section):
     # worker's messages are back in their queue within lease_s, a live worker's never leave.
     lease_s: float = Field(default=10.0, ge=1.0, le=3600.0)
     # Batching workers wait for messages on push notifications (the server needs
-    # notify-keyspace-events El; `fleet up` sets it) and take each with an atomic script;
+    # notify-keyspace-events Kl; `fleet up` sets it) and take each with an atomic script;
     # false, or a server without them: kombu's BRPOP, which loses the message in flight
     # when a worker is killed.
     fetch_notify: bool = True

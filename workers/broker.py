@@ -174,6 +174,7 @@ class Channel(kombu_redis.Channel):
         self._notify: bool | None = None  # None: not decided yet for this channel
         self._bell_sock: Any = None  # the socket our subscription lives on
         self._maybe_more = True  # the last take filled its request: Redis may hold more
+        self._bell_keys: set[bytes] = set()  # lists whose keyspace channel is subscribed
         self._retry_at = 0.0  # monotonic: a refused take is retried from then (by the kick)
         self._last_take = 0.0  # monotonic
         super().__init__(*args, **kwargs)
@@ -181,13 +182,14 @@ class Channel(kombu_redis.Channel):
     # -- gap-free fetch: push notifications + the take script ------------------------------
     # BRPOP removes a message from Redis when it replies; until the worker has read that
     # reply and recorded the message as unacked, it exists only in a socket buffer, and a
-    # worker killed then loses it. With push notifications (``notify-keyspace-events El``)
-    # the channel's BRPOP connection instead subscribes to the ``lpush``/``rpush`` key
-    # events, and every message is taken by ``_TAKE_MANY``, which pops and records in one
-    # atomic step: no message is ever out of Redis without its unacked entry. A PING on the
-    # subscribed connection wakes the channel when Redis may still hold messages (its last
-    # take was full) and nothing new is pushed. Without the server setting, or for channels
-    # the script cannot serve, kombu's BRPOP is used as before.
+    # worker killed then loses it. With push notifications (``notify-keyspace-events Kl``)
+    # the channel's BRPOP connection instead subscribes to its lists' keyspace channels
+    # (pushes wake it; pops, including its own takes', are ignored), and every message is
+    # taken by ``_TAKE_MANY``, which pops and records in one atomic step: no message is ever
+    # out of Redis without its unacked entry. A PING on the subscribed connection wakes the
+    # channel when Redis may still hold messages (its last take was full) and nothing new is
+    # pushed. Without the server setting, or for channels the script cannot serve, kombu's
+    # BRPOP is used as before.
     def _notify_usable(self) -> bool:
         if self._notify is None:
             self._notify = self.fetch_notify and self._server_notifies()
@@ -202,10 +204,10 @@ class Channel(kombu_redis.Channel):
         except Exception as exc:  # CONFIG denied (ACL) or unknown: BRPOP, with its gap
             log.warning("cannot read notify-keyspace-events (%s); fetching with BRPOP", exc)
             return False
-        if "E" in flags and ("l" in flags or "A" in flags):
+        if "K" in flags and ("l" in flags or "A" in flags):
             return True
         log.warning(
-            "Redis notify-keyspace-events is %r (needs E and l): fetching with BRPOP, which "
+            "Redis notify-keyspace-events is %r (needs K and l): fetching with BRPOP, which "
             "loses the message in flight when a worker is killed",
             flags,
         )
@@ -218,23 +220,34 @@ class Channel(kombu_redis.Channel):
         if conn._sock is None:
             conn.connect()
         if self._bell_sock is not conn._sock:  # a new connection: subscribe it
-            db = self.client.connection_pool.connection_kwargs.get("db", 0)
-            conn.send_command("SUBSCRIBE", f"__keyevent@{db}__:lpush", f"__keyevent@{db}__:rpush")
+            self._bell_keys = set()
             self._bell_sock = conn._sock
+            self._subscribe_keys(conn)
             self._maybe_more = True
         elif self._maybe_more and time.monotonic() >= self._retry_at:
             conn.send_command("PING")  # wakes this channel's read: take what is waiting
         self._in_poll = conn
         self._brpop_sent_at = None  # no reply is due: kombu's BRPOP health check skips it
 
+    def _subscribe_keys(self, conn: Any) -> None:
+        """Subscribe to the keyspace channel of every list this channel takes from (a
+        queue added later is subscribed on the next read)."""
+        want = self._fetch_keyset()
+        new = want - self._bell_keys
+        if new:
+            db = self.client.connection_pool.connection_kwargs.get("db", 0)
+            conn.send_command("SUBSCRIBE", *(f"__keyspace@{db}__:".encode() + k for k in new))
+            self._bell_keys |= new
+
     def _bell_read(self) -> bool:
         conn = self.client.connection
         try:
+            self._subscribe_keys(conn)
             woken = False
             while True:
                 # push_request: under RESP3 a push is returned, not skipped while waiting
                 reply = conn.read_response(push_request=True)
-                woken = woken or _is_wakeup(reply, self._fetch_keyset())
+                woken = woken or _is_wakeup(reply)
                 if not conn.can_read(timeout=0):
                     break
         except self.connection_errors:
@@ -448,15 +461,20 @@ class Transport(kombu_redis.Transport):
                     pass  # the read path reconnects
 
 
-def _is_wakeup(reply: Any, keys: set[bytes]) -> bool:
-    """Whether a reply on the subscribed connection calls for a take: a push to one of
-    ``keys``, or our own PING (``[b"pong", b""]`` in RESP2, ``PONG`` in RESP3); subscribe
+PUSH_EVENTS = frozenset({b"lpush", b"rpush", b"linsert", b"lmove", b"rpoplpush", b"lset"})
+
+
+def _is_wakeup(reply: Any) -> bool:
+    """Whether a reply on the subscribed connection calls for a take: a push to one of the
+    channel's lists (its keyspace channels carry the command's name), or our own PING
+    (``[b"pong", b""]`` in RESP2, ``PONG`` in RESP3). Pops (every take's own) and subscribe
     confirmations do not."""
-    if reply in (b"PONG", "PONG"):  # RESP3 answers PING plainly in subscribed mode
+    if reply in (b"PONG", "PONG"):
         return True
     if not isinstance(reply, list | tuple) or not reply:
         return False
     kind = reply[0]
     if kind in (b"message", "message"):
-        return len(reply) > 2 and (reply[2] in keys or str(reply[2]).encode() in keys)
+        event = reply[2] if len(reply) > 2 else b""
+        return (event if isinstance(event, bytes) else str(event).encode()) in PUSH_EVENTS
     return kind in (b"pong", "pong")
