@@ -7,10 +7,12 @@ temporary run directory, with its own ports: a developer's ``make up`` stack is 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +87,20 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@contextlib.contextmanager
+def own_text_stack(
+    tmp_path_factory: pytest.TempPathFactory, name: str, overrides: dict[str, str]
+) -> Iterator[Any]:
+    """Redis + one text worker of a test module's own (``overrides``: its FLEET_* values),
+    so that faults injected there cannot disturb the session stack."""
+    from producer.stack import Stack, isolated_environment
+
+    with isolated_environment(tmp_path_factory.mktemp(name), overrides) as settings:
+        st = Stack(settings)
+        st.up(["text"], flower=False)
+        try:
+            yield st
+        finally:
+            st.down()

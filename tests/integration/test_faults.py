@@ -16,15 +16,13 @@ import pytest
 
 from producer.client import FleetClient, SubmitRequest
 from shared.errors import FleetError
-from tests.conftest import REPO
+from tests.conftest import REPO, own_text_stack
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from producer.stack import Stack, isolated_environment
-
     overrides = {
         "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
         "FLEET_REDIS__VISIBILITY_TIMEOUT_S": "2",
@@ -37,11 +35,8 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "FLEET_MODALITIES__TEXT__CIRCUIT_COOLDOWN_S": "1.5",
         "FLEET_MODALITIES__TEXT__RETRY_BACKOFF_S": "0.01",
     }
-    with isolated_environment(tmp_path_factory.mktemp("fault-run"), overrides) as settings:
-        st = Stack(settings)
-        st.up(["text"], flower=False)
+    with own_text_stack(tmp_path_factory, "fault-run", overrides) as st:
         yield st
-        st.down()
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import redis
 
 from producer.client import FleetClient, SubmitRequest, outcome_from_meta
 from shared import keys
-from tests.conftest import REPO
+from tests.conftest import REPO, own_text_stack
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +33,6 @@ LEASE_S = 3.0
 
 @pytest.fixture(scope="module")
 def rstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from producer.stack import Stack, isolated_environment
-
     overrides = {
         "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
         "FLEET_REDIS__LEASE_S": str(LEASE_S),
@@ -47,11 +45,8 @@ def rstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         # RELIABILITY_FETCH_NOTIFY=false: kombu's BRPOP fetch, to see what the other fixes
         "FLEET_REDIS__FETCH_NOTIFY": os.environ.get("RELIABILITY_FETCH_NOTIFY", "true"),
     }
-    with isolated_environment(tmp_path_factory.mktemp("reliability-run"), overrides) as settings:
-        st = Stack(settings)
-        st.up(["text"], flower=False)
+    with own_text_stack(tmp_path_factory, "reliability-run", overrides) as st:
         yield st
-        st.down()
 
 
 @pytest.fixture(scope="module")
