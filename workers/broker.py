@@ -29,6 +29,7 @@ Transport options (Celery ``broker_transport_options``):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -306,6 +307,12 @@ class Channel(kombu_redis.Channel):
         no_ack = bool(kwargs.get("no_ack", args[0] if args else False))
         if callback is not None and queue not in self._fanout_queues:
             self._consumers_by_queue[queue] = (callback, no_ack)
+        # A queue consumed again (``add_consumer``) may hold messages pushed meanwhile: take
+        # now, not at the next push (its keyspace channel is subscribed on that read).
+        self._maybe_more = True
+        if self._subscribed():
+            with contextlib.suppress(*self.connection_errors):  # the read path reconnects
+                self.client.connection.send_command("PING")
         return ret
 
     def basic_cancel(self, consumer_tag: str) -> Any:
