@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +61,11 @@ def run(opts: Options) -> dict[str, Any]:
     Raises:
         producer.stack.StackError: the stack could not be started.
     """
+    # A /dev/shm root of its own, removed at the end: the video worker's outputs are
+    # detached segments the runner never reads (they would live out their TTL otherwise).
+    shm_root = Path(f"/dev/shm/mmfleet-{os.getuid()}-chaos-{uuid.uuid4().hex[:12]}")
     overrides = {
+        "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
         "FLEET_REDIS__PORT": str(free_port()),
         "FLEET_METRICS__PORT_BASE": "0",
         **opts.overrides,
@@ -95,6 +101,7 @@ def run(opts: Options) -> dict[str, Any]:
                 client.close()
         finally:
             st.down()
+            shutil.rmtree(shm_root, ignore_errors=True)
             if any(r["lost"] or r["duplicated_results"] or r["worker_exited"] for r in rows):
                 kept = opts.out.parent / "chaos-logs"
                 shutil.rmtree(kept, ignore_errors=True)
