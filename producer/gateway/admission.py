@@ -14,10 +14,13 @@ before its deadline even at ``safety`` times the measured service rate::
     ahead / (safety * rate) > time_left
 
 The service rate of a queue is measured from the completions this gateway observes (final
-results of the requests it waits on), only from periods in which that queue never ran dry
-(every depth sample in the window > 0): while a queue drains, completions follow arrivals and
-say nothing about capacity. It needs ``min_samples`` completions spread over at least 1 s
-within ``window_s``. No such rate: admit. What this makes conservative: the requests held in
+results of the requests it waits on), counted only since the queue was last seen empty in
+Redis (a depth sample of 0 clears them; the gateway samples depth at every admission and
+every 0.5 s while it waits on that queue): while a queue runs dry, completions follow
+arrivals and say nothing about capacity. It needs ``min_samples`` such completions within
+``window_s``, spread over at least 1 s, and the latest depth sample > 0. No such rate: admit.
+
+What keeps it conservative: the requests held in
 workers' prefetch windows are not counted ahead (fewer ahead), and ``safety`` (default 2)
 covers a gateway that sees only part of the completions (other producers, other gateways on
 the same queue: their completions are not counted, so the rate is underestimated).
@@ -35,7 +38,7 @@ MIN_SPAN_S = 1.0  # completions must span this long for a rate to count
 
 
 class RateMeter:
-    """Completions per second of one queue, over a sliding window, while it was backlogged.
+    """Completions per second of one queue, over a sliding window, since it was last empty.
 
     Args:
         window_s: the window (seconds); min_samples: completions needed inside it.
@@ -45,33 +48,34 @@ class RateMeter:
         self.window_s = window_s
         self.min_samples = min_samples
         self._done: deque[float] = deque()
-        self._depths: deque[tuple[float, int]] = deque()
+        self._last_depth: int | None = None
+        self.last_activity = -math.inf  # monotonic time of the last completion or sample
 
     def _trim(self, now: float) -> None:
         cut = now - self.window_s
         while self._done and self._done[0] < cut:
             self._done.popleft()
-        while self._depths and self._depths[0][0] < cut:
-            self._depths.popleft()
 
     def observe_depth(self, now: float, depth: int) -> None:
-        """A depth sample of the queue (requests waiting in Redis) at ``now`` (monotonic s)."""
-        self._depths.append((now, depth))
+        """A depth sample of the queue (requests waiting in Redis) at ``now`` (monotonic s);
+        an empty queue clears the completions counted so far."""
+        self._last_depth = depth
+        if depth <= 0:
+            self._done.clear()
         self._trim(now)
 
     def observe_completion(self, now: float) -> None:
         """One request of this queue reached its final result at ``now`` (monotonic s)."""
         self._done.append(now)
+        self.last_activity = now
         self._trim(now)
 
     def rate(self, now: float) -> float | None:
-        """Completions per second, or ``None`` when not confident (too few completions, too
-        short a span, no depth sample, or the queue ran dry inside the window)."""
+        """Completions per second, or ``None`` when not confident (too few completions since
+        the queue was last empty, too short a span, or no backlog in the latest sample)."""
         self._trim(now)
         n = len(self._done)
-        if n < self.min_samples or not self._depths:
-            return None
-        if min(d for _, d in self._depths) <= 0:
+        if n < self.min_samples or not self._last_depth or self._last_depth <= 0:
             return None
         span = self._done[-1] - self._done[0]
         if span < MIN_SPAN_S:

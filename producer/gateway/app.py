@@ -355,10 +355,7 @@ def create_app(settings: Settings) -> FastAPI:
         if not snap.final and await gw.service().cancel(job_id):
             return json_response(await _view(await _snapshot(job_id)))
         snap = await _snapshot(job_id)
-        view = await _view(snap)
-        raise AlreadyFinal(
-            f"job {job_id} is final already ({snap.state})", state=snap.state, job=view
-        )
+        raise AlreadyFinal(f"job {job_id} is final already ({snap.state})", state=snap.state)
 
     @app.get(
         "/v2/jobs/{job_id}/events",

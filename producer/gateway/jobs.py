@@ -15,6 +15,7 @@ runs on a small thread pool, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -43,6 +44,7 @@ log = logging.getLogger("fleet.gateway")
 JOB_KEY_PREFIX = "fleet:job:"
 WAIT_GRACE_S = 0.25  # a result stored right at the deadline still makes the sync answer
 LARGE_INPUT_BYTES = 64 * 1024  # inputs this large are encoded off the event loop
+DEPTH_SAMPLE_S = 0.5
 
 
 def job_key(task_id: str) -> str:
@@ -136,10 +138,30 @@ class JobService:
 
     async def start(self) -> None:
         await self.waiter.start()
+        self._sampler = asyncio.create_task(self._sample_depths(), name="gateway-depth-sampler")
 
     async def stop(self) -> None:
+        self._sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._sampler
         await self.waiter.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _sample_depths(self) -> None:
+        """Every ``DEPTH_SAMPLE_S``, the depth of each modality whose queues this process
+        waited on within the admission window (the rate meters need to know whether their
+        queue stayed backlogged while completions came in)."""
+        while True:
+            await asyncio.sleep(DEPTH_SAMPLE_S)
+            now = time.monotonic()
+            active = {
+                q.split(".", 1)[0]
+                for q, m in self.meters.items()
+                if now - m.last_activity < self.gw.admission_window_s
+            }
+            for modality in active:
+                with contextlib.suppress(Exception):
+                    await self.depth(modality)
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -187,7 +209,12 @@ class JobService:
                     prio = Priority.parse(name).celery_priority(self.settings)
                     pipe.llen(keys.priority_list_key(keys.queue_for(modality, name), prio))
                 counts = await pipe.execute()
-            return dict(zip(names, (int(c) for c in counts), strict=True))
+            depth = dict(zip(names, (int(c) for c in counts), strict=True))
+            now = time.monotonic()
+            self.meter(queue_of(modality, "realtime")).observe_depth(now, depth["realtime"])
+            main = sum(v for k, v in depth.items() if k != "realtime")
+            self.meter(queue_of(modality, "normal")).observe_depth(now, main)
+            return depth
 
         return await self._single_flight(f"depth:{modality}", read)
 
@@ -221,11 +248,9 @@ class JobService:
             raise QueueFull(full)
         if not self.gw.admission:
             return
-        queue = queue_of(spec.modality, priority)
         ahead = ahead_of(priority, depth)
-        meter = self.meter(queue)
+        meter = self.meter(queue_of(spec.modality, priority))
         now = time.monotonic()
-        meter.observe_depth(now, ahead)
         if timeout_s is None:
             timeout_s = Priority.parse(priority).default_timeout_s(self.settings)
         refusal = deadline_refusal(ahead, meter.rate(now), timeout_s, self.gw.admission_safety)

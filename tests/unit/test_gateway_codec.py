@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 
 import numpy as np
@@ -117,10 +118,8 @@ def test_malformed_requests_are_invalid_input(body: bytes, header: str | None, m
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300), st.one_of(st.none(), st.integers(-5, 400).map(str)))
 def test_arbitrary_bytes_never_raise_anything_but_invalid_input(body: bytes, hl: str | None):
-    try:
+    with contextlib.suppress(InvalidInput):
         parse_infer_request(body, hl)
-    except InvalidInput:
-        pass
 
 
 json_values = st.recursive(
@@ -133,11 +132,9 @@ json_values = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(["id", "inputs", "outputs", "parameters"]), json_values))
 def test_arbitrary_json_requests_never_raise_anything_but_invalid_input(obj: dict) -> None:
-    try:
+    with contextlib.suppress(InvalidInput):
         req = parse_infer_request(json.dumps(obj).encode(), None)
         binary_output_names(req, ["embedding"])
-    except InvalidInput:
-        pass
 
 
 def test_response_is_read_back_by_tritonclient_in_json_and_binary() -> None:

@@ -74,16 +74,22 @@ def test_request_ids() -> None:
 def test_rate_meter_needs_a_backlog_enough_completions_and_a_span() -> None:
     m = RateMeter(window_s=10.0, min_samples=10)
     assert m.rate(0.0) is None
+    m.observe_depth(0.0, 0)  # empty at the start: nothing counted before this
     for i in range(20):  # 20 completions over 1.9 s, queue backlogged throughout
         m.observe_depth(i * 0.1, 50)
         m.observe_completion(i * 0.1)
     assert m.rate(2.0) == pytest.approx(19 / 1.9)
     m.observe_depth(2.0, 0)  # the queue ran dry: completions followed arrivals
     assert m.rate(2.0) is None
-    assert m.rate(13.0) is None  # everything aged out of the window
+    m.observe_depth(2.1, 50)  # backlogged again, but its completions start over
+    assert m.rate(2.1) is None
+    for i in range(20):
+        m.observe_completion(3.0 + i * 0.1)
+    assert m.rate(5.0) == pytest.approx(19 / 1.9)
+    assert m.rate(16.0) is None  # everything aged out of the window
     short = RateMeter(window_s=10.0, min_samples=5)
+    short.observe_depth(0.0, 5)
     for i in range(10):
-        short.observe_depth(i * 0.05, 5)
         short.observe_completion(i * 0.05)
     assert short.rate(0.5) is None  # 10 completions within 0.45 s: too short a span
 
