@@ -35,7 +35,7 @@ from producer.gateway import openapi as doc
 from producer.gateway.auth import check_bearer
 from producer.gateway.codec import binary_output_names, parse_infer_request
 from producer.gateway.errors import AlreadyFinal, IdConflict, ModelNotFound, NotFound
-from producer.gateway.jobs import JobService, Snapshot
+from producer.gateway.jobs import WAIT_GRACE_S, JobService, Snapshot
 from producer.gateway.models import VERSION, ModelSpec, model_specs
 from producer.gateway.params import (
     check_request_id,
@@ -288,6 +288,8 @@ def create_app(settings: Settings) -> FastAPI:
         wait_s = wait_budget(
             prefer, left_s, settings.gateway.default_wait_s, settings.gateway.max_wait_s
         )
+        if prefer.wait_s is None:  # a result stored right at the deadline still makes it
+            wait_s += WAIT_GRACE_S
         meta = await jobs.wait(job, wait_s)
         if meta is None:
             return accepted(job_view(snap, spec), False)

@@ -370,7 +370,7 @@ class JobService:
     async def wait(self, job: Job, timeout_s: float) -> dict[str, Any] | None:
         """The final result document, or ``None`` after ``timeout_s``; releases the job's
         input segments once it is final."""
-        meta = await self.waiter.wait(job.id, max(timeout_s, 0.0) + WAIT_GRACE_S)
+        meta = await self.waiter.wait(job.id, max(timeout_s, 0.0))
         if meta is None:
             self._meter_of.pop(job.id, None)
         else:

@@ -50,5 +50,8 @@ def serve(settings: Settings, workers: int = 1, log_level: str = "info") -> None
         http="httptools" if _has("httptools") else "h11",
         log_level=log_level,
         access_log=False,  # one line per request costs more than the request's own path
+        # keep-alive clients (tritonclient's pool, load generators) reuse idle connections for
+        # longer than uvicorn's 5 s default; closing them under a client races its next request
+        timeout_keep_alive=75,
         lifespan="on",
     )
