@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +34,7 @@ from producer.gateway import openapi as doc
 from producer.gateway.auth import check_bearer
 from producer.gateway.codec import binary_output_names, parse_infer_request
 from producer.gateway.errors import AlreadyFinal, IdConflict, ModelNotFound, NotFound
+from producer.gateway.events import job_events as event_stream
 from producer.gateway.jobs import WAIT_GRACE_S, JobService, Snapshot
 from producer.gateway.models import VERSION, ModelSpec, model_specs
 from producer.gateway.params import (
@@ -371,45 +371,10 @@ def create_app(settings: Settings) -> FastAPI:
     async def job_events(job_id: str, request: Request) -> Response:
         snap = await _snapshot(job_id)
         return StreamingResponse(
-            _events(snap, request),
+            event_stream(gw.service(), snap, request, settings.gateway, _view),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-
-    async def _events(snap: Snapshot, request: Request) -> AsyncIterator[bytes]:
-        """``state`` once, ``progress`` on every change, ``final`` last (or ``timeout`` after
-        ``max_wait_s``); a comment every 15 s keeps proxies from closing the stream."""
-        jobs = gw.service()
-        job = snap.job
-        yield _sse("state", {"id": job.id, "state": snap.state, "progress": snap.progress})
-        if snap.final:
-            yield _sse("final", await _view(snap))
-            return
-        waiter = asyncio.ensure_future(jobs.waiter.wait(job.id, settings.gateway.max_wait_s))
-        last = snap.progress
-        quiet_since = time.monotonic()
-        try:
-            while True:
-                done, _ = await asyncio.wait({waiter}, timeout=settings.gateway.sse_interval_s)
-                if done:
-                    meta = waiter.result()
-                    if meta is None:
-                        yield _sse("timeout", {"id": job.id, "state": "PENDING"})
-                        return
-                    yield _sse("final", await _view(Snapshot(job, meta)))
-                    return
-                if await request.is_disconnected():
-                    return
-                cur = (await jobs.snapshot(job.id)) or snap
-                if cur.progress is not None and cur.progress != last:
-                    last = cur.progress
-                    quiet_since = time.monotonic()
-                    yield _sse("progress", {"id": job.id, "state": cur.state, **cur.progress})
-                elif time.monotonic() - quiet_since > 15.0:
-                    quiet_since = time.monotonic()
-                    yield b": keep-alive\n\n"
-        finally:
-            waiter.cancel()
 
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -432,7 +397,3 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.openapi = custom_openapi  # type: ignore[method-assign]
     return app
-
-
-def _sse(event: str, data: Any) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
