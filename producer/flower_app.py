@@ -3,4 +3,4 @@
 from shared.celery_app import make_app
 from shared.settings import load_settings
 
-app = make_app(load_settings(), name="fleet-flower")
+app = make_app(load_settings(), name="fleet-flower", role="operator")

@@ -214,7 +214,7 @@ class Soak:
         is_celery = "celery" in " ".join(cmdline) and "worker" in cmdline
         children = child_pids(pid)
         allocator_env = malloc_env(pid)
-        client = FleetClient(settings)
+        client = FleetClient(settings, role="operator")
         started_utc = datetime.now(UTC).isoformat()
         load_start = os.getloadavg()
 

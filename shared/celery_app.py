@@ -22,13 +22,16 @@ from shared import keys
 from shared.settings import MODALITIES, Settings
 
 
-def make_app(settings: Settings, name: str = "fleet") -> Celery:
+def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
     """Build a configured Celery app (no tasks registered; workers add theirs).
 
+    ``role``: the Redis ACL user the app connects as (``producer``, ``worker``, ``operator``;
+    see ``shared.acl``).
+
     Raises:
-        FileNotFoundError: no Redis password is configured (see ``Settings.redis_password``).
+        FileNotFoundError: no Redis password is configured (see ``Settings.redis_credentials``).
     """
-    url = settings.redis_url()
+    url = settings.redis_url(role)
     app = Celery(name, broker=url, backend=url, set_as_current=False)
     app.conf.update(
         task_serializer="json",

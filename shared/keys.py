@@ -20,6 +20,13 @@ FINAL_KEY_PREFIX = "fleet:final:"  # SET NX by the first final result: later one
 UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
 WORKER_STATS_PREFIX = "fleet:worker:"  # HSET by each worker: device, stream, warmup
+# Sorted set per modality: node name scored by its last heartbeat (unix s), written by each
+# batching worker with its lease renewals (workers.lease); live = younger than lease_s.
+LIVE_PREFIX = "fleet:live:"
+LIVE_FORGET_S = 3600.0  # members silent this long are dropped from the set
+# A worker pushes and deletes such a key once to learn whether Redis sends keyspace
+# notifications (workers.broker), without CONFIG, which its ACL user may not run.
+NOTIFY_PROBE_PREFIX = "fleet:notify-probe:"
 
 
 def task_name(modality: str) -> str:
@@ -57,6 +64,11 @@ def delivery_count_key(task_id: str) -> str:
 
 def result_key(task_id: str) -> str:
     return f"{RESULT_KEY_PREFIX}{task_id}"
+
+
+def live_key(modality: str) -> str:
+    """The liveness set of ``modality``'s workers (see ``LIVE_PREFIX``)."""
+    return f"{LIVE_PREFIX}{modality}"
 
 
 def final_key(task_id: str) -> str:

@@ -65,10 +65,17 @@ def stack(fleet_settings: object) -> Iterator[object]:
     st = Stack(fleet_settings)  # type: ignore[arg-type]
     st.up(["text", "image"], flower=True)
     yield st
+    # Every fleet process ran as its ACL user (shared.acl) all session: none was refused a
+    # command (tests that provoke refusals on purpose reset the log after them).
+    import redis
+
+    admin = redis.Redis.from_url(st.s.redis_url("admin"), socket_timeout=5)
+    denied = admin.execute_command("ACL", "LOG", "20")
     pids = {name: st._read_pid(st.pids / f"{name}.pid") for name in st.status()}
     st.down()
     left = [n for n, pid in pids.items() if pid is not None and _alive(pid)]
     assert not left, f"processes left running after down(): {left}"
+    assert denied == [], f"Redis refused fleet processes' commands (ACL LOG): {denied}"
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +85,21 @@ def client(stack: object, fleet_settings: object) -> Iterator[object]:
     c = FleetClient(fleet_settings)  # type: ignore[arg-type]
     yield c
     c.close()  # gives back the released files it kept for reuse
+
+
+_OPS: dict[int, Any] = {}
+
+
+def ops_app(settings: Any) -> Any:
+    """An operator's Celery app on ``settings``' stack (cached): control broadcasts (ping,
+    stats, cancel/add consumer) and raw reads of fleet internals are the operator's, not the
+    producer's (shared.acl)."""
+    from shared.celery_app import make_app
+
+    key = id(settings)
+    if key not in _OPS:
+        _OPS[key] = make_app(settings, name="test-operator", role="operator")
+    return _OPS[key]
 
 
 def _alive(pid: int) -> bool:

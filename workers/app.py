@@ -39,7 +39,7 @@ from workers.runtime import refuse_early_cuda, validate_partitions
 log = logging.getLogger("fleet.worker")
 
 settings = load_settings()
-app = make_app(settings, name="fleet-worker")
+app = make_app(settings, name="fleet-worker", role="worker")
 
 
 def _register(modality: str) -> None:
@@ -96,9 +96,14 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
 
 
 @signals.worker_ready.connect
-def _log_ready(**_: Any) -> None:
+def _log_ready(sender: Any = None, **_: Any) -> None:
     # Celery's logging is configured by now (it is not yet in worker_init).
     engine = engine_registry.current()
+    if engine.keeper is not None and sender is not None:
+        try:
+            engine.keeper.announce(engine.modality, sender.hostname)
+        except Exception as exc:  # Redis away: the next renewal announces it
+            log.warning("liveness not announced yet: %s", exc)
     warning = _shm_warning()
     if warning:
         log.warning("%s", warning)

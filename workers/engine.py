@@ -282,7 +282,7 @@ class Engine:
         from workers import lease
 
         client = redis.Redis.from_url(
-            self.settings.redis_url(), socket_timeout=5.0, socket_connect_timeout=2.0
+            self.settings.redis_url("worker"), socket_timeout=5.0, socket_connect_timeout=2.0
         )
         self.keeper = LeaseKeeper(client, self.settings.redis.lease_renew_s)
         lease.install(self.keeper)

@@ -61,6 +61,7 @@ class LeaseKeeper:
         self.renewals = 0
         self.renew_failures = 0
         self.last_renew_ms = 0.0
+        self._live: tuple[str, str] | None = None  # (sorted set, node name) once announced
 
     # -- holding ------------------------------------------------------------------------
     def hold(self, tag: str) -> None:
@@ -139,6 +140,37 @@ class LeaseKeeper:
             log.warning("could not give back %d messages; their leases lapse", len(tags))
         self.release(tags)
 
+    # -- liveness -----------------------------------------------------------------------
+    def announce(self, modality: str, node: str) -> None:
+        """Report ``node`` live for ``modality`` with every renewal, from now on (call it once
+        the worker is ready: producers take a live worker to mean requests will run)."""
+        self._live = (keys.live_key(modality), node)
+        self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """Score this node "now" in its modality's liveness set and drop members silent for
+        a long time (a SIGKILLed worker never removes itself).
+
+        Raises:
+            redis.RedisError: Redis is unreachable.
+        """
+        if self._live is None:
+            return
+        key, node = self._live
+        now = time.time()
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {node: now})
+            pipe.zremrangebyscore(key, "-inf", now - keys.LIVE_FORGET_S)
+            pipe.execute()
+
+    def _withdraw(self) -> None:
+        if self._live is not None:
+            key, node = self._live
+            try:
+                self.client.zrem(key, node)
+            except redis.RedisError:
+                log.warning("could not withdraw %s from %s; it ages out", node, key)
+
     # -- the renewal thread -------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
@@ -146,16 +178,19 @@ class LeaseKeeper:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop renewing (what is still held then lapses unless acked or given back)."""
+        """Stop renewing (what is still held then lapses unless acked or given back) and
+        withdraw this node from its liveness set."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        self._withdraw()
 
     def _run(self) -> None:
         while not self._stop.wait(self.renew_s):
             try:
                 self.renew()
+                self.heartbeat()
             except redis.RedisError as exc:
                 self.renew_failures += 1
                 log.warning("lease renewal failed (%s); retrying in %.1f s", exc, self.renew_s)

@@ -185,7 +185,7 @@ class TransportBench:
         from producer.client import FleetClient
         from shared.transport import ShmStore, store_from_settings
 
-        client = FleetClient(settings)
+        client = FleetClient(settings, role="admin")  # it reads CLIENT LIST (memory)
         redis = client.app.backend.client
         store = store_from_settings(settings)
         fresh = ShmStore(

@@ -185,12 +185,13 @@ def malformed(ctx: Ctx) -> None:
 
 def results_refused(ctx: Ctx) -> None:
     """The workers' result writes refused for ``seconds``: an ACL rule denies the scripts
-    (EVALSHA/EVAL) they store final results with."""
-    ctx.r.execute_command("ACL", "SETUSER", "default", "-evalsha", "-eval")
+    (EVALSHA/EVAL) they store final results with, for the ACL user workers connect as."""
+    user = ctx.stack.s.redis_credentials("worker")[0] or "default"
+    ctx.r.execute_command("ACL", "SETUSER", user, "-evalsha", "-eval")
     try:
         time.sleep(ctx.sc.seconds)
     finally:
-        ctx.r.execute_command("ACL", "SETUSER", "default", "+evalsha", "+eval")
+        ctx.r.execute_command("ACL", "SETUSER", user, "+evalsha", "+eval")
     ctx.end()
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from producer.client import FleetClient, SubmitRequest
 from shared.errors import FleetError
-from tests.conftest import REPO, own_text_stack
+from tests.conftest import REPO, ops_app, own_text_stack
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def fclient(fault_stack: Any) -> Iterator[FleetClient]:
 
 
 def stats(client: FleetClient) -> dict[str, Any]:
-    replies = client.app.control.broadcast("fleet_stats", reply=True, timeout=2.0)
+    replies = ops_app(client.settings).control.broadcast("fleet_stats", reply=True, timeout=2.0)
     return next(v for r in replies for k, v in r.items() if k.startswith("text@"))
 
 

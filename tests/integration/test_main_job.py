@@ -19,6 +19,7 @@ import pytest
 
 from producer.client import FleetClient, SubmitRequest, image_inputs, outcome_from_meta
 from shared.errors import FleetError, QueueFull
+from tests.conftest import ops_app
 
 pytestmark = pytest.mark.integration
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -29,7 +30,7 @@ def cos(a: list[float], b: list[float]) -> float:
 
 
 def fleet_stats(client: FleetClient, node_prefix: str) -> dict[str, Any]:
-    replies = client.app.control.broadcast("fleet_stats", reply=True, timeout=2.0)
+    replies = ops_app(client.settings).control.broadcast("fleet_stats", reply=True, timeout=2.0)
     for r in replies:
         for node, stats in r.items():
             if node.startswith(node_prefix):
@@ -119,7 +120,7 @@ def test_batches_form_under_load_and_match_single_results(client: FleetClient) -
     assert max(k for k, v in new_sizes.items() if v > 0) > 1, new_sizes
     # The batch's acks shared pipelines, and every message is acked: kombu's unacked hash
     # and index (what a restart would redeliver) hold nothing once the results are in.
-    with client.app.connection_for_write() as conn:
+    with ops_app(client.settings).connection_for_write() as conn:
         redis = conn.default_channel.client
         deadline = time.monotonic() + 10
         while redis.hlen("unacked") and time.monotonic() < deadline:
@@ -177,20 +178,29 @@ def test_queue_full_refuses_then_everything_drains(
             }
         )
     )
-    client.app.control.cancel_consumer("text", reply=True, destination=_text_nodes(client))
+    ops_app(client.settings).control.cancel_consumer(
+        "text", reply=True, destination=_text_nodes(client)
+    )
     try:
         handles = [limited.submit("text", {"text": f"queued {i}"}) for i in range(limit)]
         with pytest.raises(QueueFull) as err:
             limited.submit("text", {"text": "one too many"})
         assert err.value.code == "QUEUE_FULL"
     finally:
-        client.app.control.add_consumer("text", reply=True, destination=_text_nodes(client))
+        ops_app(client.settings).control.add_consumer(
+            "text", reply=True, destination=_text_nodes(client)
+        )
     outs = limited.wait_all(handles, timeout_s=60)
     assert all(o is not None and "result" in o for o in outs)
 
 
 def _text_nodes(client: FleetClient) -> list[str]:
-    return [n for r in client.app.control.ping(timeout=1.0) for n in r if n.startswith("text@")]
+    return [
+        n
+        for r in ops_app(client.settings).control.ping(timeout=1.0)
+        for n in r
+        if n.startswith("text@")
+    ]
 
 
 def test_flower_shows_each_request_with_its_batch(client: FleetClient, stack: Any) -> None:

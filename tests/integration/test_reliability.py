@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ import redis
 
 from producer.client import FleetClient, SubmitRequest, outcome_from_meta
 from shared import keys
+from shared.celery_app import make_app
 from tests.conftest import REPO, own_text_stack
 
 pytestmark = pytest.mark.integration
@@ -152,6 +154,24 @@ def test_a_killed_workers_messages_come_back_and_all_finish(
     wait_for(lambda: settled(worker), "the queue and unacked hash to empty")
 
 
+def test_liveness_follows_the_worker_through_a_kill_and_a_graceful_stop(
+    rclient: FleetClient, worker: Any
+) -> None:
+    """``live_workers`` (what the gateway's readiness and the CLI's warnings read): a ready
+    worker is listed; a SIGKILLed one drops out within the lease; a stopped one at once."""
+    node = f"text@{socket.gethostname()}"
+    assert rclient.live_workers("text") == [node]
+    os.killpg(worker_pid(worker), signal.SIGKILL)
+    gone_s = wait_for(lambda: rclient.live_workers("text") == [], "the dead worker to drop out")
+    assert gone_s <= LEASE_S + 1
+    worker.stop("worker-text", timeout_s=1)
+    worker.start_worker("text")
+    assert rclient.live_workers("text") == [node]  # announced when ready
+    worker.stop("worker-text")  # SIGTERM: withdrawn on the way out
+    assert rclient.live_workers("text") == []
+    worker.start_worker("text")
+
+
 def test_a_stopped_worker_loses_its_lease_and_a_live_one_finishes_its_work(
     rclient: FleetClient, worker: Any
 ) -> None:
@@ -272,7 +292,12 @@ def test_a_revoked_request_in_the_window_never_runs(rclient: FleetClient, worker
     )
     r = redis_of(worker)
     wait_for(lambda: r.hlen(keys.UNACKED_KEY) >= 3, "the worker to hold all three")
-    rclient.app.control.revoke(victim.id)
+    # Celery's revoke is a control broadcast: an operator's (Flower's) act, not a producer's
+    operator = make_app(worker.s, name="test-operator", role="operator")
+    try:
+        operator.control.revoke(victim.id)
+    finally:
+        operator.close()
     assert victim.outcome(30)["error"]["code"] == "REVOKED"
     assert mate.get(30)["dim"] == 384 and blocker.get(30)["dim"] == 384
     assert runs(worker, victim.id, "SUCCESS") == 0

@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import redis as redis_lib
 
 from producer.client import FleetClient
 from shared.transport import ShmStore
-from tests.conftest import REPO
+from tests.conftest import REPO, ops_app
 from workers.probe import PROBE_TASK, byte_checksum
 
 pytestmark = pytest.mark.integration
@@ -60,7 +61,9 @@ def shm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def sclient(shm_stack: Any) -> Iterator[FleetClient]:
     if not shm_stack.alive("worker-text"):  # the crash test kills it
         shm_stack.start_worker("text")
-    client = FleetClient(shm_stack.s)
+    # an operator's client: these tests publish to probe queues nobody reads and forget the
+    # results they read, both beyond a producer's rights (shared.acl)
+    client = FleetClient(shm_stack.s, role="operator")
     yield client
     client.app.close()
 
@@ -142,7 +145,8 @@ def test_back_to_baseline_after_1000_requests(sclient: FleetClient, shm_stack: A
 
 def _peek_message_bytes(client: FleetClient, wire: dict[str, Any]) -> int:
     """Length of the raw Redis entry of a probe message (sent to a queue nobody reads)."""
-    redis = client.app.backend.client
+    ops = ops_app(client.settings).backend  # raw reads of queues are the operator's
+    redis = ops.client
     res = send(client, wire, queue=PEEK_QUEUE)
     try:
         keys = [k for k in redis.scan_iter(match=f"{PEEK_QUEUE}*")
@@ -154,12 +158,13 @@ def _peek_message_bytes(client: FleetClient, wire: dict[str, Any]) -> int:
         for k in redis.scan_iter(match=f"{PEEK_QUEUE}*"):
             redis.delete(k)
         redis.delete(f"_kombu.binding.{PEEK_QUEUE}", f"_kombu.binding_permanent.{PEEK_QUEUE}")
-        res.forget()
+        ops.forget(res.id)
 
 
 def test_redis_memory_does_not_grow_with_tensor_size(sclient: FleetClient) -> None:
     store = sclient.shm()
-    redis = sclient.app.backend.client
+    # INFO and CLIENT LIST (each client's buffers) are the admin's
+    redis = redis_lib.Redis.from_url(sclient.settings.redis_url("admin"))
     small = np.ones(64 * KIB // 4, np.float32)
     big = np.ones(64 * MIB // 4, np.float32)
 

@@ -28,6 +28,7 @@ from producer.client import FleetClient, SubmitRequest, xmodal_inputs
 from shared import keys
 from shared.errors import FleetError
 from shared.priority import Priority
+from tests.conftest import ops_app
 
 pytestmark = pytest.mark.integration
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -84,7 +85,12 @@ def flower_get(stack: Any, path: str) -> dict[str, Any]:
 
 
 def video_nodes(client: FleetClient) -> list[str]:
-    return [n for r in client.app.control.ping(timeout=1.0) for n in r if n.startswith("video@")]
+    return [
+        n
+        for r in ops_app(client.settings).control.ping(timeout=1.0)
+        for n in r
+        if n.startswith("video@")
+    ]
 
 
 def test_video_through_shm_with_progress_in_flower(
@@ -98,17 +104,17 @@ def test_video_through_shm_with_progress_in_flower(
 
     # The raw message on Redis, read before any worker takes it: small whatever the video.
     nodes = video_nodes(client)
-    client.app.control.cancel_consumer("video", reply=True, destination=nodes)
+    ops_app(client.settings).control.cancel_consumer("video", reply=True, destination=nodes)
     try:
         time.sleep(1.2)  # a BRPOP issued before the cancel times out after 1 s
         handle = client.submit("video", inputs)
         prio = Priority.parse("normal").celery_priority(client.settings)
         key = keys.priority_list_key("video", prio)
-        with client.app.connection_for_write() as conn:
+        with ops_app(client.settings).connection_for_write() as conn:
             queued = conn.default_channel.client.lrange(key, 0, -1)
         raw = [m for m in queued if handle.id.encode() in m]
     finally:
-        client.app.control.add_consumer("video", reply=True, destination=nodes)
+        ops_app(client.settings).control.add_consumer("video", reply=True, destination=nodes)
     assert len(raw) == 1, "the message was not in the queue"
     assert len(raw[0]) < 4096 < MAX_MESSAGE_BYTES, len(raw[0])
 
