@@ -6,6 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 WORKLOAD ?= mixed
+MODES ?= fleet,baseline,limit
 PYTEST_ARGS ?=
 
 .PHONY: venv up down status flower demo test lint bench soak chaos gpu-check clean
@@ -41,8 +42,9 @@ test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Fleet vs plain-Celery baseline vs in-process limit; method: producer/bench/README.md.
+# Through the HTTP gateway too: make bench WORKLOAD=text-saturate MODES=fleet,gateway
 bench: venv
-	$(BIN)/fleet bench $(WORKLOAD)
+	$(BIN)/fleet bench $(WORKLOAD) --modes $(MODES)
 
 soak: venv
 	$(BIN)/fleet soak

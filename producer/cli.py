@@ -114,13 +114,15 @@ def up(
         "text,image"
     ),
     flower: Annotated[bool, typer.Option(help="start Flower")] = True,
+    gateway: Annotated[bool, typer.Option(help="start the HTTP gateway (fleet gateway)")] = True,
 ) -> None:
-    """Start Redis, the workers and Flower in the background; return when all answer."""
+    """Start Redis, the workers, Flower and the HTTP gateway in the background; return when
+    all answer."""
     from producer.stack import Stack, StackError
 
     stack = Stack(load_settings())
     try:
-        started = stack.up([m for m in modalities.split(",") if m], flower=flower)
+        started = stack.up([m for m in modalities.split(",") if m], flower=flower, gateway=gateway)
     except StackError as exc:
         typer.echo(f"fleet up failed: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -156,6 +158,31 @@ def flower_info() -> None:
     typer.echo(f"url:      {stack.flower_url()}")
     typer.echo(f"user:     {settings.flower.user}")
     typer.echo(f"password: {settings.flower_password()}")
+
+
+@app.command("gateway")
+def gateway_cmd(
+    host: Annotated[str, typer.Option(help="bind address (default: [gateway] host)")] = "",
+    port: Annotated[int, typer.Option(help="port (default: [gateway] port)")] = 0,
+    workers: Annotated[int, typer.Option(help="gateway processes (uvicorn workers)")] = 1,
+    token: Annotated[bool, typer.Option("--token", help="print the bearer token and exit")] = (
+        False
+    ),
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info",
+) -> None:
+    """Serve the HTTP gateway (Open Inference Protocol v2 REST) in the foreground."""
+    # Through the environment, so that uvicorn's worker processes load the same values.
+    if host:
+        os.environ["FLEET_GATEWAY__HOST"] = host
+    if port:
+        os.environ["FLEET_GATEWAY__PORT"] = str(port)
+    settings = load_settings()
+    if token:
+        typer.echo(settings.gateway_token())
+        return
+    from producer.gateway.server import serve
+
+    serve(settings, workers=workers, log_level=loglevel.lower())
 
 
 # -- submitting ----------------------------------------------------------------------------

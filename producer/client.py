@@ -148,11 +148,15 @@ class FleetClient:
     Args:
         settings: fleet settings (Redis address and password, priorities, limits).
         app: a Celery app to reuse; built from ``settings`` when omitted.
+        role: the Redis ACL user to connect as (``shared.acl``): ``producer`` (enqueue,
+            results, cancel) unless a harness needs more (the bench purges and flushes).
     """
 
-    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+    def __init__(
+        self, settings: Settings, app: Celery | None = None, *, role: str = "producer"
+    ) -> None:
         self.settings = settings
-        self.app = app or make_app(settings, name="fleet-producer")
+        self.app = app or make_app(settings, name="fleet-producer", role=role)
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> FleetClient:
@@ -336,6 +340,72 @@ class FleetClient:
                     pipe.llen(keys.priority_list_key(queue, p))
                 counts = pipe.execute()
         return dict(zip(names, (int(c) for c in counts), strict=True))
+
+    def live_workers(self, modality: str) -> list[str]:
+        """Node names of ``modality``'s batching workers that are ready and alive: those
+        whose last heartbeat (``fleet:live:<modality>``, written with every lease renewal)
+        is younger than ``[redis] lease_s``. One round trip.
+
+        Raises:
+            kombu/redis connection errors: Redis is unreachable.
+        """
+        since = time.time() - self.settings.redis.lease_s
+        with self.app.pool.acquire(block=True) as conn:
+            client = conn.default_channel.client
+            nodes = client.zrangebyscore(keys.live_key(modality), since, "+inf")
+        return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in nodes)
+
+    def cancel(self, task_id: str, reason: str = "cancelled by its producer") -> bool:
+        """Cancel a request that has no final result yet: it ends ``REVOKED``.
+
+        No Lua (a producer's Redis user may not run scripts): ``SET fleet:final:<id> 1 NX EX
+        <result_expires_s>`` claims the request's one final result first; only if that set it,
+        the REVOKED document (Celery's result meta, the shape ``workers.results`` stores, with
+        ``Revoked``'s exception encoding: code ``REVOKED``) is stored with SETEX on the result
+        key and PUBLISHed on it (what Celery's result consumers and the gateway wait on).
+        Workers check the marker before every batch and ack such a request unrun, and their
+        own result write is first-wins on the same marker: a request still queued or held in
+        a worker's prefetch window never runs. One whose batch was already running finishes
+        computing, but its result is dropped (REVOKED stands).
+
+        If this process dies between the two steps the request has a final marker and no
+        document: it never runs, and reads as PENDING until the marker expires.
+
+        Returns:
+            True if this call cancelled it; False if it already had a final result (stored by
+            a worker, or an earlier cancel).
+
+        Raises:
+            redis errors: Redis is unreachable or refused a command.
+        """
+        from datetime import UTC, datetime
+
+        from shared.errors import Revoked
+
+        backend = self.app.backend
+        ttl = int(self.settings.redis.result_expires_s)
+        if not backend.client.set(keys.final_key(task_id), "1", nx=True, ex=ttl):
+            return False
+        err = Revoked(reason)
+        meta = {
+            "status": "REVOKED",
+            "result": {
+                "exc_type": type(err).__name__,
+                "exc_message": [err.message, err.code],
+                "exc_module": type(err).__module__,
+            },
+            "traceback": None,
+            "children": [],
+            "date_done": datetime.now(UTC).isoformat(),
+            "task_id": task_id,
+        }
+        value = backend.encode(meta)
+        key = backend.get_key_for_task(task_id)
+        with backend.client.pipeline(transaction=False) as pipe:
+            pipe.setex(key, ttl, value)
+            pipe.publish(key, value)
+            pipe.execute()
+        return True
 
     # -- tensor transport (video, xmodal) ----------------------------------------------
     def shm(self) -> ShmStore:

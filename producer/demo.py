@@ -343,9 +343,11 @@ def main() -> int:
 
     settings = load_settings()
     stack = Stack(settings)
-    console.print("bringing the stack up (Redis, text/image/video/xmodal workers, Flower)...")
+    console.print(
+        "bringing the stack up (Redis, text/image/video/xmodal workers, Flower, gateway)..."
+    )
     try:
-        stack.up(["text", "image", "video", "xmodal"], flower=True)
+        stack.up(["text", "image", "video", "xmodal"], flower=True, gateway=True)
     except StackError as exc:
         console.print(f"[red]stack failed to start:[/red] {exc}")
         return 1
@@ -356,6 +358,12 @@ def main() -> int:
         client = FleetClient.from_settings(settings)
         try:
             rep = run(client)
+            from producer.demo_gateway import run_gateway
+
+            console.print(f"gateway phase: a handful of requests through {stack.gateway_url()}")
+            rep["gateway"] = run_gateway(
+                stack.gateway_url(), settings.gateway_token(), client, texts()
+            )
         finally:
             client.close()
     finally:
@@ -364,12 +372,20 @@ def main() -> int:
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(json.dumps(rep, indent=2))
     print_report(rep)
+    gw = rep["gateway"]
+    console.print(
+        f"gateway: {gw['sent']} requests, {gw['failed']} failed checks, "
+        f"p50 {gw['latency_ms']['p50']} ms"
+    )
     console.print(f"report: {REPORT}")
     ok = (
         rep["valid_failed"] == 0
         and rep["bad_wrong_outcome"] == 0
         and rep["semantic_check"]["passed"]
+        and gw["failed"] == 0
     )
+    if gw["failed"]:
+        rep["failures"] = [*rep.get("failures", []), *gw["failures"]]
     if not ok:
         console.print("[red]demo FAILED[/red]", json.dumps(rep["failures"], indent=1)[:4000])
     return 0 if ok else 1

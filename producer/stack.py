@@ -6,7 +6,9 @@ ping, which they answer only after their model is loaded and warmed; Flower: its
 ``stack.run_dir``), Redis last so that workers can ack on their way out.
 
 Everything lives in one run directory: ``redis/`` (AOF data), ``logs/``, ``pids/`` and the
-generated secrets ``redis.password`` and ``flower.password`` (mode 0600).
+generated secrets (mode 0600): ``redis.password`` (Redis's admin, the ``default`` user),
+``redis-producer.password``, ``redis-worker.password``, ``redis-operator.password`` (the ACL
+users of ``shared.acl``, which every fleet process connects as) and ``flower.password``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.acl import ADMIN, ROLES, password_hash, server_version, user_lines
+from shared.acl import rules as acl_rules
 from shared.settings import Settings, ensure_secret
 
 
@@ -47,6 +51,7 @@ def isolated_environment(run_dir: Path, extra: dict[str, str] | None = None) -> 
         "FLEET_STACK__RUN_DIR": str(run_dir),
         "FLEET_REDIS__PORT": str(free_port()),
         "FLEET_FLOWER__PORT": str(free_port()),
+        "FLEET_GATEWAY__PORT": str(free_port()),
         "FLEET_METRICS__PORT_BASE": "0",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
@@ -110,7 +115,8 @@ class Stack:
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.dir, 0o700)
         if not self.s.redis.password:
-            ensure_secret(self.dir / "redis.password")
+            for role in (ADMIN, *ROLES):
+                ensure_secret(self.s.redis_password_file(role))
         if not self.s.flower.password:
             ensure_secret(self.dir / "flower.password")
 
@@ -125,14 +131,17 @@ class Stack:
     # -- Redis --------------------------------------------------------------------------
     def start_redis(self) -> Proc:
         r = self.s.redis
+        binary = redis_server_binary()
         conf = self.dir / "redis.conf"
+        conf.unlink(missing_ok=True)
+        os.close(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # never readable
         conf.write_text(
             "\n".join(
                 [
                     f"bind {r.host}",
                     f"port {r.port}",
                     "protected-mode yes",
-                    f"requirepass {self.s.redis_password()}",
+                    *self._acl_lines(server_version(binary)),
                     f"dir {self.dir / 'redis'}",
                     "appendonly yes",
                     "appendfsync everysec",
@@ -145,19 +154,37 @@ class Stack:
                 ]
             )
         )
-        os.chmod(conf, 0o600)
-        proc = self._spawn("redis", [redis_server_binary(), str(conf)])
+        proc = self._spawn("redis", [binary, str(conf)])
         self._wait(lambda: self.redis_ping(), "redis", proc, 30.0)
         return proc
+
+    def _acl_lines(self, version: tuple[int, int]) -> list[str]:
+        """One ACL user per role (``shared.acl``) for a server of ``version``; with an
+        explicit password (``FLEET_REDIS__PASSWORD``), that one password for everything."""
+        r = self.s.redis
+        if r.password and r.user:
+            every = " ".join(acl_rules(ADMIN, r.db, version))
+            return [
+                "user default reset off",
+                f"user {r.user} reset on {password_hash(r.password)} {every}",
+            ]
+        if r.password:
+            return user_lines({ADMIN: r.password}, r.db, version)
+        passwords = {
+            role: self.s.redis_password_file(role).read_text().strip() for role in (ADMIN, *ROLES)
+        }
+        return user_lines(passwords, r.db, version)
 
     def redis_ping(self) -> bool:
         import redis
 
         try:
+            user, password = self.s.redis_credentials("admin")
             client = redis.Redis(
                 host=self.s.redis.host,
                 port=self.s.redis.port,
-                password=self.s.redis_password(),
+                username=user,
+                password=password,
                 socket_timeout=1.0,
             )
             return bool(client.ping())
@@ -191,7 +218,7 @@ class Stack:
     def worker_ping(self, node: str) -> bool:
         from shared.celery_app import make_app
 
-        app = make_app(self.s, name="fleet-stack")
+        app = make_app(self.s, name="fleet-stack", role="operator")
         try:
             replies = app.control.ping(destination=[node], timeout=1.0)
             return any(node in r for r in replies)
@@ -234,14 +261,35 @@ class Stack:
         except Exception:
             return False
 
+    # -- HTTP gateway -------------------------------------------------------------------
+    def start_gateway(self) -> Proc:
+        """Start ``fleet gateway`` (OIP v2 REST on ``[gateway] host:port``) and wait until
+        ``/v2/health/live`` answers."""
+        argv = [sys.executable, "-m", "producer.cli", "gateway"]
+        proc = self._spawn("gateway", argv)
+        self._wait(self.gateway_ok, "gateway", proc, 60.0)
+        return proc
+
+    def gateway_url(self) -> str:
+        return f"http://{self.s.gateway.host}:{self.s.gateway.port}"
+
+    def gateway_ok(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.gateway_url()}/v2/health/live", timeout=1.0) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
     # -- whole stack --------------------------------------------------------------------
     def up(
         self,
         modalities: Sequence[str] = ("text", "image"),
         flower: bool = True,
         mode: str = "batch",
+        gateway: bool = False,
     ) -> list[Proc]:
-        """Start Redis, workers and Flower; return when all answer.
+        """Start Redis, workers, Flower and (``gateway``) the HTTP gateway; return when all
+        answer.
 
         Raises:
             StackError: a process exited or did not answer in time (its log tail is in
@@ -257,6 +305,8 @@ class Stack:
                     started.append(self.start_worker(m, mode))
             if flower and not self.alive("flower"):
                 started.append(self.start_flower())
+            if gateway and not self.alive("gateway"):
+                started.append(self.start_gateway())
         except BaseException:
             self.down()
             raise

@@ -103,6 +103,20 @@ class QueueFull(FleetError):
     code = "QUEUE_FULL"
 
 
+class DeadlineUnreachable(FleetError):
+    """Refused up front: the queue ahead of the request, at the measured service rate, would
+    take longer to drain than the time left before its deadline (the HTTP gateway's admission
+    control; only decided when a rate was measured). Not sent, so nothing ran."""
+
+    code = "DEADLINE_UNREACHABLE"
+
+
+class NoReadyWorker(FleetError):
+    """Refused up front: no live worker serves the requested model right now."""
+
+    code = "NO_READY_WORKER"
+
+
 class TransportError(FleetError):
     """Tensor transport (shared memory or inline bytes) failed."""
 

@@ -42,6 +42,10 @@ class RedisSettings(_Section):
     host: str = "127.0.0.1"
     port: int = 6390
     db: int = 0
+    # Explicit credentials (an external Redis, compose, Kubernetes): every role of this
+    # process connects with them. Without a password, each process connects as the ACL user
+    # of its role (shared.acl) with the password `fleet up` generated for it under run_dir.
+    user: str | None = None
     password: str | None = None
     # Batching workers hold a lease on every message they hold (workers.lease): a dead
     # worker's messages are back in their queue within lease_s, a live worker's never leave.
@@ -84,6 +88,27 @@ class FlowerSettings(_Section):
     port: int = 5555
     user: str = "fleet"
     password: str | None = None
+
+
+class GatewaySettings(_Section):
+    """The HTTP gateway (``fleet gateway``, ``producer.gateway``): OIP v2 REST over the fleet."""
+
+    host: str = "127.0.0.1"  # loopback by default
+    port: int = Field(default=8000, ge=0, le=65535)
+    token: str | None = None  # else <run_dir>/gateway.token (0600), created on first start
+    default_wait_s: float = Field(default=30.0, gt=0.0)  # sync infer without Prefer/deadline
+    max_wait_s: float = Field(default=300.0, gt=0.0)  # the longest Prefer: wait=N honoured
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)  # larger: 413
+    publish_threads: int = Field(default=4, ge=1)  # kombu publishes off the event loop
+    live_cache_s: float = Field(default=1.0, ge=0.0)  # live_workers answers kept this long
+    # Admission: refuse DEADLINE_UNREACHABLE only when even `admission_safety` times the
+    # measured service rate cannot drain the queue ahead before the deadline.
+    admission: bool = True
+    admission_window_s: float = Field(default=10.0, gt=0.0)
+    admission_min_samples: int = Field(default=32, ge=1)
+    admission_safety: float = Field(default=2.0, ge=1.0)
+    retry_after_s: int = Field(default=1, ge=1)  # Retry-After on 429 / 503
+    sse_interval_s: float = Field(default=0.25, gt=0.0)  # progress polling for /events
 
 
 class PriorityClass(_Section):
@@ -206,6 +231,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     stack: StackSettings = Field(default_factory=StackSettings)
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     priorities: dict[str, PriorityClass] = Field(default_factory=dict)
     limits: Limits = Field(default_factory=Limits)
     transport: TransportSettings = Field(default_factory=TransportSettings)
@@ -256,7 +282,7 @@ class Settings(BaseSettings):
         return self.stack.run_dir.resolve()
 
     def redis_password(self) -> str:
-        """The Redis password: ``FLEET_REDIS__PASSWORD`` or ``<run_dir>/redis.password``.
+        """The admin password: ``FLEET_REDIS__PASSWORD`` or ``<run_dir>/redis.password``.
 
         Raises:
             FileNotFoundError: neither is set (run ``fleet up`` first, or set the variable).
@@ -265,14 +291,44 @@ class Settings(BaseSettings):
             return self.redis.password
         return (self.run_dir / "redis.password").read_text().strip()
 
+    def redis_password_file(self, role: str) -> Path:
+        """Where ``fleet up`` keeps the password of ``role`` (``admin``: ``redis.password``)."""
+        return self.run_dir / ("redis.password" if role == "admin" else f"redis-{role}.password")
+
+    def redis_credentials(self, role: str) -> tuple[str | None, str]:
+        """``(user, password)`` for a process playing ``role`` (``producer``, ``worker``,
+        ``operator`` or ``admin``; see ``shared.acl``). ``FLEET_REDIS__PASSWORD`` (and
+        ``FLEET_REDIS__USER``) win for every role; else the role's file under ``run_dir``.
+
+        Raises:
+            FileNotFoundError: no password set and no file for the role (run ``fleet up``).
+        """
+        if self.redis.password:
+            return self.redis.user, self.redis.password
+        password = self.redis_password_file(role).read_text().strip()
+        return (None if role == "admin" else role), password
+
+    def gateway_token(self) -> str:
+        """The gateway's bearer token: ``FLEET_GATEWAY__TOKEN``, else ``<run_dir>/gateway.token``
+        (created with mode 0600 on first use, like the Redis password)."""
+        if self.gateway.token:
+            return self.gateway.token
+        return ensure_secret(self.run_dir / "gateway.token")
+
     def flower_password(self) -> str:
         if self.flower.password:
             return self.flower.password
         return (self.run_dir / "flower.password").read_text().strip()
 
-    def redis_url(self) -> str:
-        pw = quote(self.redis_password(), safe="")
-        return f"redis://:{pw}@{self.redis.host}:{self.redis.port}/{self.redis.db}"
+    def redis_url(self, role: str = "admin") -> str:
+        """A ``redis://`` URL with the credentials of ``role`` (see :meth:`redis_credentials`).
+
+        Raises:
+            FileNotFoundError: as :meth:`redis_credentials`.
+        """
+        user, password = self.redis_credentials(role)
+        auth = f"{quote(user or '', safe='')}:{quote(password, safe='')}"
+        return f"redis://{auth}@{self.redis.host}:{self.redis.port}/{self.redis.db}"
 
     def modality(self, name: str) -> ModalityConfig:
         """The config of one modality.

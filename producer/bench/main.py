@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from producer.bench.runner import MODES, Bench, BenchError, BenchOptions
+from producer.bench.runner import ALL_MODES, MODES, Bench, BenchError, BenchOptions
 from producer.bench.sources import SourceError
 from producer.bench.workload import WorkloadError, list_workloads, load_workload
 
@@ -42,9 +42,9 @@ def main(
     if is_transport(w):  # its own runner: tensors to the probe task, not modes
         return run_transport(w, repetitions, out_dir, run_dir.resolve() if run_dir else None, err)
     wanted = tuple(m for m in modes.split(",") if m)
-    unknown = [m for m in wanted if m not in MODES]
+    unknown = [m for m in wanted if m not in ALL_MODES]
     if unknown or not wanted:
-        err.print(f"[red]bench:[/red] --modes takes a comma list of {', '.join(MODES)}")
+        err.print(f"[red]bench:[/red] --modes takes a comma list of {', '.join(ALL_MODES)}")
         return 1
     from producer.bench.report import build_report, print_report, write_report
 

@@ -232,6 +232,16 @@ def build_report(res: BenchResult) -> dict[str, Any]:
     rep["modes"] = modes
     rep["cdf_ms"] = {mode: _cdf_samples(mr) for mode, mr in res.modes.items()}
     rep["ratios"] = _ratios(modes)
+    if "gateway" in res.modes:  # bench/gateway.py: the fleet through `fleet gateway`
+        gw = modes.get("gateway", {})
+        rep["gateway"] = {
+            "idle_overhead": res.modes["gateway"].gateway,
+            "throughput_over_direct": {
+                m: _ratio(gw[m]["throughput_rps"], modes.get("fleet", {}).get(m, {}).get(
+                    "throughput_rps"))
+                for m in gw
+            },
+        }  # fmt: skip
     rep["noise"] = _noise(modes)
     rep["warnings"] = _warnings(res, rep)
     return rep
@@ -421,6 +431,17 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         offered = _f(modes.get("fleet", {}).get(m, {}).get("offered_rps"))
         t.add_row(m, offered, *cells, *ratios, " ".join(f"{k}:{v}" for k, v in top))
     con.print(t)
+    if "gateway" in report:
+        g = report["gateway"]
+        for m, ratio in g["throughput_over_direct"].items():
+            rps = modes["gateway"][m]["throughput_rps"]
+            con.print(f"gateway {m}: {_f(rps)} requests/s through the HTTP gateway = "
+                      f"{_f(ratio, '.2f')}x the direct path (fleet) in this run")  # fmt: skip
+        o = g["idle_overhead"]
+        if o:
+            con.print(f"gateway p50 overhead (idle, sync, {o['n']} pairs): "
+                      f"{_f(o['overhead_p50_ms'], '.2f')} ms (direct p50 {o['direct_p50_ms']} "
+                      f"ms, gateway p50 {o['gateway_p50_ms']} ms)")  # fmt: skip
     lat = Table(title="Latency, ms from the scheduled send (median across repetitions)")
     for col in ("modality", "priority", "mode", "n", "p50", "p95", "p99", "max", "miss",
                 "queue p50", "compute p50", "drain/s"):  # fmt: skip

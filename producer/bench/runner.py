@@ -60,7 +60,8 @@ from shared.settings import Settings, load_settings
 
 log = logging.getLogger("fleet.bench")
 MODES = ("fleet", "baseline", "limit")
-SERVICE_MODES = {"fleet": "batch", "baseline": "baseline"}
+ALL_MODES = (*MODES, "gateway")  # gateway: the fleet through `fleet gateway` (bench/gateway.py)
+SERVICE_MODES = {"fleet": "batch", "baseline": "baseline", "gateway": "batch"}
 WARM_PROBES = 5
 PROBE_TIMEOUT_S = 120.0
 EVENT_GRACE_S = 3.0  # task-succeeded follows the stored result; wait this long at most
@@ -94,6 +95,7 @@ class ModeResult:
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
     cold: dict[str, dict[str, Any]] = field(default_factory=dict)
     leftovers: int = 0
+    gateway: dict[str, Any] = field(default_factory=dict)  # gateway mode: idle overhead
 
 
 @dataclass
@@ -155,7 +157,7 @@ class Bench:
             res.settings_facts = _settings_facts(settings, self.modalities)
             try:
                 stack.start_redis()
-                for mode in ("fleet", "baseline"):
+                for mode in ("fleet", "gateway", "baseline"):
                     if mode in self.opts.modes:
                         res.modes[mode] = self._service_mode(mode, stack, settings, res)
                 if "limit" in self.opts.modes:
@@ -175,7 +177,7 @@ class Bench:
         self, mode: str, stack: Any, settings: Settings, res: BenchResult
     ) -> ModeResult:
         out = ModeResult(mode)
-        client = FleetClient(settings)
+        client = FleetClient(settings, role="admin")  # it flushes the db between modes
         if not res.redis_version:
             res.redis_version = str(client.app.backend.client.info("server")["redis_version"])
         probe_table = RecordTable()
@@ -184,9 +186,19 @@ class Bench:
         collector.start()
         tap.start()
         fifo = settings.priorities["normal"].celery_priority if mode == "baseline" else None
+        self._mode = mode
         try:
+            if mode == "gateway":
+                with self._spinner("gateway: starting fleet gateway"):
+                    stack.start_gateway()
+                self._gateway = (stack.gateway_url(), settings.gateway_token())
             self._start_workers(mode, stack, client, probe_table, out)
             self._warm_probes(client, probe_table, out)
+            if mode == "gateway" and "text" in self.modalities:
+                from producer.bench.gateway import measure_overhead
+
+                texts = [self.catalog.get(s, i)["text"] for s, i in self._text_inputs()]
+                out.gateway = measure_overhead(client, *self._gateway, texts)
             stats_before = fleet_stats(client, len(self.modalities))
             for m, s in stats_before.items():
                 out.workers.setdefault(m, {})["runtime"] = s.get("runtime")
@@ -209,6 +221,8 @@ class Bench:
         finally:
             tap.stop()
             collector.stop()
+            if mode == "gateway":
+                stack.stop("gateway")
             with self._spinner(f"{mode}: stopping workers"):
                 stoppers = [
                     threading.Thread(target=stack.stop, args=(f"worker-{m}",))
@@ -277,7 +291,7 @@ class Bench:
             if self.catalog.modality(m.source) == modality
         )
         planned = Planned("probe", 0.0, source, modality, 0, "normal", None, False)
-        sender = Sender(client, self.catalog, table, self.tb, rep=-1)
+        sender = self._sender(client, table, -1, None)
         done = threading.Event()
         with client.app.producer_or_acquire() as producer:
             rec = sender.send(
@@ -306,12 +320,12 @@ class Bench:
             # hold up a stream scheduled beside it.
             part = [p for p in plan if p.phase == phase.name]
             if part:
-                sender = Sender(client, self.catalog, table, self.tb, rep, fifo)
+                sender = self._sender(client, table, rep, fifo)
                 gens.append(OpenLoop(sender, part, t0, stop))
         for phase in self.w.phases:
             if phase.arrival == "closed":
                 picker = ClosedPicker(self.w, phase, modality_of)
-                sender = Sender(client, self.catalog, table, self.tb, rep, fifo)
+                sender = self._sender(client, table, rep, fifo)
                 gens.append(ClosedLoop(sender, picker, t0, stop))
         closed = any(p.arrival == "closed" for p in self.w.phases)
         total = None if closed else len(plan)
@@ -337,6 +351,22 @@ class Bench:
             table.complete(task_id, now, False, NO_RESULT)
         self._wait_events(table)
         return table.records()
+
+    def _sender(
+        self, client: FleetClient, table: RecordTable, rep: int, fifo: int | None
+    ) -> Sender:
+        """The direct path's Sender, or in the gateway mode one that POSTs to the gateway."""
+        if getattr(self, "_mode", "") == "gateway":
+            from producer.bench.gateway import GatewaySender
+
+            url, token = self._gateway
+            return GatewaySender(client, self.catalog, table, self.tb, rep, url=url, token=token)
+        return Sender(client, self.catalog, table, self.tb, rep, fifo)
+
+    def _text_inputs(self) -> list[tuple[str, int]]:
+        """(source, index) of the workload's first text inputs (the overhead probes)."""
+        srcs = [k for k in _used(self.w) if self.catalog.modality(k) == "text"]
+        return [(srcs[0], i) for i in range(8)] if srcs else []
 
     def _wait_generators(
         self, gens: list[Any], table: RecordTable, progress: Progress, task: Any
