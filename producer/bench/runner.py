@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,6 +136,7 @@ class Bench:
         )
         self.tb = Timebase()
         self.modalities = self.w.modalities
+        self._closers: list[Callable[[], None]] = []  # the gateway senders of a repetition
 
     # -- whole run ------------------------------------------------------------------------
     def run(self) -> BenchResult:
@@ -340,6 +341,8 @@ class Bench:
         except KeyboardInterrupt:
             stop.set()
             raise
+        while self._closers:
+            self._closers.pop()()
         for g in gens:
             if g.error is not None:
                 raise BenchError(f"{mode}: the generator failed: {g.error}")
@@ -360,7 +363,9 @@ class Bench:
             from producer.bench.gateway import GatewaySender
 
             url, token = self._gateway
-            return GatewaySender(client, self.catalog, table, self.tb, rep, url=url, token=token)
+            sender = GatewaySender(client, self.catalog, table, self.tb, rep, url=url, token=token)
+            self._closers.append(sender.close)
+            return sender
         return Sender(client, self.catalog, table, self.tb, rep, fifo)
 
     def _text_inputs(self) -> list[tuple[str, int]]:

@@ -77,7 +77,12 @@ class Gateway:
         client = FleetClient(self.settings)
         # The producer's own credentials: the URL its Celery app was built with.
         url = str(client.app.conf.broker_url)
-        redis = aioredis.from_url(url, max_connections=512, health_check_interval=30)
+        # A blocking pool: a burst of requests waits for a connection (each holds one for
+        # a round trip) instead of failing with "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=64, timeout=10, health_check_interval=30
+        )
+        redis = aioredis.Redis(connection_pool=pool)
         self.jobs = JobService(client, redis, self.models)
         await self.jobs.start()
 
@@ -85,6 +90,7 @@ class Gateway:
         if self.jobs is not None:
             await self.jobs.stop()
             await self.jobs.redis.aclose()
+            await self.jobs.redis.connection_pool.disconnect()
             await asyncio.get_running_loop().run_in_executor(None, self.jobs.client.close)
 
     def service(self) -> JobService:
@@ -140,7 +146,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.gateway = gw
     retry_s = settings.gateway.retry_after_s
 
-    def auth(request: Request) -> None:
+    async def auth(request: Request) -> None:  # async: FastAPI runs a sync one on a thread
         check_bearer(request.headers.get("authorization"), gw.token)
 
     secured = [Depends(auth)]

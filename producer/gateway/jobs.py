@@ -8,8 +8,11 @@ shares it through Redis (no other state). Its state is Celery's result document
 (``celery-task-meta-<id>``): absent = ``PENDING`` (queued), ``PROGRESS`` (a video's
 done/total frames), then one final ``SUCCESS`` / ``FAILURE`` / ``REVOKED``.
 
-Blocking work (kombu publishes, /dev/shm writes, ``FleetClient.cancel``, liveness reads)
-runs on a small thread pool, never on the event loop.
+A new job costs two round trips on the event loop's own ``redis.asyncio`` connections: the
+``SET NX`` of its document with the LLENs admission needs (one pipeline), then one ``LPUSH``
+of the message kombu would have sent (``producer.wire``). Blocking work (/dev/shm writes,
+``FleetClient.cancel``, large inputs' encoding) runs on a small thread pool, never on the
+event loop.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from producer.gateway.admission import (
 from producer.gateway.errors import BrokerUnavailable
 from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
+from producer.wire import task_payload
 from shared import keys
 from shared.errors import DeadlineUnreachable, NoReadyWorker, QueueFull
 from shared.priority import Priority
@@ -135,6 +139,7 @@ class JobService:
         self._meter_of: dict[str, str] = {}  # task id -> its queue, for jobs sent here
         self._live: dict[str, tuple[float, list[str]]] = {}
         self._inflight: dict[str, asyncio.Future[Any]] = {}
+        self.reply_to = str(client.app.thread_oid)  # as Celery's send_task sets it
 
     async def start(self) -> None:
         await self.waiter.start()
@@ -189,32 +194,44 @@ class JobService:
             return hit[1]
 
         async def read() -> list[str]:
+            # as FleetClient.live_workers reads it, on the loop's own connection
+            since = time.time() - self.settings.redis.lease_s
             try:
-                nodes = await self._io(self.client.live_workers, modality)
+                raw = await self.redis.zrangebyscore(keys.live_key(modality), since, "+inf")
             except Exception as exc:
                 raise BrokerUnavailable(f"cannot read worker liveness: {exc}") from None
+            nodes = sorted(n.decode() if isinstance(n, bytes) else str(n) for n in raw)
             self._live[modality] = (time.monotonic() + self.gw.live_cache_s, nodes)
             return nodes
 
         return await self._single_flight(f"live:{modality}", read)
+
+    def _depth_commands(self, pipe: Any, modality: str) -> list[str]:
+        """Queue LLENs of every class of ``modality`` onto ``pipe``; returns the class names
+        in the order of their replies."""
+        names = [p.label for p in Priority]
+        for name in names:
+            prio = Priority.parse(name).celery_priority(self.settings)
+            pipe.llen(keys.priority_list_key(keys.queue_for(modality, name), prio))
+        return names
+
+    def _observe(self, modality: str, names: list[str], counts: list[Any]) -> dict[str, int]:
+        depth = dict(zip(names, (int(c) for c in counts), strict=True))
+        now = time.monotonic()
+        self.meter(queue_of(modality, "realtime")).observe_depth(now, depth["realtime"])
+        main = sum(v for k, v in depth.items() if k != "realtime")
+        self.meter(queue_of(modality, "normal")).observe_depth(now, main)
+        return depth
 
     async def depth(self, modality: str) -> dict[str, int]:
         """Requests waiting in Redis per class (one LLEN pipeline; concurrent callers share
         it), as :meth:`FleetClient.queue_depth` counts them."""
 
         async def read() -> dict[str, int]:
-            names = [p.label for p in Priority]
             async with self.redis.pipeline(transaction=False) as pipe:
-                for name in names:
-                    prio = Priority.parse(name).celery_priority(self.settings)
-                    pipe.llen(keys.priority_list_key(keys.queue_for(modality, name), prio))
+                names = self._depth_commands(pipe, modality)
                 counts = await pipe.execute()
-            depth = dict(zip(names, (int(c) for c in counts), strict=True))
-            now = time.monotonic()
-            self.meter(queue_of(modality, "realtime")).observe_depth(now, depth["realtime"])
-            main = sum(v for k, v in depth.items() if k != "realtime")
-            self.meter(queue_of(modality, "normal")).observe_depth(now, main)
-            return depth
+            return self._observe(modality, names, counts)
 
         return await self._single_flight(f"depth:{modality}", read)
 
@@ -231,16 +248,18 @@ class JobService:
         if queue is not None:
             self.meter(queue).observe_completion(time.monotonic())
 
-    async def _admit(self, spec: ModelSpec, priority: str, timeout_s: float | None) -> None:
-        """Raises NoReadyWorker, QueueFull or DeadlineUnreachable (see ``admission``)."""
+    async def _require_live(self, spec: ModelSpec) -> None:
+        """Raises NoReadyWorker when no live worker serves ``spec``'s modality."""
         if not await self.live_workers(spec.modality):
             raise NoReadyWorker(
                 f"no live {spec.modality} worker serves model {spec.name!r}",
             )
-        try:
-            depth = await self.depth(spec.modality)
-        except Exception as exc:
-            raise BrokerUnavailable(f"cannot read queue depth: {exc}") from None
+
+    def _admit(
+        self, spec: ModelSpec, priority: str, timeout_s: float | None, depth: dict[str, int]
+    ) -> None:
+        """Raises QueueFull or DeadlineUnreachable for the queue ``depth`` just read (see
+        ``admission``)."""
         full = queue_full(
             self.settings.modalities.get(spec.modality), depth, spec.modality, priority
         )
@@ -284,13 +303,13 @@ class JobService:
             inputs, video = await self._io(fleet_inputs, spec, tensors)
         else:
             inputs, video = fleet_inputs(spec, tensors)
-        if task_id is not None:
+        if task_id is not None and video is not None:
+            # before the video is written to /dev/shm for nothing
             existing = await self.get_job(task_id)
             if existing is not None:
                 return existing, False
-        else:
-            task_id = str(uuid.uuid4())
-        await self._admit(spec, priority, timeout_s)
+        task_id = task_id or str(uuid.uuid4())
+        await self._require_live(spec)
         if video is not None:
             inputs = await self._io(self.client.video_inputs, video)
         refs = list(_wires(inputs, "shm"))
@@ -312,38 +331,62 @@ class JobService:
                 env.deadline_ms,
                 refs,
             )
-            ttl = int(self.settings.redis.result_expires_s)
-            if not await self.redis.set(job_key(task_id), job.to_json(), nx=True, ex=ttl):
-                # another POST with this id won the race: that one is the job
+            created, depth = await self._claim(job)
+            if not created:  # another POST with this id made the job: that one is the job
                 await self._release(refs)
                 existing = await self.get_job(task_id)
                 if existing is None:
                     raise BrokerUnavailable(f"job {task_id} vanished while being created")
                 return existing, False
+            try:
+                self._admit(spec, env.priority, timeout_s, depth)
+                await self._push(env, task_id)
+            except BaseException:
+                # Not sent: forget the job, so that a retry with this id is sent.
+                await self._forget(task_id)
+                raise
         except BaseException:
             await self._release(refs)
             raise
-        try:
-            await self._io(self._publish, env, task_id)
-        except Exception as exc:
-            # Not sent: forget the job (SET PX 1: the producer's Redis user may not DEL), so
-            # that a retry with this id publishes again.
-            await self._forget(task_id)
-            await self._release(refs)
-            raise BrokerUnavailable(f"could not enqueue the request: {exc}") from None
         self._meter_of[task_id] = queue_of(spec.modality, env.priority)
         return job, True
 
-    def _publish(self, env: TaskEnvelope, task_id: str) -> None:
+    async def _claim(self, job: Job) -> tuple[bool, dict[str, int]]:
+        """Create the job's document unless its id is taken (``SET NX``) and read its queue's
+        depth, in one round trip; returns ``(created, depth)``.
+
+        Raises:
+            BrokerUnavailable: Redis did not answer.
+        """
+        ttl = int(self.settings.redis.result_expires_s)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(job_key(job.id), job.to_json(), nx=True, ex=ttl)
+                names = self._depth_commands(pipe, job.modality)
+                created, *counts = await pipe.execute()
+        except Exception as exc:
+            raise BrokerUnavailable(f"cannot create the job: {exc}") from None
+        return bool(created), self._observe(job.modality, names, counts)
+
+    async def _push(self, env: TaskEnvelope, task_id: str) -> None:
+        """Enqueue the request: the bytes kombu would push (``producer.wire``), one LPUSH.
+
+        Raises:
+            BrokerUnavailable: Redis did not take it.
+        """
         prio = Priority.parse(env.priority)
-        with self.client.app.producer_or_acquire() as producer:
-            self.client.publish(
-                producer,
-                env,
-                task_id,
-                keys.queue_for(env.modality, env.priority),
-                prio.celery_priority(self.settings),
-            )
+        key, payload = task_payload(
+            self.client.app,
+            env,
+            task_id,
+            keys.queue_for(env.modality, env.priority),
+            prio.celery_priority(self.settings),
+            self.reply_to,
+        )
+        try:
+            await self.redis.lpush(key, payload)
+        except Exception as exc:
+            raise BrokerUnavailable(f"could not enqueue the request: {exc}") from None
 
     async def _forget(self, task_id: str) -> None:
         try:
