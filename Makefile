@@ -8,6 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORKLOAD ?= mixed
 MODES ?= fleet,baseline,limit
 PYTEST_ARGS ?=
+UP_ARGS ?=
 
 .PHONY: venv up down status flower demo test lint bench soak chaos gpu-check clean
 
@@ -19,8 +20,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH_SPEC) -e '.[dev]'
 	touch $@
 
+# make up UP_ARGS="--replicas text=2,image=1" (any `fleet up` option)
 up: venv
-	$(BIN)/fleet up
+	$(BIN)/fleet up $(UP_ARGS)
 
 down:
 	@if [ -x $(BIN)/fleet ]; then $(BIN)/fleet down; fi
@@ -31,6 +33,7 @@ status: venv
 flower: venv
 	$(BIN)/fleet flower
 
+# On a stack of its own (free ports, run dir .run/demo): a `make up` stack keeps running.
 demo: venv
 	$(BIN)/fleet demo
 

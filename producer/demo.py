@@ -1,10 +1,12 @@
 """``make demo``: the main job on real input, end to end.
 
-Brings the local stack up (Redis, text, image, video and xmodal workers, Flower), submits the
+Brings a stack of its own up (Redis, text, image, video and xmodal workers, Flower, the
+gateway: free loopback ports, its own run dir ``<run_dir>/demo``, metrics off; a stack the
+user started with ``make up`` is never touched), submits the
 repo's real texts, images, videos (large ones through /dev/shm) and image+caption pairs at
 mixed priorities at a steady pace, plus deliberately bad inputs, waits
 for every result, checks that the text embeddings are semantically right, prints a latency
-table, writes ``reports/demo.json`` and brings the stack down.
+table, writes ``reports/demo.json`` and brings its stack down.
 
 Exit status 0 only if every valid input succeeded, every bad input came back with its
 expected error code, and the semantic check passed.
@@ -338,22 +340,43 @@ def print_report(rep: dict[str, Any]) -> None:
     )
 
 
+def demo_run_dir(user_run_dir: Path) -> Path:
+    """The demo's own run dir: ``demo`` inside the user's run dir (its pidfiles, logs and
+    secrets apart from the user's stack's; ``fleet down`` never sees them)."""
+    return user_run_dir / "demo"
+
+
 def main() -> int:
+    import shutil
+
+    from producer.stack import Stack, isolated_environment
+
+    run_dir = demo_run_dir(load_settings().run_dir)
+    if (run_dir / "pids").exists():
+        Stack(load_settings(stack={"run_dir": run_dir})).down()  # a demo interrupted earlier
+    for sub in ("redis", "logs"):  # no requests replayed from an earlier demo's AOF
+        shutil.rmtree(run_dir / sub, ignore_errors=True)
+    with isolated_environment(run_dir) as settings:
+        return _run_demo(settings)
+
+
+def _run_demo(settings: Any) -> int:
     from producer.stack import Stack, StackError
 
-    settings = load_settings()
     stack = Stack(settings)
     console.print(
-        "bringing the stack up (Redis, text/image/video/xmodal workers, Flower, gateway)..."
+        "bringing the demo's own stack up (Redis, text/image/video/xmodal workers, Flower, "
+        f"gateway; free ports, run dir {stack.dir})..."
     )
     try:
         stack.up(["text", "image", "video", "xmodal"], flower=True, gateway=True)
     except StackError as exc:
-        console.print(f"[red]stack failed to start:[/red] {exc}")
+        console.print(f"[red]stack failed to start:[/red] {exc.summary} (log: {exc.log_path})")
         return 1
     try:
         console.print(
-            f"Flower: {stack.flower_url()} (user {settings.flower.user}; password: `fleet flower`)"
+            f"Flower: {stack.flower_url()} (user {settings.flower.user}; password in "
+            f"{stack.dir / 'flower.password'}, while the demo runs)"
         )
         client = FleetClient.from_settings(settings)
         try:

@@ -8,12 +8,20 @@ ping, which they answer only after their model is loaded and warmed; Flower: its
 Everything lives in one run directory: ``redis/`` (AOF data), ``logs/``, ``pids/`` and the
 generated secrets (mode 0600): ``redis.password`` (Redis's admin, the ``default`` user),
 ``redis-producer.password``, ``redis-worker.password``, ``redis-operator.password`` (the ACL
-users of ``shared.acl``, which every fleet process connects as) and ``flower.password``.
+users of ``shared.acl``, which every fleet process connects as) and ``flower.password``; and
+``stack.json``: the addresses the running stack was started with (Redis, Flower, gateway,
+metrics, replicas), so that later commands without the same ``FLEET_*`` variables find it.
+
+Replicas: ``up(replicas={"text": 2})`` starts ``worker-text`` (node ``text@<host>``) and
+``worker-text-1`` (node ``text-1@<host>``), each with its own pidfile, log and metrics port
+(:func:`replica_metrics_port`). Before starting anything, ``up`` checks that the ports it
+will bind are free and names the setting that moves a taken one (:class:`PortInUse`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -23,55 +31,42 @@ import sys
 import time
 import urllib.request
 from base64 import b64encode
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from producer.stack_ports import (  # noqa: F401 - part of this module's interface
+    free_port,
+    isolated_environment,
+    parse_replicas,
+    port_in_use,
+    port_problem,
+    replica_metrics_base,
+    replica_metrics_port,
+)
 from shared.acl import ADMIN, ROLES, password_hash, server_version, user_lines
 from shared.acl import rules as acl_rules
-from shared.settings import Settings, ensure_secret
+from shared.settings import MODALITIES, Settings, ensure_secret
 
-
-def free_port() -> int:
-    """A TCP port free on loopback right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def isolated_environment(run_dir: Path, extra: dict[str, str] | None = None) -> Iterator[Settings]:
-    """``FLEET_*`` variables for a stack of its own: run dir, free Redis and Flower ports,
-    metrics off (so it never collides with a ``make up`` stack on this host); ``extra`` wins.
-    Yields the settings so built; restores the environment afterwards.
-    """
-    from shared.settings import load_settings
-
-    env = {
-        "FLEET_STACK__RUN_DIR": str(run_dir),
-        "FLEET_REDIS__PORT": str(free_port()),
-        "FLEET_FLOWER__PORT": str(free_port()),
-        "FLEET_GATEWAY__PORT": str(free_port()),
-        "FLEET_METRICS__PORT_BASE": "0",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        **(extra or {}),
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield load_settings()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+STATE_FILE = "stack.json"
 
 
 class StackError(RuntimeError):
-    """A stack process failed to start or to answer in time."""
+    """A stack process failed to start or to answer in time.
+
+    ``str()`` holds the log tail; ``summary`` is one line (what failed, and the log's last
+    line) and ``log_path`` the full log, for a command line's short report.
+    """
+
+    def __init__(self, message: str, summary: str = "", log_path: Path | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or message.splitlines()[0]
+        self.log_path = log_path
+
+
+class PortInUse(StackError):
+    """A port the stack would bind is taken; the message names the setting that moves it."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +103,7 @@ class Stack:
         self.dir = settings.run_dir
         self.pids = self.dir / "pids"
         self.logs = self.dir / "logs"
+        self._log_from: dict[str, int] = {}  # log offsets at each process's last start
 
     # -- secrets and paths --------------------------------------------------------------
     def prepare(self) -> None:
@@ -192,8 +188,14 @@ class Stack:
             return False
 
     # -- workers ------------------------------------------------------------------------
-    def worker_argv(self, modality: str, mode: str = "batch", node: str = "") -> list[str]:
+    def worker_argv(
+        self, modality: str, mode: str = "batch", node: str = "", replica: int = 0
+    ) -> list[str]:
+        """``fleet worker`` argv; ``replica`` > 0: node ``<modality>-<replica>`` and the
+        replica's metrics port (:func:`replica_metrics_port`)."""
         argv = [sys.executable, "-m", "producer.cli", "worker", modality, "--mode", mode]
+        if replica:
+            argv += ["--replica", str(replica)]
         return [*argv, "--name", node] if node else argv
 
     @staticmethod
@@ -206,8 +208,7 @@ class Stack:
         worker of the same modality (node ``text-1@host``, process ``worker-text-1``)."""
         node_name = f"{modality}-{instance}" if instance else modality
         proc = self._spawn(
-            self.worker_name(modality, instance),
-            self.worker_argv(modality, mode, node_name if instance else ""),
+            self.worker_name(modality, instance), self.worker_argv(modality, mode, replica=instance)
         )
         node = f"{node_name}@{socket.gethostname()}"
         self._wait(
@@ -287,22 +288,27 @@ class Stack:
         flower: bool = True,
         mode: str = "batch",
         gateway: bool = False,
+        replicas: Mapping[str, int] | None = None,
     ) -> list[Proc]:
         """Start Redis, workers, Flower and (``gateway``) the HTTP gateway; return when all
-        answer.
+        answer. ``replicas``: workers per modality (default 1 for each of ``modalities``;
+        a modality only named there is started too). Processes already alive are kept.
 
         Raises:
+            PortInUse: a port to bind is taken (checked before anything starts).
             StackError: a process exited or did not answer in time (its log tail is in
                 the message); what was started is stopped again.
         """
+        workers = self.planned_workers(modalities, replicas)
+        self.check_ports(workers, flower=flower, gateway=gateway)
         self.prepare()
         started: list[Proc] = []
         try:
             if not self.alive("redis"):
                 started.append(self.start_redis())
-            for m in modalities:
-                if not self.alive(f"worker-{m}"):
-                    started.append(self.start_worker(m, mode))
+            for m, i in workers:
+                if not self.alive(self.worker_name(m, i)):
+                    started.append(self.start_worker(m, mode, instance=i))
             if flower and not self.alive("flower"):
                 started.append(self.start_flower())
             if gateway and not self.alive("gateway"):
@@ -310,7 +316,77 @@ class Stack:
         except BaseException:
             self.down()
             raise
+        self.write_state()
         return started
+
+    @staticmethod
+    def planned_workers(
+        modalities: Sequence[str], replicas: Mapping[str, int] | None = None
+    ) -> list[tuple[str, int]]:
+        """``(modality, instance)`` of every worker ``up`` should have running."""
+        counts = {m: 1 for m in modalities}
+        counts.update(replicas or {})
+        return [(m, i) for m in MODALITIES if m in counts for i in range(counts[m])]
+
+    def planned_ports(
+        self, workers: Sequence[tuple[str, int]], flower: bool = True, gateway: bool = False
+    ) -> list[tuple[str, str, int, str, str]]:
+        """``(process, host, port, what, setting)`` for each port ``up`` would bind for a
+        process that is not running yet."""
+        s = self.s
+        out = []
+        if not self.alive("redis"):
+            out.append(("redis", s.redis.host, s.redis.port, "Redis", "FLEET_REDIS__PORT"))
+        for m, i in workers:
+            port = replica_metrics_port(s.metrics.port_base, m, i)
+            name = self.worker_name(m, i)
+            if port and not self.alive(name):
+                what = f"the metrics of {name} ([metrics] port_base + {port - s.metrics.port_base})"
+                setting = "FLEET_METRICS__PORT_BASE (0 turns metrics off)"
+                out.append((name, s.metrics.host, port, what, setting))
+        if flower and not self.alive("flower"):
+            out.append(("flower", s.flower.host, s.flower.port, "Flower", "FLEET_FLOWER__PORT"))
+        if gateway and not self.alive("gateway"):
+            g = s.gateway
+            out.append(("gateway", g.host, g.port, "the HTTP gateway", "FLEET_GATEWAY__PORT"))
+        return out
+
+    def check_ports(
+        self, workers: Sequence[tuple[str, int]], flower: bool = True, gateway: bool = False
+    ) -> None:
+        """Refuse to start when a port to bind is taken or planned twice.
+
+        Raises:
+            PortInUse: naming the port, what needs it and the variable that moves it.
+        """
+        problem = port_problem(self.planned_ports(workers, flower, gateway))
+        if problem:
+            raise PortInUse(problem)
+
+    # -- the state file -----------------------------------------------------------------
+    def write_state(self) -> None:
+        """Record the addresses this stack was started with in ``stack.json``."""
+        s = self.s
+        state = {
+            "redis": {"host": s.redis.host, "port": s.redis.port, "db": s.redis.db},
+            "flower": {"host": s.flower.host, "port": s.flower.port},
+            "gateway": {"host": s.gateway.host, "port": s.gateway.port},
+            "metrics": {"host": s.metrics.host, "port_base": s.metrics.port_base},
+        }
+        path = self.dir / STATE_FILE
+        path.write_text(json.dumps(state, indent=1))
+
+    def read_state(self) -> dict[str, Any] | None:
+        """The recorded addresses of the running stack; ``None`` when no stack process of
+        this run dir is alive (a record left by an earlier stack is not trusted)."""
+        path = self.dir / STATE_FILE
+        if not path.is_file() or not any(self.status().values()):
+            return None
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return state if isinstance(state, dict) else None
 
     def down(self, timeout_s: float = 20.0) -> list[str]:
         """Stop every process with a pidfile here (Redis last); return their names."""
@@ -318,6 +394,7 @@ class Stack:
         order = [n for n in names if n != "redis"] + [n for n in names if n == "redis"]
         for name in order:
             self.stop(name, timeout_s)
+        (self.dir / STATE_FILE).unlink(missing_ok=True)
         return order
 
     def stop(self, name: str, timeout_s: float = 20.0) -> None:
@@ -345,7 +422,10 @@ class Stack:
 
     # -- internals ----------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        path = self.logs / f"{name}.log"
+        # A failed start shows only what this start wrote, not earlier runs' lines.
+        self._log_from[name] = path.stat().st_size if path.exists() else 0
+        log = open(path, "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(
             argv,
             stdout=log,
@@ -364,17 +444,26 @@ class Stack:
             if check():
                 return
             if not _alive(proc.pid):
-                raise StackError(f"{what} exited during start-up:\n{self.log_tail(proc.name)}")
+                raise self._start_error(proc.name, f"{what} exited during start-up")
             time.sleep(0.25)
-        raise StackError(
-            f"{what} did not answer within {timeout_s:.0f} s:\n{self.log_tail(proc.name)}"
-        )
+        raise self._start_error(proc.name, f"{what} did not answer within {timeout_s:.0f} s")
+
+    def _start_error(self, name: str, what: str) -> StackError:
+        tail = self.log_tail(name)
+        last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+        summary = f"{what}: {last}" if last and last != "(no log)" else what
+        return StackError(f"{what}:\n{tail}", summary, self.logs / f"{name}.log")
 
     def log_tail(self, name: str, lines: int = 30) -> str:
+        """The last ``lines`` of ``name``'s log written since this object last started it
+        (the whole file for a process another ``Stack`` started)."""
         path = self.logs / f"{name}.log"
         if not path.exists():
             return "(no log)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with path.open("rb") as f:
+            f.seek(self._log_from.get(name, 0))
+            text = f.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:]) or "(nothing logged)"
 
     @staticmethod
     def _read_pid(path: Path) -> int | None:

@@ -3,8 +3,20 @@
 Sources, highest first: keyword arguments to :func:`load_settings`, environment variables
 (``FLEET_REDIS__PORT=6400``; nested keys joined by ``__``), the TOML file named by
 ``FLEET_CONFIG`` (one file or several joined by ``:``, deep-merged in order; default
-``configs/fleet.toml`` under the current directory, then the one shipped beside this
-package's source tree), then the defaults below.
+``configs/fleet.toml`` under the current directory or the nearest directory above it that
+holds one, then the one shipped beside this package's source tree), then the defaults below.
+
+Model names in environment variables: a shell variable name cannot hold ``-``, so in a
+``FLEET_MODELS__<NAME>__<KEY>`` override ``_`` stands for ``-`` (and case does not matter):
+``FLEET_MODELS__RESNET18_RANDOM__CHECKPOINT=/weights/resnet`` sets ``checkpoint`` of
+``[models.resnet18-random]``. An override entry without ``kind`` must name a configured model.
+
+The run directory (``[stack] run_dir``, default ``.run``): an absolute path is used as is; a
+relative one given in ``FLEET_STACK__RUN_DIR`` is relative to the current directory; else
+it is relative to the project root (the nearest directory at or above the current one with
+``configs/fleet.toml`` and ``pyproject.toml``, else this package's own source tree when it is
+a writable checkout), else ``$XDG_STATE_HOME/mmfleet/run`` (``~/.local/state/mmfleet/run``).
+:attr:`Settings.run_dir_source` says which was used.
 
 Secrets (Redis and Flower passwords) are never in the TOML file: they come from the
 environment or from files under ``stack.run_dir`` that ``fleet up`` creates with mode 0600.
@@ -14,6 +26,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -241,6 +254,12 @@ class Settings(BaseSettings):
     modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 
+    @field_validator("models", mode="before")
+    @classmethod
+    def _env_model_names(cls, v: Any) -> Any:
+        """Merge ``FLEET_MODELS__RESNET18_RANDOM__...`` into ``[models.resnet18-random]``."""
+        return merge_model_aliases(v) if isinstance(v, Mapping) else v
+
     @field_validator("priorities")
     @classmethod
     def _all_classes(cls, v: dict[str, PriorityClass]) -> dict[str, PriorityClass]:
@@ -278,8 +297,24 @@ class Settings(BaseSettings):
 
     # -- derived values ---------------------------------------------------------------
     @cached_property
+    def _located_run_dir(self) -> tuple[Path, str]:
+        return locate_run_dir(
+            self.stack.run_dir,
+            explicit="FLEET_STACK__RUN_DIR" in {k.upper() for k in os.environ},
+            cwd=Path.cwd(),
+            package_root=_REPO_CONFIG.parent.parent,
+            user_dir=user_run_dir(os.environ),
+        )
+
+    @property
     def run_dir(self) -> Path:
-        return self.stack.run_dir.resolve()
+        """The stack's run directory, absolute (see the module docstring for how it is found)."""
+        return self._located_run_dir[0]
+
+    @property
+    def run_dir_source(self) -> str:
+        """Where :attr:`run_dir` came from, in words (for messages)."""
+        return self._located_run_dir[1]
 
     def redis_password(self) -> str:
         """The admin password: ``FLEET_REDIS__PASSWORD`` or ``<run_dir>/redis.password``.
@@ -339,12 +374,112 @@ class Settings(BaseSettings):
         return self.modalities[name]
 
 
+def _norm_model_name(name: str) -> str:
+    return name.replace("-", "_").lower()
+
+
+def merge_model_aliases(models: Mapping[str, Any]) -> dict[str, Any]:
+    """Fold override entries into the model they name, ``-`` and ``_`` being equivalent.
+
+    An entry with ``kind`` defines a model; an entry without one (what an environment
+    variable such as ``FLEET_MODELS__RESNET18_RANDOM__CHECKPOINT`` produces) overrides keys
+    of the defined model whose name matches it up to ``-``/``_`` and case; its values win.
+
+    Raises:
+        ValueError: an override matches no defined model, or two defined models have names
+            that differ only in ``-``/``_`` or case.
+    """
+    defined: dict[str, str] = {}
+    for name, entry in models.items():
+        if not isinstance(entry, Mapping) or "kind" in entry:
+            key = _norm_model_name(name)
+            if key in defined and defined[key] != name:
+                raise ValueError(
+                    f"models {defined[key]!r} and {name!r} differ only in '-'/'_' or case"
+                )
+            defined[key] = name
+    out: dict[str, Any] = {n: e for n, e in models.items() if _norm_model_name(n) in defined}
+    for name, entry in models.items():
+        target = defined.get(_norm_model_name(name))
+        if target is None:
+            known = ", ".join(sorted(defined.values())) or "none"
+            raise ValueError(
+                f"model override {name!r} names no configured model (configured: {known}); "
+                f"in FLEET_MODELS__<NAME>__<KEY>, write the name with '_' for '-'"
+            )
+        if target != name:
+            out[target] = _deep_merge(dict(out[target]), entry)
+            out.pop(name, None)
+    return out
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    for k, v in extra.items():
+        if isinstance(v, Mapping) and isinstance(base.get(k), Mapping):
+            base[k] = _deep_merge(dict(base[k]), v)
+        else:
+            base[k] = v
+    return base
+
+
+def project_root(cwd: Path, package_root: Path) -> Path | None:
+    """The project checkout to run from: the nearest directory at or above ``cwd`` holding
+    ``configs/fleet.toml`` and ``pyproject.toml``, else ``package_root`` (the source tree
+    this package was loaded from) when it is such a checkout and writable; else ``None``."""
+
+    def is_root(d: Path) -> bool:
+        return (d / "configs" / "fleet.toml").is_file() and (d / "pyproject.toml").is_file()
+
+    for d in (cwd, *cwd.parents):
+        if is_root(d):
+            return d
+    if is_root(package_root) and os.access(package_root, os.W_OK):
+        return package_root
+    return None
+
+
+def user_run_dir(env: Mapping[str, str]) -> Path:
+    """The per-user run directory: ``$XDG_STATE_HOME/mmfleet/run``, default
+    ``~/.local/state/mmfleet/run``."""
+    state = env.get("XDG_STATE_HOME") or str(
+        Path(env.get("HOME", "~")).expanduser() / ".local" / "state"
+    )
+    return Path(state) / "mmfleet" / "run"
+
+
+def locate_run_dir(
+    configured: Path, *, explicit: bool, cwd: Path, package_root: Path, user_dir: Path
+) -> tuple[Path, str]:
+    """Where the stack's run directory is, and why (for messages). No I/O but ``stat``.
+
+    Args:
+        configured: ``[stack] run_dir`` as configured (absolute or relative).
+        explicit: it was set with ``FLEET_STACK__RUN_DIR``: a relative path is relative to
+            ``cwd``, as any path on a command line.
+        cwd: the current directory; package_root: this package's source tree.
+        user_dir: the per-user fallback (:func:`user_run_dir`).
+
+    Returns:
+        ``(absolute path, source)``; the source names the setting, the project root or the
+        per-user location.
+    """
+    if explicit:
+        return (cwd / configured).resolve(), "set by FLEET_STACK__RUN_DIR"
+    if configured.is_absolute():
+        return configured, "set by [stack] run_dir in the config"
+    root = project_root(cwd, package_root)
+    if root is not None:
+        return (root / configured).resolve(), f"in the project root {root}"
+    return user_dir, "the per-user location (no project checkout found)"
+
+
 def config_paths() -> list[Path]:
     """The TOML files in use, merged in order (later files override keys of earlier ones).
 
     ``$FLEET_CONFIG`` is one path or several joined by ``:`` (e.g. the defaults plus an
     overlay: ``configs/fleet.toml:configs/overlays/gpu.toml``); without it,
-    ``./configs/fleet.toml`` if present, else the copy beside this package's source tree.
+    ``configs/fleet.toml`` of the current directory or the nearest one above it, else the
+    copy beside this package's source tree.
 
     Raises:
         FileNotFoundError: a file named in ``$FLEET_CONFIG`` does not exist.
@@ -356,8 +491,11 @@ def config_paths() -> list[Path]:
             if not p.is_file():
                 raise FileNotFoundError(f"FLEET_CONFIG names {p}, which does not exist")
         return paths
-    local = Path("configs/fleet.toml")
-    return [local if local.exists() else _REPO_CONFIG]
+    cwd = Path.cwd()
+    for d in (cwd, *cwd.parents):
+        if (d / "configs" / "fleet.toml").is_file():
+            return [d / "configs" / "fleet.toml"] if d != cwd else [Path("configs/fleet.toml")]
+    return [_REPO_CONFIG]
 
 
 def load_settings(**overrides: Any) -> Settings:

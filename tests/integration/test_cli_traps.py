@@ -1,0 +1,332 @@
+"""The first hour's traps (issue 18), each driven through the ``fleet`` CLI as a subprocess
+on a real stack of this module's own (Redis + two text replicas + Flower, started by
+``fleet up``), asserting the message and the exit code: 0 ok, 1 the request failed or timed
+out, 2 refused input, 3 the stack or broker is not usable.
+
+The stack is started with its ports in the environment of ``fleet up`` only: later commands
+get just ``FLEET_STACK__RUN_DIR``, as a user's next shell would, and find the rest in the
+run dir's ``stack.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.request import urlopen
+
+import pytest
+
+from producer.stack import free_port
+from tests.conftest import free_port_block
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "data"
+VIDEO = DATA / "videos" / "torchcodec_nasa_13013.mp4"  # 657 KB: travels through /dev/shm
+HOST = socket.gethostname()
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """The caller's environment without any FLEET_* variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("FLEET_")}
+    env.update({"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **extra})
+    return env
+
+
+def fleet(
+    *args: str, env: dict[str, str], cwd: Path = REPO, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "producer.cli", *args],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+    )  # fmt: skip
+
+
+def assert_short(proc: subprocess.CompletedProcess[str], max_lines: int = 2) -> None:
+    """An expected condition: at most ``max_lines`` on stderr and no traceback."""
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert 0 < len(proc.stderr.strip().splitlines()) <= max_lines, proc.stderr
+
+
+class Traps:
+    def __init__(self, run_dir: Path, shm_root: Path, up_env: dict[str, str]) -> None:
+        self.run_dir = run_dir
+        self.shm_root = shm_root
+        self.up_env = up_env
+        # What a later shell has: only the run dir and the shm root of this test's stack.
+        self.env = base_env(
+            FLEET_STACK__RUN_DIR=str(run_dir), FLEET_TRANSPORT__SHM_ROOT=str(shm_root)
+        )
+
+    def pid(self, name: str) -> int:
+        return int((self.run_dir / "pids" / f"{name}.pid").read_text())
+
+
+@pytest.fixture(scope="module")
+def traps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traps]:
+    run_dir = tmp_path_factory.mktemp("traps") / "run"
+    shm_root = Path("/dev/shm") / f"mmfleet-test-traps-{uuid.uuid4().hex[:8]}"
+    up_env = base_env(
+        FLEET_STACK__RUN_DIR=str(run_dir),
+        FLEET_TRANSPORT__SHM_ROOT=str(shm_root),
+        FLEET_REDIS__PORT=str(free_port()),
+        FLEET_FLOWER__PORT=str(free_port()),
+        FLEET_METRICS__PORT_BASE=str(free_port_block(8)),
+        FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE="16",  # a shorter warmup
+    )
+    t = Traps(run_dir, shm_root, up_env)
+    up = fleet(
+        "up", "--modalities", "text", "--replicas", "text=2", "--no-gateway",
+        env=up_env, timeout=400,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "started worker-text-1" in up.stdout
+        yield t
+    finally:
+        pids = [int(p.read_text()) for p in (run_dir / "pids").glob("*.pid")]
+        down = fleet("down", env=t.env)
+        shutil.rmtree(shm_root, ignore_errors=True)
+        assert down.returncode == 0, down.stderr
+        assert not [p for p in pids if _alive(p)], "fleet down left processes running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# -- 7: replicas ------------------------------------------------------------------------------
+def test_replicas_have_their_own_node_names_logs_and_metrics_ports(traps: Traps) -> None:
+    st = fleet("status", env=traps.env)
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout)
+    assert status["processes"] == {"flower": True, "redis": True, "worker-text": True,
+                                   "worker-text-1": True}  # fmt: skip
+    assert status["live_workers"] == {"text": sorted([f"text@{HOST}", f"text-1@{HOST}"])}
+    logs = traps.run_dir / "logs"
+    assert "ready" in (logs / "worker-text.log").read_text()
+    assert "ready" in (logs / "worker-text-1.log").read_text()
+    base = int(traps.up_env["FLEET_METRICS__PORT_BASE"])
+    for port in (base, base + 4):  # replica 0: base + 0; replica 1: base + 4 * 1 + 0
+        with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert 'fleet_prefetch_held{modality="text"}' in r.read().decode()
+
+
+# -- 3 and 4b: from any directory, without the stack's FLEET_* variables -----------------------
+def test_commands_find_the_running_stack_from_another_directory(
+    traps: Traps, tmp_path: Path
+) -> None:
+    flower = fleet("flower", env=traps.env, cwd=tmp_path)
+    assert flower.returncode == 0, flower.stderr
+    assert f"127.0.0.1:{traps.up_env['FLEET_FLOWER__PORT']}" in flower.stdout  # not 5555
+    st = fleet("status", env=traps.env, cwd=tmp_path)
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["run_dir_from"] == "set by FLEET_STACK__RUN_DIR"
+
+
+def test_no_stack_in_the_run_dir_is_one_message_and_exit_3(tmp_path: Path) -> None:
+    env = base_env(FLEET_STACK__RUN_DIR=str(tmp_path / "never-started"))
+    for args in (["status"], ["submit", "text", "--text", "hello"], ["flower"]):
+        proc = fleet(*args, env=env, cwd=tmp_path)
+        assert proc.returncode == 3, (args, proc.stderr)
+        assert_short(proc)
+        assert "make up" in proc.stderr and str(tmp_path / "never-started") in proc.stderr
+
+
+def test_run_dir_is_found_in_the_project_root_from_a_subdirectory(tmp_path: Path) -> None:
+    project = tmp_path / "checkout"
+    (project / "configs").mkdir(parents=True)
+    shutil.copy(REPO / "configs" / "fleet.toml", project / "configs" / "fleet.toml")
+    (project / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (project / "sub" / "dir").mkdir(parents=True)
+    proc = fleet("status", env=base_env(), cwd=project / "sub" / "dir")
+    assert proc.returncode == 3, proc.stderr  # nothing started there
+    assert json.loads(proc.stdout)["run_dir"] == str(project / ".run")
+    assert f"in the project root {project}" in proc.stderr
+    assert_short(proc)
+
+
+# -- 2: authentication vs unreachable; status exit codes ------------------------------------
+def test_wrong_password_is_reported_as_authentication_at_once(traps: Traps) -> None:
+    env = {**traps.env, "FLEET_REDIS__PASSWORD": "not-the-password"}
+    t0 = time.monotonic()
+    proc = fleet("submit", "text", "--text", "hello", env=env)
+    assert proc.returncode == 3, proc.stderr
+    assert time.monotonic() - t0 < 5.0  # not kombu's retries (6.6 s before)
+    assert "authentication failed" in proc.stderr and "FLEET_REDIS__PASSWORD" in proc.stderr
+    assert "is the stack up" not in proc.stderr
+    assert_short(proc)
+    st = fleet("status", env=env)
+    assert st.returncode == 3 and "authentication failed" in st.stderr
+
+
+def test_unreachable_redis_says_connection_refused(traps: Traps) -> None:
+    env = {**traps.env, "FLEET_REDIS__PORT": str(free_port())}
+    proc = fleet("submit", "text", "--text", "hello", env=env)
+    assert proc.returncode == 3
+    assert "connection refused" in proc.stderr and "FLEET_REDIS__PORT" in proc.stderr
+    assert_short(proc)
+
+
+# -- 1: a modality without a live worker ------------------------------------------------------
+def segments(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def test_submit_to_a_modality_without_worker_fails_fast_and_sends_nothing(
+    traps: Traps,
+) -> None:
+    before = segments(traps.shm_root)
+    t0 = time.monotonic()
+    proc = fleet("submit", "video", "--file", str(VIDEO), env=traps.env)
+    assert time.monotonic() - t0 < 10.0  # not the 120 s wait
+    assert proc.returncode == 3, proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert err["code"] == "NO_READY_WORKER"
+    assert "no live worker consumes the 'video' queue" in err["message"]
+    assert "fleet up --modalities video" in proc.stderr
+    assert segments(traps.shm_root) == before  # no 657 KB segment left behind
+    assert "Traceback" not in proc.stderr
+
+
+def test_queue_anyway_warns_and_result_and_shm_gc_explain_the_waiting_request(
+    traps: Traps,
+) -> None:
+    proc = fleet("submit", "video", "--file", str(VIDEO), "--wait-s", "0", env=traps.env)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: no live worker consumes the 'video' queue" in proc.stderr
+    assert "queued anyway" in proc.stderr
+    task_id = json.loads(proc.stdout)["id"]
+    res = fleet("result", task_id, env=traps.env)
+    assert res.returncode == 1
+    assert json.loads(res.stdout) == {"id": task_id, "state": "PENDING"}
+    assert "no final result yet: PENDING" in res.stderr
+    gc = fleet("shm", "gc", env=traps.env)
+    assert gc.returncode == 0, gc.stderr
+    assert gc.stdout.startswith("removed 0 segment(s)")
+    kept = [line for line in gc.stdout.splitlines() if line.startswith("kept t")]
+    assert len(kept) == 1 and "detached" in kept[0] and "kept until its TTL" in kept[0]
+
+
+# -- 8: results later -------------------------------------------------------------------------
+def test_result_and_watch_read_a_request_later(traps: Traps) -> None:
+    sub = fleet("submit", "text", "--text", "A man is playing a guitar.", "--wait-s", "0",
+                "--priority", "bulk", env=traps.env)  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    task_id = json.loads(sub.stdout)["id"]
+    assert f"fleet result {task_id}" in sub.stderr
+    watch = fleet("watch", task_id, "--timeout-s", "60", env=traps.env)
+    assert watch.returncode == 0, watch.stderr
+    final = json.loads(watch.stdout.splitlines()[-1])
+    assert final["state"] == "SUCCESS" and len(final["result"]["embedding"]) == 384
+    res = fleet("result", task_id, env=traps.env)
+    assert res.returncode == 0
+    assert json.loads(res.stdout)["result"]["embedding"] == final["result"]["embedding"]
+
+
+def test_failed_request_exits_1_and_refused_input_exits_2(traps: Traps) -> None:
+    late = fleet("submit", "text", "--text", "Too late.", "--timeout-s", "0.0005",
+                 env=traps.env)  # fmt: skip
+    assert late.returncode == 1, late.stderr
+    assert json.loads(late.stdout)["error"]["code"] == "DEADLINE_EXCEEDED"
+    bad = fleet("submit", "raw", "text", "--inputs", '{"txt": "hi"}', env=traps.env)
+    assert bad.returncode == 2
+    assert json.loads(bad.stdout)["error"]["code"] == "INVALID_INPUT"
+
+
+# -- 9: checks at the producer, help text ------------------------------------------------------
+def test_inputs_are_checked_before_anything_is_sent(traps: Traps, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    proc = fleet("submit", "image", "--file", str(empty), env=traps.env)
+    assert proc.returncode == 2
+    err = json.loads(proc.stdout)["error"]
+    assert err["code"] == "INVALID_INPUT" and "empty.png" in err["message"]
+    assert "image_b64" not in err["message"]
+    # Over [limits] max_text_chars: refused with Redis unreachable, so nothing was sent.
+    closed = {**traps.env, "FLEET_REDIS__PORT": str(free_port())}
+    big = fleet("submit", "text", "--text", "x " * 15000, env=closed)
+    assert big.returncode == 2
+    err = json.loads(big.stdout)["error"]
+    assert err["code"] == "PAYLOAD_TOO_LARGE" and "max_text_chars" in err["message"]
+
+
+def test_shm_help_is_plain_text() -> None:
+    proc = fleet("shm", "--help", env=base_env())
+    assert proc.returncode == 0
+    assert "``" not in proc.stdout
+    lines = [ln.strip() for ln in proc.stdout.splitlines()]
+    assert not any(ln in ("(or", "files kept") for ln in lines), proc.stdout
+
+
+# -- 4: a taken port; 6: a model override and a failed start's log ---------------------------
+def test_port_in_use_fails_fast_naming_the_port_and_the_setting(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = base_env(
+            FLEET_STACK__RUN_DIR=str(tmp_path / "run"),
+            FLEET_REDIS__PORT=str(free_port()),
+            FLEET_FLOWER__PORT=str(port),
+        )
+        t0 = time.monotonic()
+        proc = fleet("up", "--modalities", "text", "--no-gateway", env=env)
+        assert time.monotonic() - t0 < 10.0
+    assert proc.returncode == 3, proc.stderr
+    assert f"port {port} on 127.0.0.1 is already in use (needed by Flower)" in proc.stderr
+    assert "FLEET_FLOWER__PORT=<port> fleet up" in proc.stderr
+    assert_short(proc, 1)
+    assert not list((tmp_path / "run" / "pids").glob("*.pid"))  # nothing was started
+
+
+def test_model_override_by_env_reaches_the_worker_and_a_failed_start_is_one_cause(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "worker-image.log").write_text("STALE LINE FROM AN EARLIER RUN\n" * 40)
+    missing = tmp_path / "no-such-weights"
+    env = base_env(
+        FLEET_STACK__RUN_DIR=str(run),
+        FLEET_REDIS__PORT=str(free_port()),
+        FLEET_METRICS__PORT_BASE="0",
+        # `-` in a model name is `_` in a variable name
+        FLEET_MODELS__RESNET18_RANDOM__CHECKPOINT=str(missing),
+    )
+    proc = fleet("up", "--modalities", "image", "--no-flower", "--no-gateway", env=env,
+                 timeout=200)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert_short(proc)
+    assert "worker image exited during start-up" in proc.stderr
+    assert str(missing) in proc.stderr and "STALE" not in proc.stderr
+    assert str(run / "logs" / "worker-image.log") in proc.stderr
+    assert not [p for p in (run / "pids").glob("*.pid")]  # what was started is stopped
+
+
+# -- 2b: a part down --------------------------------------------------------------------------
+def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
+    # Last in this module: kills this module's own replica (its pid from our pidfile).
+    os.kill(traps.pid("worker-text-1"), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(traps.pid("worker-text-1")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc = fleet("status", env=traps.env)
+    assert proc.returncode == 3
+    assert json.loads(proc.stdout)["processes"]["worker-text-1"] is False
+    assert proc.stderr.startswith("down: worker-text-1 ")
+    assert_short(proc, 1)

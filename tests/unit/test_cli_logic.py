@@ -1,0 +1,235 @@
+"""Pure logic behind the ``fleet`` CLI (issue 18): run-dir discovery, model names in
+environment variables, replica names and ports, exit codes, recorded stack addresses, the
+broker diagnosis wording and a log tail that starts at this start. No servers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producer.cli.base import ExitCode, exit_code_for, recorded_overrides
+from producer.cli.diagnose import AUTH, NOT_STARTED, REFUSED, broker_message, classify
+from producer.cli.output import jsonable
+from producer.stack import (
+    Stack,
+    parse_replicas,
+    port_in_use,
+    port_problem,
+    replica_metrics_base,
+    replica_metrics_port,
+)
+from shared.settings import load_settings, locate_run_dir, merge_model_aliases, user_run_dir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _no_fleet_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in list(os.environ):
+        if name.upper().startswith("FLEET_"):
+            monkeypatch.delenv(name)
+    yield
+
+
+# -- run dir discovery ------------------------------------------------------------------------
+def make_project(root: Path) -> Path:
+    (root / "configs").mkdir(parents=True)
+    (root / "configs" / "fleet.toml").write_text("")
+    (root / "pyproject.toml").write_text("")
+    return root
+
+
+def test_explicit_run_dir_is_relative_to_the_current_directory(tmp_path: Path) -> None:
+    got = locate_run_dir(Path("r"), explicit=True, cwd=tmp_path, package_root=tmp_path,
+                         user_dir=tmp_path / "u")  # fmt: skip
+    assert got == (tmp_path / "r", "set by FLEET_STACK__RUN_DIR")
+
+
+def test_default_run_dir_is_in_the_nearest_project_root_above(tmp_path: Path) -> None:
+    proj = make_project(tmp_path / "proj")
+    deep = proj / "a" / "b"
+    deep.mkdir(parents=True)
+    got = locate_run_dir(Path(".run"), explicit=False, cwd=deep, package_root=tmp_path / "x",
+                         user_dir=tmp_path / "u")  # fmt: skip
+    assert got == (proj / ".run", f"in the project root {proj}")
+
+
+def test_outside_any_project_the_package_checkout_then_the_user_dir(tmp_path: Path) -> None:
+    pkg = make_project(tmp_path / "pkg")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    got = locate_run_dir(Path(".run"), explicit=False, cwd=elsewhere, package_root=pkg,
+                         user_dir=tmp_path / "u")  # fmt: skip
+    assert got[0] == pkg / ".run"
+    not_a_checkout = tmp_path / "site-packages"
+    not_a_checkout.mkdir()
+    got = locate_run_dir(Path(".run"), explicit=False, cwd=elsewhere,
+                         package_root=not_a_checkout, user_dir=tmp_path / "u")  # fmt: skip
+    assert got == (tmp_path / "u", "the per-user location (no project checkout found)")
+
+
+def test_absolute_configured_run_dir_is_used_as_is(tmp_path: Path) -> None:
+    got = locate_run_dir(tmp_path / "abs", explicit=False, cwd=Path("/"), package_root=tmp_path,
+                         user_dir=tmp_path / "u")  # fmt: skip
+    assert got == (tmp_path / "abs", "set by [stack] run_dir in the config")
+
+
+def test_user_run_dir_follows_xdg_state_home() -> None:
+    assert user_run_dir({"XDG_STATE_HOME": "/s"}) == Path("/s/mmfleet/run")
+    assert user_run_dir({"HOME": "/h"}) == Path("/h/.local/state/mmfleet/run")
+
+
+def test_fleet_runs_from_outside_the_checkout(tmp_path: Path) -> None:
+    # The editable install's source tree is the project root: no FileNotFoundError.
+    code = "from shared.settings import load_settings as l; s = l(); print(s.run_dir_source)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, env={"PATH": os.environ["PATH"]}, check=True)  # fmt: skip
+    assert out.stdout.strip() == f"in the project root {REPO}"
+
+
+# -- model names in environment variables -----------------------------------------------------
+def test_env_model_name_with_underscores_overrides_the_dashed_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLEET_MODELS__RESNET18_RANDOM__CHECKPOINT", "/weights/resnet")
+    s = load_settings()
+    assert s.models["resnet18-random"].checkpoint == "/weights/resnet"  # type: ignore[attr-defined]
+    assert s.models["resnet18-random"].kind == "resnet"
+    assert "resnet18_random" not in s.models
+    assert s.models["video-resnet18"].checkpoint == ""  # type: ignore[attr-defined]
+
+
+def test_model_override_of_no_configured_model_is_refused_with_the_rule() -> None:
+    with pytest.raises(ValueError, match=r"names no configured model.*'_' for '-'"):
+        merge_model_aliases({"minilm": {"kind": "minilm"}, "mini_lm": {"x": 1}})
+
+
+def test_model_override_merges_nested_keys_and_wins() -> None:
+    got = merge_model_aliases(
+        {"a-b": {"kind": "k", "opts": {"x": 1, "y": 2}}, "A_B": {"opts": {"y": 3}}}
+    )
+    assert got == {"a-b": {"kind": "k", "opts": {"x": 1, "y": 3}}}
+
+
+# -- replicas and ports -----------------------------------------------------------------------
+def test_parse_replicas() -> None:
+    assert parse_replicas("text=2,image=1") == {"text": 2, "image": 1}
+    assert parse_replicas("video") == {"video": 1}
+    assert parse_replicas("") == {}
+    for bad, msg in (("audio=2", "unknown modality"), ("text=x", "integer"),
+                     ("text=0", "1 to 16"), ("text=1,text=2", "twice")):  # fmt: skip
+        with pytest.raises(ValueError, match=msg):
+            parse_replicas(bad)
+
+
+def test_replica_ports_are_distinct_and_replica_0_keeps_todays_ports() -> None:
+    ports = {
+        (m, i): replica_metrics_port(9101, m, i)
+        for m in ("text", "image", "video", "xmodal")
+        for i in range(3)
+    }
+    assert len(set(ports.values())) == len(ports)
+    assert [ports[(m, 0)] for m in ("text", "image", "video", "xmodal")] == [9101, 9102, 9103, 9104]
+    assert ports[("text", 1)] == 9105 and ports[("image", 1)] == 9106
+    # the replica's own process computes base + modality index from its shifted base
+    assert replica_metrics_base(9101, 1) + 1 == ports[("image", 1)]
+    assert replica_metrics_port(0, "text", 3) is None and replica_metrics_base(0, 3) == 0
+
+
+def test_planned_workers_and_names() -> None:
+    assert Stack.planned_workers(["text", "image"], {"text": 2}) == [
+        ("text", 0), ("text", 1), ("image", 0),
+    ]  # fmt: skip
+    assert Stack.planned_workers(["text"], {"video": 1}) == [("text", 0), ("video", 0)]
+    assert [Stack.worker_name("text", i) for i in (0, 1)] == ["worker-text", "worker-text-1"]
+
+
+def test_port_problem_names_the_port_and_the_setting() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert port_in_use("127.0.0.1", port)
+        msg = port_problem([("flower", "127.0.0.1", port, "Flower", "FLEET_FLOWER__PORT")])
+    assert msg is not None and f"port {port} on 127.0.0.1 is already in use" in msg
+    assert "FLEET_FLOWER__PORT=<port> fleet up (or --no-flower)" in msg
+    twice = port_problem([("a", "127.0.0.1", 1, "Redis", "FLEET_REDIS__PORT"),
+                          ("b", "127.0.0.1", 1, "Flower", "FLEET_FLOWER__PORT")])  # fmt: skip
+    assert twice is not None and "planned twice" in twice
+
+
+# -- exit codes and messages ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("code", "exit_code"),
+    [("INVALID_INPUT", 2), ("PAYLOAD_TOO_LARGE", 2), ("IMAGE_DECODE", 2),
+     ("UNSUPPORTED_MODALITY", 2), ("DEADLINE_EXCEEDED", 1), ("MODEL_ERROR", 1),
+     ("QUEUE_FULL", 1), ("WAIT_TIMEOUT", 1), ("REVOKED", 1), ("NO_READY_WORKER", 3),
+     ("SOMETHING_NEW", 1)],
+)  # fmt: skip
+def test_exit_code_for(code: str, exit_code: int) -> None:
+    assert exit_code_for(code) == exit_code
+
+
+def test_exit_codes_are_the_documented_ones() -> None:
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3]
+    readme = (REPO / "README.md").read_text()
+    for line in ("| 0 |", "| 1 |", "| 2 |", "| 3 |"):
+        assert line in readme
+
+
+def test_recorded_addresses_yield_to_the_environment() -> None:
+    state = {"flower": {"host": "127.0.0.1", "port": 5556}, "redis": {"port": 6400}}
+    got = recorded_overrides(state, {"FLEET_REDIS__PORT": "7000"})
+    assert got == {"flower": {"host": "127.0.0.1", "port": 5556}}
+
+
+def test_broker_messages_name_cause_and_fix() -> None:
+    facts = {"address": "127.0.0.1:6390", "run_dir": "/r", "run_dir_from": "in the project root /"}
+    auth = broker_message(AUTH, user="producer", explicit_password=True, **facts)
+    assert "authentication failed" in auth and "FLEET_REDIS__PASSWORD is set" in auth
+    assert len(auth.splitlines()) == 2
+    refused = broker_message(REFUSED, redis_pid_alive=False, **facts)
+    assert "connection refused" in refused and "logs/redis.log" in refused
+    assert "make up" in broker_message(NOT_STARTED, **facts)
+
+
+def test_classify_redis_failures() -> None:
+    import redis
+
+    assert classify(redis.AuthenticationError("invalid username-password pair")) == AUTH
+    assert classify(redis.ConnectionError("Error 111 connecting. Connection refused.")) == REFUSED
+    from kombu.exceptions import OperationalError
+
+    wrapped = OperationalError("x")
+    wrapped.__cause__ = redis.ResponseError("WRONGPASS invalid username-password pair")
+    assert classify(wrapped) == AUTH
+
+
+def test_tensor_refs_print_as_shapes() -> None:
+    ref = {"kind": "shm", "id": "t" + "0" * 32, "shape": [8, 512], "dtype": "float32",
+           "nbytes": 16384, "owner": "worker:h:1", "created_at": 0.0, "ttl_s": 600.0}  # fmt: skip
+    assert jsonable({"frame_embeddings": ref, "n": 1}, full=False) == {
+        "frame_embeddings": {"shape": [8, 512], "dtype": "float32"},
+        "n": 1,
+    }
+
+
+# -- a failed start shows this start's log only ----------------------------------------------
+def test_log_tail_starts_at_this_start(tmp_path: Path) -> None:
+    st = Stack(load_settings(stack={"run_dir": tmp_path}))
+    st.prepare()
+    (st.logs / "probe.log").write_text("STALE\n" * 50)
+    proc = st._spawn("probe", ["sh", "-c", "echo fresh line"])
+    deadline = time.monotonic() + 10
+    while st.alive(proc.name) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    st.stop("probe")
+    assert st.log_tail("probe") == "fresh line"
