@@ -302,6 +302,9 @@ class Stack:
         workers = self.planned_workers(modalities, replicas)
         self.check_ports(workers, flower=flower, gateway=gateway)
         self.prepare()
+        # Before any process starts: the workers' own `fleet worker` reads it, and a record
+        # left by a stack that died without `down` must not outlive it.
+        self.write_state()
         started: list[Proc] = []
         try:
             if not self.alive("redis"):
