@@ -421,7 +421,9 @@ def test_deadline_unreachable_only_once_a_rate_is_measured(gw: Gw) -> None:
             return list(await asyncio.gather(*backlog)), probes
 
     backlog, probes = asyncio.run(run())
-    assert [r.status_code for r in backlog] == [200] * len(lines), {r.text[:200] for r in backlog if r.status_code != 200}
+    assert [r.status_code for r in backlog] == [200] * len(lines), {
+        r.text[:200] for r in backlog if r.status_code != 200
+    }
     refused = [p for p in probes if p.status_code == 429]
     assert refused, [(p.status_code, p.text[:100]) for p in probes]
     assert refused[0].json()["code"] == "DEADLINE_UNREACHABLE"
