@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import uuid
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
@@ -41,9 +42,12 @@ from kombu.utils.json import loads
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError as RedisResponseError
 
+from shared import keys
 from workers import lease
 
 log = logging.getLogger("fleet.broker")
+
+_NOTIFY_PROBE_S = 1.0  # how long a channel waits for its probe's keyspace notification
 
 # Takes up to ARGV[1] messages, and at most ARGV[3] bytes of them (always at least one),
 # walking the priority lists (all KEYS but the last two) in order and emptying each before
@@ -198,19 +202,30 @@ class Channel(kombu_redis.Channel):
         return self._notify and bool(queues) and self._batchable(queues)
 
     def _server_notifies(self) -> bool:
+        """Whether Redis sends list keyspace notifications, found by trying: subscribe to a
+        probe key's channel, push and delete it, wait for the event. No ``CONFIG`` (the
+        worker's ACL user may not run it; managed Redis services often refuse it)."""
+        probe = f"{keys.NOTIFY_PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             with self.conn_or_acquire() as client:
-                reply = client.config_get("notify-keyspace-events")
-            flags = bytes_to_str(next(iter(reply.values()), "") if reply else "")
-        except Exception as exc:  # CONFIG denied (ACL) or unknown: BRPOP, with its gap
-            log.warning("cannot read notify-keyspace-events (%s); fetching with BRPOP", exc)
+                db = client.connection_pool.connection_kwargs.get("db", 0)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                try:
+                    pubsub.subscribe(f"__keyspace@{db}__:{probe}")
+                    client.lpush(probe, 1)
+                    client.delete(probe)
+                    deadline = time.monotonic() + _NOTIFY_PROBE_S
+                    while time.monotonic() < deadline:
+                        if pubsub.get_message(timeout=0.05) is not None:
+                            return True
+                finally:
+                    pubsub.close()
+        except Exception as exc:
+            log.warning("cannot probe keyspace notifications (%s); fetching with BRPOP", exc)
             return False
-        if "K" in flags and ("l" in flags or "A" in flags):
-            return True
         log.warning(
-            "Redis notify-keyspace-events is %r (needs K and l): fetching with BRPOP, which "
-            "loses the message in flight when a worker is killed",
-            flags,
+            "Redis sends no list keyspace notifications (notify-keyspace-events needs K and "
+            "l): fetching with BRPOP, which loses the message in flight when a worker is killed"
         )
         return False
 
