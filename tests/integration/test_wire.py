@@ -1,6 +1,7 @@
 """producer.wire builds the bytes kombu would push for a request (the gateway pushes them
-with redis.asyncio): the same message, field for field, as FleetClient.publish's, read back
-from a real Redis (no worker, so nothing consumes the queue)."""
+with redis.asyncio): the same message, field for field (but Flower's kwargs summary), as
+FleetClient.publish's, read back from a real Redis (no worker, so nothing consumes the
+queue)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import redis
 
 from producer.client import FleetClient
 from producer.stack import Stack, isolated_environment
-from producer.wire import task_payload
+from producer.wire import kwargs_summary, task_payload
 from shared import keys
 
 pytestmark = pytest.mark.integration
@@ -59,6 +60,9 @@ def test_the_payload_equals_kombus_but_for_the_delivery_tag(redis_only: Any) -> 
             assert msg["headers"].pop("id") == msg["headers"].pop("root_id") == tid
             assert msg["properties"].pop("correlation_id") == tid
             msg["properties"].pop("delivery_tag")
+        # Flower's kwargs column: a summary, never the inputs (kombu's is Celery's saferepr)
+        assert ours["headers"].pop("kwargsrepr") == kwargs_summary(env)
+        assert "the same words" in kombus["headers"].pop("kwargsrepr")
         assert ours == kombus
         assert ours["body"][1] == {"request": json.loads(env.model_dump_json())}
     finally:
