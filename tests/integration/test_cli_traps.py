@@ -318,6 +318,25 @@ def test_model_override_by_env_reaches_the_worker_and_a_failed_start_is_one_caus
     assert not [p for p in (run / "pids").glob("*.pid")]  # what was started is stopped
 
 
+# -- 5: the demo beside a user's stack ------------------------------------------------------
+def test_the_demo_runs_on_its_own_stack_and_leaves_the_users_running(traps: Traps) -> None:
+    """``fleet demo`` (the README's main command) with the user's run dir in its environment:
+    it succeeds, and afterwards every process of the user's stack still runs with the same
+    pid and the user's Redis still answers with the same data."""
+    pidfiles = sorted((traps.run_dir / "pids").glob("*.pid"))
+    before = {p.stem: int(p.read_text()) for p in pidfiles}
+    submit = fleet("submit", "text", "--text", "before the demo", env=traps.env)
+    assert submit.returncode == 0, submit.stderr
+    task_id = json.loads(submit.stdout)["id"]
+    demo = fleet("demo", env=traps.env, timeout=900)
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    assert "valid: " in demo.stdout and "semantic check: PASSED" in demo.stdout
+    after = {p.stem: int(p.read_text()) for p in sorted((traps.run_dir / "pids").glob("*.pid"))}
+    assert after == before and all(_alive(pid) for pid in before.values())
+    res = fleet("result", task_id, env=traps.env)  # the user's Redis, its data kept
+    assert res.returncode == 0 and json.loads(res.stdout)["state"] == "SUCCESS", res.stdout
+
+
 # -- 2b: a part down --------------------------------------------------------------------------
 def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
     # Last in this module: kills this module's own replica (its pid from our pidfile).

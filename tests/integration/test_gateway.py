@@ -337,7 +337,9 @@ def test_async_video_progress_over_sse(gw: Gw) -> None:
         assert r.status_code == 202 and r.headers["Preference-Applied"] == "respond-async"
         events: list[tuple[str, dict[str, Any]]] = []
         with h.stream("GET", r.headers["Location"] + "/events", timeout=120) as s:
-            assert s.headers["content-type"].startswith("text/event-stream")
+            if not s.headers["content-type"].startswith("text/event-stream"):
+                s.read()
+                raise AssertionError(f"not an event stream: {s.status_code} {s.text[:300]}")
             name = ""
             for line in s.iter_lines():
                 if line.startswith("event: "):
