@@ -32,7 +32,6 @@ from producer.bench.generator import Sender
 from producer.bench.records import SEND_FAILED, Record
 from producer.bench.schedule import Planned
 from producer.client import FleetClient
-from shared.priority import Priority
 
 PRIORITY_LEVEL = {"realtime": 1, "high": 2, "normal": 3, "bulk": 4}  # the gateway's mapping
 OVERHEAD_PROBES = 40
@@ -121,29 +120,12 @@ class GatewaySender(Sender):
         producer: object,
         on_done: Callable[[Record], None] | None = None,
     ) -> list[Record]:
-        settings = self.client.settings
         out: list[Record] = []
         for planned, sched_s in items:
-            prio = Priority.parse(planned.priority)
-            timeout_s = planned.timeout_s or prio.default_timeout_s(settings)
-            rec = Record(
-                id=str(uuid.uuid4()),
-                rep=self.rep,
-                phase=planned.phase,
-                modality=planned.modality,
-                priority=planned.priority,
-                source=planned.source,
-                input_index=planned.input_index,
-                measured=planned.measured,
-                timeout_s=timeout_s,
-                sched_ms=self.tb.wall_ms(sched_s),
-                on_done=on_done,
-            )
-            rec.sent_ms = self.tb.now_ms()
-            self.table.register(rec)
+            rec = self.record(planned, sched_s, on_done)
             out.append(rec)
             inputs = self.catalog.get(planned.source, planned.input_index)
-            body = oip_body(planned.modality, inputs, rec.id, planned.priority, timeout_s)
+            body = oip_body(planned.modality, inputs, rec.id, planned.priority, rec.timeout_s)
             path = f"/v2/models/{self.models[planned.modality]}/infer"
             self._pool.submit(self._post, rec, path, json.dumps(body).encode())
         return out

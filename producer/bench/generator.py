@@ -63,6 +63,29 @@ class Sender:
         self.fifo_priority = fifo_priority
         self.sent = 0
 
+    def record(
+        self, planned: Planned, sched_s: float, on_done: Callable[[Record], None] | None
+    ) -> Record:
+        """The record of one planned request (its id, class, timeout, schedule), registered
+        in the table and stamped as sent now."""
+        prio = Priority.parse(planned.priority)
+        rec = Record(
+            id=str(uuid.uuid4()),
+            rep=self.rep,
+            phase=planned.phase,
+            modality=planned.modality,
+            priority=planned.priority,
+            source=planned.source,
+            input_index=planned.input_index,
+            measured=planned.measured,
+            timeout_s=planned.timeout_s or prio.default_timeout_s(self.client.settings),
+            sched_ms=self.tb.wall_ms(sched_s),
+            on_done=on_done,
+        )
+        rec.sent_ms = self.tb.now_ms()
+        self.table.register(rec)
+        return rec
+
     def send(
         self,
         items: list[tuple[Planned, float]],
@@ -74,22 +97,8 @@ class Sender:
         out: list[Record] = []
         for planned, sched_s in items:
             prio = Priority.parse(planned.priority)
-            timeout_s = planned.timeout_s or prio.default_timeout_s(settings)
-            rec = Record(
-                id=str(uuid.uuid4()),
-                rep=self.rep,
-                phase=planned.phase,
-                modality=planned.modality,
-                priority=planned.priority,
-                source=planned.source,
-                input_index=planned.input_index,
-                measured=planned.measured,
-                timeout_s=timeout_s,
-                sched_ms=self.tb.wall_ms(sched_s),
-                on_done=on_done,
-            )
-            rec.sent_ms = self.tb.now_ms()
-            self.table.register(rec)
+            rec = self.record(planned, sched_s, on_done)
+            timeout_s = rec.timeout_s
             out.append(rec)
             inputs = self.catalog.get(planned.source, planned.input_index)
             try:
