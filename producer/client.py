@@ -177,7 +177,8 @@ class FleetClient:
             UnsupportedModality: ``modality`` is not served.
             InvalidPriority: ``priority`` is not a class name.
             InvalidInput: ``inputs`` is not a JSON object or ``timeout_s`` is not positive.
-            PayloadTooLarge: the inline payload exceeds ``limits.max_inline_bytes``.
+            PayloadTooLarge: the inline payload exceeds ``limits.max_inline_bytes``, or a text
+                ``limits.max_text_chars``.
         """
         if modality not in MODALITIES:
             raise UnsupportedModality(
@@ -199,6 +200,7 @@ class FleetClient:
         limit = self.settings.limits.max_inline_bytes
         if size > limit:
             raise PayloadTooLarge(f"inline inputs are {size} bytes; the limit is {limit}")
+        self._check_texts(modality, inputs)
         now_ms = time.time() * 1000.0
         t = timeout_s if timeout_s is not None else prio.default_timeout_s(self.settings)
         return TaskEnvelope(
@@ -208,6 +210,28 @@ class FleetClient:
             deadline_ms=None if t is None else now_ms + t * 1000.0,
             inputs=inputs,
         )
+
+    def _check_texts(self, modality: str, inputs: dict[str, Any]) -> None:
+        """The workers' text length limit, here, before anything is sent (the workers check it
+        again for producers that do not come through this client).
+
+        Raises:
+            PayloadTooLarge: a text over ``limits.max_text_chars`` characters.
+        """
+        if modality == "text":
+            texts = [inputs.get("text")]
+        elif modality == "xmodal":
+            many = inputs.get("texts")
+            texts = [inputs.get("text"), *(many if isinstance(many, list) else [])]
+        else:
+            return
+        limit = self.settings.limits.max_text_chars
+        for text in texts:
+            if isinstance(text, str) and len(text) > limit:
+                raise PayloadTooLarge(
+                    f"text has {len(text)} characters; the limit is {limit} "
+                    "([limits] max_text_chars)"
+                )
 
     # -- submitting -----------------------------------------------------------------
     def submit(

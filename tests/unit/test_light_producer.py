@@ -6,6 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from producer.client import FleetClient
+from shared.errors import PayloadTooLarge
+from shared.settings import load_settings
+
 # Importing workers.app builds its Celery app, which needs Redis credentials (not a server).
 _ENV = {**os.environ, "FLEET_REDIS__PASSWORD": "import-only"}
 
@@ -36,3 +42,18 @@ def test_client_and_stack_do_not_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_ENV
     )
     assert out.stdout.strip() == "False"
+
+
+def test_an_over_long_text_is_refused_before_anything_is_sent() -> None:
+    """``FleetClient.envelope`` applies the workers' text limit itself (no Redis needed: the
+    refusal comes before any connection)."""
+    settings = load_settings(redis={"password": "unused", "port": 1})
+    client = FleetClient(settings)
+    limit = settings.limits.max_text_chars
+    assert client.envelope("text", {"text": "x" * limit}).inputs["text"] == "x" * limit
+    for modality, inputs in (
+        ("text", {"text": "x" * (limit + 1)}),
+        ("xmodal", {"image_b64": "AAAA", "texts": ["ok", "y" * (limit + 1)]}),
+    ):
+        with pytest.raises(PayloadTooLarge, match="max_text_chars"):
+            client.envelope(modality, inputs)
