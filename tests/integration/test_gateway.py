@@ -391,17 +391,24 @@ def test_deadline_unreachable_only_once_a_rate_is_measured(gw: Gw) -> None:
     with gw.http() as h:  # idle queue, no rate known: a hopeless deadline is still admitted
         r = h.post("/v2/models/minilm/infer", json=infer_body("No rate yet.", timeout=1))
         assert (r.status_code, r.json()["code"]) == (504, "DEADLINE_EXCEEDED")
-    lines = [
+    sentences = [
         t
         for t in (DATA / "text" / "botchan_sentences.txt").read_text().splitlines()
         if 20 < len(t) < 120
-    ][:600]
+    ]
+    # 600 texts of six sentences (~100-150 tokens): a backlog of several seconds, so the
+    # probes outlast the rate meter's first second and 32 completions
+    n = len(sentences)
+    lines = [" ".join(sentences[(6 * i + k) % n] for k in range(6)) for i in range(600)]
 
     async def run() -> tuple[list[httpx.Response], list[httpx.Response]]:
         limits = httpx.Limits(max_connections=700, max_keepalive_connections=700)
-        async with httpx.AsyncClient(
-            base_url=gw.url, headers=gw.auth, timeout=120, limits=limits
-        ) as h:
+        async with (
+            httpx.AsyncClient(base_url=gw.url, headers=gw.auth, timeout=120, limits=limits) as h,
+            # the probes' own connection: behind the backlog's pool they would only go out
+            # once the backlog had drained
+            httpx.AsyncClient(base_url=gw.url, headers=gw.auth, timeout=120) as p,
+        ):
             # a NORMAL backlog with long deadlines: the gateway waits on each, so it sees the
             # completions while the queue stays backlogged
             backlog = [
@@ -414,7 +421,7 @@ def test_deadline_unreachable_only_once_a_rate_is_measured(gw: Gw) -> None:
             while not all(t.done() for t in backlog):
                 await asyncio.sleep(0.25)
                 probes.append(
-                    await h.post(
+                    await p.post(
                         "/v2/models/minilm/infer", json=infer_body("Quick!", timeout=200_000)
                     )
                 )
