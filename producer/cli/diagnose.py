@@ -159,7 +159,8 @@ def no_worker_message(modality: str, live: dict[str, list[str]], queued: bool) -
     """Nobody consumes ``modality``'s queue: say so, what is live, and how to start one."""
     others = ", ".join(f"{m} ({len(n)})" for m, n in live.items() if n) or "none"
     then = (
-        "queued anyway: it runs when a worker starts"
+        "queued anyway: it runs when a worker starts, unless its deadline passes first "
+        "(--priority bulk has none; or set --timeout-s)"
         if queued
         else "not sent (pass --queue-anyway to queue it for a worker started later)"
     )
