@@ -3,9 +3,9 @@
 JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
 
     workload, workload_spec, started_utc, finished_utc, duration_s, repetitions, machine
-    modes.{fleet,baseline}.{modality}: throughput_rps (median), throughput_spread
-        {min,median,max}, throughput_reps, drain_rps.{priority}, offered_rps, requests, ok,
-        errors
+    modes.{fleet,baseline,celery-batches,ray-serve}.{modality}: throughput_rps (median),
+        throughput_spread {min,median,max}, throughput_reps, drain_rps.{priority},
+        offered_rps, requests, ok, errors
     modes.limit.{modality}: throughput_rps, throughput_spread, throughput_reps,
         best_batch_size, sweep_rps, unsorted_rps
     latency_ms.{fleet,baseline}.{modality}.{priority}: p50, p95, p99, max, n, spread
@@ -18,7 +18,8 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
         size of the batch each ran in), model_busy (median over repetitions of the share of a
         repetition's wall time, first send to last result, that the worker's inference
         threads spent running batches; fleet only), model_busy_reps
-    ratios.{modality}: fleet_over_baseline, fleet_over_limit (of median throughputs)
+    ratios.{modality}: fleet_over_baseline, fleet_over_limit (of median throughputs), and
+        fleet_over_celery-batches, fleet_over_ray-serve when those peers ran (bench/peers/)
     cold_start.{mode}.{modality}: ready_s, first_ms, warm_idle_ms, idle_overhead_ms,
         steady_p50_ms, worker_warmup_s
     generator.{mode}.{phase}: send lag p50/p99/max, behind
@@ -49,6 +50,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from producer.bench.peers import PEER_MODES
+from producer.bench.peers.report import print_peers
 from producer.bench.records import NO_RESULT
 from producer.bench.runner import BenchResult, ModeResult, summarize_mode
 from producer.bench.stats import spread
@@ -298,6 +301,8 @@ def _ratios(modes: dict[str, Any]) -> dict[str, Any]:
                 "throughput_rps")),
             "fleet_over_limit": _ratio(f, modes.get("limit", {}).get(m, {}).get(
                 "throughput_rps")),
+            **{f"fleet_over_{p}": _ratio(f, modes[p][m]["throughput_rps"])
+               for p in PEER_MODES if m in modes.get(p, {})},
         }  # fmt: skip
     return out
 
@@ -335,7 +340,8 @@ def _warnings(res: BenchResult, rep: dict[str, Any]) -> list[str]:
         for m, r in mods.items():
             if r["no_result"]:
                 out.append(f"{mode}/{m}: {r['no_result']} request(s) got no result in time")
-            if r["ok"] and r["events_seen"] < 0.95 * r["ok"]:
+            # Peers send no per-request task events: queue/compute are the fleet's only.
+            if r["ok"] and r["events_seen"] < 0.95 * r["ok"] and mode not in PEER_MODES:
                 out.append(
                     f"{mode}/{m}: task events seen for {r['events_seen']}/{r['ok']} requests; "
                     "queue wait and compute cover only those"
@@ -431,6 +437,7 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         offered = _f(modes.get("fleet", {}).get(m, {}).get("offered_rps"))
         t.add_row(m, offered, *cells, *ratios, " ".join(f"{k}:{v}" for k, v in top))
     con.print(t)
+    print_peers(report, con)
     if "gateway" in report:
         g = report["gateway"]
         for m, ratio in g["throughput_over_direct"].items():
@@ -449,7 +456,7 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     for m in sorted({m for mode in report["latency_ms"].values() for m in mode}):
         prios = _prio_order(report, m)
         for p in prios:
-            for mode in ("fleet", "baseline"):
+            for mode in ("fleet", "baseline", *PEER_MODES):
                 s = report["latency_ms"].get(mode, {}).get(m, {}).get(p)
                 if not s:
                     continue

@@ -49,6 +49,7 @@ from rich.progress import (
 from producer.bench.collector import EventTap, ResultCollector
 from producer.bench.generator import ClosedLoop, OpenLoop, Sender
 from producer.bench.limit import default_batch_sizes
+from producer.bench.peers import PEER_MODES, PeerProcess, start_peer, unavailable_reason
 from producer.bench.records import NO_RESULT, Record, RecordTable, Timebase
 from producer.bench.schedule import ClosedPicker, Planned, open_schedule
 from producer.bench.sources import InputCatalog
@@ -60,7 +61,8 @@ from shared.settings import Settings, load_settings
 
 log = logging.getLogger("fleet.bench")
 MODES = ("fleet", "baseline", "limit")
-ALL_MODES = (*MODES, "gateway")  # gateway: the fleet through `fleet gateway` (bench/gateway.py)
+# gateway: the fleet through `fleet gateway` (bench/gateway.py); peers: bench/peers/
+ALL_MODES = (*MODES, "gateway", *PEER_MODES)
 SERVICE_MODES = {"fleet": "batch", "baseline": "baseline", "gateway": "batch"}
 WARM_PROBES = 5
 PROBE_TIMEOUT_S = 120.0
@@ -136,7 +138,9 @@ class Bench:
         )
         self.tb = Timebase()
         self.modalities = self.w.modalities
-        self._closers: list[Callable[[], None]] = []  # the gateway senders of a repetition
+        self._closers: list[Callable[[], None]] = []  # the HTTP senders of a repetition
+        self._peers: dict[str, PeerProcess] = {}  # a peer mode's processes, by modality
+        self._mode = ""
 
     # -- whole run ------------------------------------------------------------------------
     def run(self) -> BenchResult:
@@ -158,9 +162,15 @@ class Bench:
             res.settings_facts = _settings_facts(settings, self.modalities)
             try:
                 stack.start_redis()
-                for mode in ("fleet", "gateway", "baseline"):
-                    if mode in self.opts.modes:
-                        res.modes[mode] = self._service_mode(mode, stack, settings, res)
+                for mode in ("fleet", "gateway", "baseline", *PEER_MODES):
+                    if mode not in self.opts.modes:
+                        continue
+                    reason = unavailable_reason(mode) if mode in PEER_MODES else None
+                    if reason:  # an optional extra: skipped with the reason, never failed
+                        self.console.print(f"[yellow]skipped[/yellow] {reason}")
+                        res.notes.append(f"skipped {reason}")
+                        continue
+                    res.modes[mode] = self._service_mode(mode, stack, settings, res)
                 if "limit" in self.opts.modes:
                     self._limit(res, stack)
             except StackError as exc:
@@ -200,7 +210,7 @@ class Bench:
 
                 texts = [self.catalog.get(s, i)["text"] for s, i in self._text_inputs()]
                 out.gateway = measure_overhead(client, *self._gateway, texts)
-            stats_before = fleet_stats(client, len(self.modalities))
+            stats_before = self._stats(client)
             for m, s in stats_before.items():
                 out.workers.setdefault(m, {})["runtime"] = s.get("runtime")
                 out.workers[m]["model"] = s.get("model")
@@ -208,11 +218,11 @@ class Bench:
                 table = RecordTable()
                 collector.table = table
                 tap.table = table
-                before = fleet_stats(client, len(self.modalities))
+                before = self._stats(client)
                 t0 = time.monotonic()
                 records = self._repetition(mode, rep, client, table, collector, fifo)
                 wall_s = time.monotonic() - t0
-                after = fleet_stats(client, len(self.modalities))
+                after = self._stats(client)
                 _add_stats_diff(out, before, after, wall_s)
                 out.reps.append(records)
                 out.summaries.append(summarize_rep(records))
@@ -226,7 +236,7 @@ class Bench:
                 stack.stop("gateway")
             with self._spinner(f"{mode}: stopping workers"):
                 stoppers = [
-                    threading.Thread(target=stack.stop, args=(f"worker-{m}",))
+                    threading.Thread(target=stack.stop, args=(self._process_name(mode, m),))
                     for m in self.modalities
                 ]
                 for t in stoppers:
@@ -247,13 +257,18 @@ class Bench:
         def start(m: str) -> None:
             try:
                 t0 = time.monotonic()
-                stack.start_worker(m, SERVICE_MODES[mode])
+                if mode in PEER_MODES:
+                    window = stack.s.modality(m).device.prefetch_multiplier
+                    self._peers[m] = start_peer(stack, mode, m, window)
+                else:
+                    stack.start_worker(m, SERVICE_MODES[mode])
                 ready_s = time.monotonic() - t0
                 first = self._probe(client, table, m)
                 if not first.ok:
                     raise BenchError(
                         f"{mode}: the {m} worker answered its ping but its first request "
-                        f"failed ({first.code}); its log:\n{stack.log_tail(f'worker-{m}')}"
+                        f"failed ({first.code}); its log:\n"
+                        f"{stack.log_tail(self._process_name(mode, m))}"
                     )
                 out.cold[m] = {"ready_s": ready_s, "first_ms": first.e2e_ms}
             except BaseException as exc:
@@ -366,7 +381,24 @@ class Bench:
             sender = GatewaySender(client, self.catalog, table, self.tb, rep, url=url, token=token)
             self._closers.append(sender.close)
             return sender
+        if getattr(self, "_mode", "") == "ray-serve":
+            from producer.bench.peers.sender import RaySender
+
+            urls = {m: p.url for m, p in self._peers.items() if p.url}
+            ray = RaySender(client, self.catalog, table, self.tb, rep, urls=urls)
+            self._closers.append(ray.close)
+            return ray
         return Sender(client, self.catalog, table, self.tb, rep, fifo)
+
+    def _stats(self, client: FleetClient) -> dict[str, dict[str, Any]]:
+        """The fleet workers' ``fleet_stats`` (peers have none: their workers are not ours)."""
+        if self._mode in PEER_MODES:
+            return {}
+        return fleet_stats(client, len(self.modalities))
+
+    def _process_name(self, mode: str, modality: str) -> str:
+        """The stack's name of the process serving ``modality`` in ``mode`` (log, pidfile)."""
+        return self._peers[modality].name if mode in PEER_MODES else f"worker-{modality}"
 
     def _text_inputs(self) -> list[tuple[str, int]]:
         """(source, index) of the workload's first text inputs (the overhead probes)."""
