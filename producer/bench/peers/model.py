@@ -37,17 +37,18 @@ class BatchModel:
     """One modality's adapter and device runtime, loaded and warmed in this process.
 
     Args:
-        modality: ``text``, ``image``, ...; settings come from the environment
-            (``FLEET_*``, as the bench's stack sets them for its processes).
+        modality: ``text``, ``image``, ...
+        settings: fleet settings (default: from the environment, ``FLEET_*``, as the
+            bench's stack sets them for its processes).
     """
 
-    def __init__(self, modality: str) -> None:
+    def __init__(self, modality: str, settings: Any = None) -> None:
         from shared.settings import load_settings
         from workers.models import make_adapter
         from workers.runtime import DeviceRuntime
 
         self.modality = modality
-        self.settings = load_settings()
+        self.settings = settings or load_settings()
         self.cfg = self.settings.modality(modality)
         self.runtime = DeviceRuntime(self.cfg.device)
         self.runtime.start()
