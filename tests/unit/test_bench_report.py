@@ -12,9 +12,10 @@ from rich.console import Console
 
 from producer.bench.collector import batch_size_of, outcome_of, parse_date_done_ms
 from producer.bench.records import NO_RESULT, Record
-from producer.bench.report import build_report, print_report, write_report
+from producer.bench.report import build_report, write_report
 from producer.bench.runner import BenchResult, ModeResult
 from producer.bench.stats import summarize_rep
+from producer.bench.tables import print_report
 from producer.bench.workload import load_workload
 
 PRIOS = ("realtime", "high", "normal", "bulk")
