@@ -10,7 +10,7 @@ MODES ?= fleet,baseline,limit
 PYTEST_ARGS ?=
 UP_ARGS ?=
 
-.PHONY: venv peers up down status flower demo test lint bench soak chaos gpu-check clean
+.PHONY: venv peers precision up down status flower demo test lint bench soak chaos gpu-check clean
 
 venv: $(VENV)/.installed
 
@@ -57,6 +57,12 @@ test: lint
 # Through the HTTP gateway too: make bench WORKLOAD=text-saturate MODES=fleet,gateway
 bench: venv
 	$(BIN)/fleet bench $(WORKLOAD) --modes $(MODES)
+
+# A reduced-precision text model vs fp32, in-process: cosine per text, the demo's semantic
+# check, throughput (reports/precision.json). PRECISION=int8 (CPU) or fp16/bf16 (CUDA).
+PRECISION ?= int8
+precision: venv
+	$(BIN)/python -m producer.bench.precision --precision $(PRECISION)
 
 soak: venv
 	$(BIN)/fleet soak

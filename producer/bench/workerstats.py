@@ -60,5 +60,6 @@ def settings_facts(settings: Settings, modalities: list[str]) -> dict[str, Any]:
             "prefetch_multiplier": cfg.device.prefetch_multiplier,
             "max_batch_size": cfg.batching.max_batch_size,
             "max_queue_delay_ms": cfg.batching.max_queue_delay_ms,
+            "precision": str(getattr(settings.models[cfg.model], "precision", None) or "fp32"),
         }
     return out
