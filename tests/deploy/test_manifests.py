@@ -320,3 +320,36 @@ def test_each_modality_scales_on_its_demand_with_a_measured_target(
         down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
         assert down["stabilizationWindowSeconds"] > cold_max_s
         assert trigger["authenticationRef"]["name"] in auths
+
+
+# -- commands -------------------------------------------------------------------------------
+def fleet_commands(objs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The `fleet` argv of every container that runs the image's entrypoint (no command)."""
+    out = {}
+    for o in objs:
+        for c in o.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            if c["image"].startswith("mmfleet") and "command" not in c:
+                out[o["metadata"]["name"]] = c["args"]
+    return out
+
+
+def test_every_fleet_command_and_option_exists() -> None:
+    """Each container's `fleet ...` argv parses (`--help` after it: nothing runs)."""
+    from typer.testing import CliRunner
+
+    from producer.cli import app
+
+    commands = fleet_commands(render("cpu"))
+    assert {"gateway", "exporter", *(f"worker-{m}" for m in MODALITIES)} <= set(commands)
+    runner = CliRunner()
+    missing = []
+    for name, args in commands.items():
+        res = runner.invoke(app, [*args, "--help"])
+        if res.exit_code != 0 and f"No such command '{args[0]}'" in res.output:
+            missing.append(args[0])
+            continue
+        assert res.exit_code == 0, (name, args, res.output)
+    # `fleet exporter` comes with the observability work; until it is merged, say so.
+    if missing:
+        assert missing == ["exporter"], missing
+        pytest.skip("`fleet exporter` is not in this build: its argv is unchecked")
