@@ -3,7 +3,8 @@ against Kubernetes' own schema (``kubernetes-validate``, strict), the KEDA objec
 the fields KEDA documents (``keda_schema.json``), and the invariants the deployment relies on
 hold: grace period > the worker's drain, startup budget >= the measured cold start, a
 memory-backed /dev/shm, no plaintext secret, Redis reachable only from fleet pods, and KEDA
-targets derived from the measured service rates (``deploy/k8s/measured.json``).
+targets derived from the measured service rates (``deploy/k8s/measured.json``) and
+max_batch_size.
 """
 
 from __future__ import annotations
@@ -312,9 +313,11 @@ def test_each_modality_scales_on_its_demand_with_a_measured_target(
         assert trigger["type"] == "prometheus"
         assert meta["query"] == f'sum(fleet_queue_demand{{queue="{m}"}})'
         assert meta["ignoreNullValues"] == "false"  # a lost exporter is not a demand of 0
-        measured = MEASURED["modalities"][m]
-        want = max(1, math.floor(measured["rate_per_s"] * MEASURED["drain_target_s"]))
-        assert float(meta["threshold"]) == want, m
+        # the measured rate x the drain target, at least one full batch of this overlay's config
+        rate = MEASURED["modalities"][m]["rate_per_s"]
+        batch = pod_settings(container(workers(objects)[m])).modality(m).batching.max_batch_size
+        want = max(math.floor(rate * MEASURED["drain_target_s"]), batch)
+        assert float(meta["threshold"]) == want, (m, meta["threshold"], want)
         assert spec["minReplicaCount"] >= 1, m  # interactive: the gateway needs a live worker
         assert spec["cooldownPeriod"] > cold_max_s
         down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
