@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -37,6 +38,7 @@ from producer.stack import Stack, free_port, isolated_environment
 from shared.settings import MODALITIES
 
 REPO = Path(__file__).resolve().parents[2]
+SHM_ROOT = Path("/dev/shm") / f"mmfleet-bench-{os.getpid()}"
 DEFAULT_BURST = {"text": 2000, "image": 200, "video": 12, "xmodal": 100}
 
 
@@ -71,7 +73,12 @@ def measure(modality: str, burst: int, workdir: Path, timeout_s: float = 900.0) 
     port = free_port()
     # The worker's port is port_base + the modality's index.
     base = port - MODALITIES.index(modality)
-    overrides = {"FLEET_METRICS__PORT_BASE": str(base), "FLEET_TRANSPORT__SHARED_HOST": "false"}
+    overrides = {
+        "FLEET_METRICS__PORT_BASE": str(base),
+        "FLEET_TRANSPORT__SHARED_HOST": "false",
+        # a /dev/shm root of its own, removed afterwards: another stack's is never touched
+        "FLEET_TRANSPORT__SHM_ROOT": str(SHM_ROOT),
+    }
     with isolated_environment(workdir / modality, overrides) as settings:
         stack = Stack(settings)
         stack.up([], flower=False)
@@ -124,11 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         },
         "modalities": {},
     }
-    with tempfile.TemporaryDirectory(prefix="fleet-coldstart-") as tmp:
-        for m in mods:
-            burst = args.burst or DEFAULT_BURST[m]
-            report["modalities"][m] = measure(m, burst, Path(tmp))
-            print(m, report["modalities"][m], file=sys.stderr, flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="fleet-coldstart-") as tmp:
+            for m in mods:
+                burst = args.burst or DEFAULT_BURST[m]
+                report["modalities"][m] = measure(m, burst, Path(tmp))
+                print(m, report["modalities"][m], file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(SHM_ROOT, ignore_errors=True)
     report["machine"]["loadavg_after"] = list(os.getloadavg())
     text = json.dumps(report, indent=2)
     print(text)

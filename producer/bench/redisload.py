@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -47,6 +48,7 @@ from producer.stack import Stack, isolated_environment
 from shared import keys
 
 REPO = Path(__file__).resolve().parents[2]
+SHM_ROOT = Path("/dev/shm") / f"mmfleet-bench-{os.getpid()}"
 
 
 def _counters(r: redis.Redis) -> tuple[dict[str, int], dict[str, int], float]:
@@ -116,7 +118,8 @@ def _delta(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
 
 def measure(requests: int, idle_s: float, workdir: Path) -> dict[str, Any]:
     """Run the idle and load phases (module doc) and return their figures."""
-    overrides = {"FLEET_METRICS__PORT_BASE": "0"}
+    # a /dev/shm root of its own, removed afterwards: another stack's is never touched
+    overrides = {"FLEET_METRICS__PORT_BASE": "0", "FLEET_TRANSPORT__SHM_ROOT": str(SHM_ROOT)}
     with isolated_environment(workdir, overrides) as settings:
         stack = Stack(settings)
         stack.up(["text"], flower=False)
@@ -206,8 +209,11 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         }
     }
-    with tempfile.TemporaryDirectory(prefix="fleet-redisload-") as tmp:
-        report.update(measure(args.requests, args.idle_s, Path(tmp)))
+    try:
+        with tempfile.TemporaryDirectory(prefix="fleet-redisload-") as tmp:
+            report.update(measure(args.requests, args.idle_s, Path(tmp)))
+    finally:
+        shutil.rmtree(SHM_ROOT, ignore_errors=True)
     report["machine"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     text = json.dumps(report, indent=2)
     print(text)
