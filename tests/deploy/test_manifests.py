@@ -214,6 +214,7 @@ def test_no_secret_value_is_written_in_the_manifests(objects: list[dict[str, Any
 def test_the_example_secret_holds_only_placeholders() -> None:
     secret = yaml.safe_load((K8S / "secret.example.yaml").read_text())
     assert secret["kind"] == "Secret"
+    kubernetes_validate.validate(secret, KUBERNETES_VERSION, strict=True)
     assert set(secret["stringData"].values()) == {"CHANGE-ME"}
     # every key a manifest reads exists in the example
     used = set()
