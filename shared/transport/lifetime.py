@@ -32,6 +32,7 @@ first (``ResultHandle.get`` does).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -141,7 +142,7 @@ def renew(path: Path, now: float) -> bool:
     except (FileNotFoundError, IsADirectoryError):
         return False
     except OSError as exc:
-        if exc.errno == 40:  # ELOOP: a symlink
+        if exc.errno == errno.ELOOP:  # a symlink
             return False
         raise
     try:
