@@ -206,3 +206,29 @@ def test_the_janitor_renews_when_redis_cannot_tell(store: ShmStore) -> None:
     assert renewer.renew_due(store, now=now) == [ref.id]
     assert renewer.unknown == 1 and renewer.renewed == 1
     assert store.info(ref.id).expires_at == pytest.approx(now + TTL, abs=1e-3)
+
+
+# -- producers bind a video to the request that carries it -------------------------------
+def test_video_inputs_are_bound_to_the_request_that_carries_them(store: ShmStore) -> None:
+    from producer.client import FleetClient, SubmitRequest
+    from shared.errors import InvalidInput
+
+    # explicit credentials: no run dir needed (nothing connects to Redis here)
+    settings = load_settings(redis={"password": "unused"}, transport={"shm_root": store.root})
+    client = FleetClient(settings)
+    try:
+        video = bytes(64 * 1024)  # over the inline threshold: through /dev/shm
+        inputs = client.video_inputs(video)
+        seg_id = inputs["video_ref"]["id"]
+        request = client.shm().info(seg_id).request
+        assert request and client._task_id(SubmitRequest("video", inputs)) == request
+        with pytest.raises(InvalidInput, match="made for request"):
+            client._task_id(SubmitRequest("video", inputs, task_id="another"))
+        # the gateway knows its job id: bound to it, nothing remembered
+        explicit = client.video_inputs(video, task_id="job-1")
+        assert client.shm().info(explicit["video_ref"]["id"]).request == "job-1"
+        assert client._task_id(SubmitRequest("video", explicit, task_id="job-1")) == "job-1"
+        assert client.release_inputs(inputs) == 1 and client.release_inputs(explicit) == 1
+        assert client._bound == {}
+    finally:
+        client.close()
