@@ -55,13 +55,19 @@ class SegmentRenewer:
         interval_s: the janitor's interval; leases ending within
             ``lifetime.RENEW_MARGIN_INTERVALS`` of them are renewed.
         client: a Redis client to read final markers with (default: one of its own, as the
-            ``worker`` user, made on first need: a host without bound segments never connects).
+            ``role`` user, made on first need: a host without bound segments never connects).
+        role: the Redis ACL user of that client (``fleet shm gc`` runs as ``operator``).
     """
 
     def __init__(
-        self, settings: Settings, interval_s: float, client: redis.Redis | None = None
+        self,
+        settings: Settings,
+        interval_s: float,
+        client: redis.Redis | None = None,
+        role: str = "worker",
     ) -> None:
         self.settings = settings
+        self.role = role
         self.margin_s = lifetime.RENEW_MARGIN_INTERVALS * float(interval_s)
         self._client = client
         self.renewed = 0  # renewals so far
@@ -72,7 +78,7 @@ class SegmentRenewer:
             import redis
 
             self._client = redis.Redis.from_url(
-                self.settings.redis_url("worker"), socket_timeout=5.0, socket_connect_timeout=2.0
+                self.settings.redis_url(self.role), socket_timeout=5.0, socket_connect_timeout=2.0
             )
         return self._client
 

@@ -112,10 +112,15 @@ def shm_ls() -> None:
 @shm_app.command("gc")
 def shm_gc() -> None:
     """Remove expired segments, segments whose owner process is gone, and released files
-    kept for reuse but unused for 30 s; then say what was kept and why."""
+    kept for reuse but unused for 30 s; then say what was kept and why. Like the workers'
+    janitor, it first renews the video inputs of requests that may still run."""
     from shared.transport import store_from_settings
+    from workers.tensor_lease import SegmentRenewer
 
-    store = store_from_settings(cli_settings())
+    settings = cli_settings()
+    store = store_from_settings(settings)
+    renewer = SegmentRenewer(settings, settings.transport.janitor_interval_s, role="operator")
+    renewer.renew_due(store)
     removed = store.gc()
     typer.echo(f"removed {len(removed)} segment(s)" + (": " + " ".join(removed) if removed else ""))
     now = time.time()
