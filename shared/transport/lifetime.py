@@ -21,7 +21,8 @@ Who renews (``workers.tensor_lease``):
   within :data:`RENEW_MARGIN_INTERVALS` janitor intervals and whose request has no final
   result yet (``fleet:final:<id>`` absent; when Redis cannot tell, it renews: the cap bounds
   that). Renewing that far ahead means no collection, in any process, sees a live request's
-  lease lapse; the settings refuse a TTL under :data:`MIN_TTL_INTERVALS` janitor intervals.
+  lease lapse; the settings refuse a TTL under ``MIN_TTL_JANITOR_INTERVALS`` (3) janitor
+  intervals. ``fleet shm gc`` renews the same way before it collects.
 - the worker that takes a request renews that request's own inputs before it maps them: on a
   host where no worker ran while the request waited, nobody renewed them (nobody collected
   them either). A lapsed lease is renewed too, as long as the file is still there.
@@ -46,10 +47,6 @@ REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 RENEW_MARGIN_INTERVALS = 2.0
 """A janitor renews a lease that ends within this many of its intervals."""
-
-MIN_TTL_INTERVALS = 3.0
-"""Settings refuse ``default_ttl_s`` under this many janitor intervals: a renewed lease must
-outlast the margin by at least one interval, or a late collection could find it lapsed."""
 
 
 def validate_request_id(request_id: str) -> str:
