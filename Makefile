@@ -10,7 +10,7 @@ MODES ?= fleet,baseline,limit
 PYTEST_ARGS ?=
 UP_ARGS ?=
 
-.PHONY: venv peers precision up down status flower demo test lint bench soak chaos gpu-check clean
+.PHONY: venv peers precision up down status flower demo test lint bench soak chaos gpu-check coldstart scaleout k8s-render clean
 
 venv: $(VENV)/.installed
 
@@ -71,6 +71,24 @@ soak: venv
 # CI runs the short version (tests/integration/test_chaos_short.py).
 chaos: venv
 	$(BIN)/fleet chaos
+
+# Kubernetes: cold start and service rate of one fresh worker per modality (what the startup
+# probe budget and the KEDA targets in deploy/k8s derive from; deploy/k8s/measured.json).
+coldstart: venv
+	@mkdir -p reports
+	$(BIN)/python -m producer.bench.coldstart --modalities text,image,video,xmodal --out reports/coldstart.json
+
+# Redis commands and CPU per request, then 1-100 worker hosts simulated (docs/scale-out.md).
+scaleout: venv
+	@mkdir -p reports
+	$(BIN)/python -m producer.bench.redisload --out reports/redisload.json
+	$(BIN)/python -m producer.bench.scaleout --redis reports/redisload.json
+
+# Both overlays rendered and validated (what tests/deploy checks in CI).
+k8s-render: venv
+	@mkdir -p reports
+	for o in cpu gpu; do kubectl kustomize deploy/k8s/overlays/$$o > reports/k8s-$$o.yaml || exit 1; done
+	$(BIN)/pytest -q tests/deploy/test_manifests.py
 
 gpu-check: venv
 	$(BIN)/python -m workers.gpu_check

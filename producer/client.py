@@ -54,6 +54,7 @@ class SubmitRequest:
     inputs: dict[str, Any]
     priority: str = "normal"
     timeout_s: float | None = None
+    task_id: str | None = None  # None: the id its video input is bound to, else a fresh one
 
 
 class ResultHandle:
@@ -240,14 +241,19 @@ class FleetClient:
         inputs: dict[str, Any],
         priority: str = "normal",
         timeout_s: float | None = None,
+        task_id: str | None = None,
     ) -> ResultHandle:
         """Enqueue one request; returns at once with its handle.
+
+        Args:
+            task_id: the request's id (default: the one :meth:`video_inputs` bound its video
+                input to, else a fresh uuid4).
 
         Raises:
             FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
                 modality's queue holds ``max_queue_length`` messages.
         """
-        return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s)])[0]
+        return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s, task_id)])[0]
 
     def submit_many(self, requests: Iterable[SubmitRequest]) -> list[ResultHandle]:
         """Enqueue many requests over one broker connection.
@@ -255,12 +261,16 @@ class FleetClient:
         Every request is validated before any is sent: one invalid request raises and none
         is sent. Raises as :meth:`submit`.
         """
+        requests = list(requests)
         envs = [self.envelope(r.modality, r.inputs, r.priority, r.timeout_s) for r in requests]
+        ids: list[str] = []
+        for r in requests:  # the same video input twice: the second request gets an id of its own
+            task_id = self._task_id(r)
+            ids.append(str(uuid.uuid4()) if r.task_id is None and task_id in ids else task_id)
         self._check_backpressure(envs)
         handles: list[ResultHandle] = []
         with self.app.producer_or_acquire() as producer:
-            for env in envs:
-                task_id = str(uuid.uuid4())
+            for env, task_id in zip(envs, ids, strict=True):
                 self.publish(
                     producer,
                     env,
@@ -269,7 +279,38 @@ class FleetClient:
                     Priority.parse(env.priority).celery_priority(self.settings),
                 )
                 handles.append(ResultHandle(self, task_id, env))
+                self._unbind(env.inputs)
         return handles
+
+    # video inputs are bound to the request that will carry them (see video_inputs)
+    @property
+    def _bound(self) -> dict[str, str]:
+        """Segment id -> the task id :meth:`video_inputs` bound it to, until it is sent."""
+        return self.__dict__.setdefault("_bound_ids", {})
+
+    def _task_id(self, request: SubmitRequest) -> str:
+        """The id ``request`` is sent with: its own, else the one its video input is bound
+        to, else a fresh uuid4.
+
+        Raises:
+            InvalidInput: ``request.task_id`` is not the id its video input is bound to (the
+                input would be kept for a request that never runs, until the lifetime cap).
+        """
+        wires = _wires(request.inputs, "shm")
+        bound = {self._bound[w["id"]] for w in wires if w["id"] in self._bound}
+        if request.task_id is not None and bound - {request.task_id}:
+            raise InvalidInput(
+                f"the video input was made for request {sorted(bound)[0]} (video_inputs), not "
+                f"{request.task_id}: pass that task_id to video_inputs, or no task_id here"
+            )
+        if request.task_id is not None:
+            return request.task_id
+        return sorted(bound)[0] if bound else str(uuid.uuid4())
+
+    def _unbind(self, inputs: dict[str, Any]) -> None:
+        """Sent: a second request with the same inputs gets an id of its own."""
+        for wire in _wires(inputs, "shm"):
+            self._bound.pop(wire["id"], None)
 
     def publish(
         self, producer: Any, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int
@@ -459,18 +500,39 @@ class FleetClient:
             self.app.close()
 
     def video_inputs(
-        self, path_or_bytes: str | Path | bytes, ttl_s: float | None = None
+        self,
+        path_or_bytes: str | Path | bytes,
+        ttl_s: float | None = None,
+        task_id: str | None = None,
     ) -> dict[str, Any]:
         """Inputs for a video request: ``video_ref`` through /dev/shm, ``video_b64`` if small.
 
         Files above :data:`VIDEO_INLINE_MAX_BYTES` go through shared memory (a detached
         segment with ``ttl_s``, default ``transport.default_ttl_s``) unless
-        ``transport.shared_host`` is false. The segment is this client's: ``ResultHandle.get``
-        releases it after the final outcome; call :meth:`release_inputs` yourself when you
-        read results another way (``wait_all``/``poll``), or let the TTL reclaim it.
+        ``transport.shared_host`` is false. The segment is bound to the request that carries
+        it: ``task_id`` (then send the request with that id: ``submit(..., task_id=...)``),
+        or else a fresh id that the first :meth:`submit` of these inputs gives its request.
+        The workers then renew its TTL while that request may still run, however long it
+        waits in its queue, up to ``[transport] max_ref_lifetime_s`` (see
+        ``shared.transport.lifetime``). Send it in one request only.
+
+        The segment is this client's: ``ResultHandle.get`` releases it after the final
+        outcome; call :meth:`release_inputs` yourself when you read results another way
+        (``wait_all``/``poll``) or do not send them, or let the TTL reclaim it (after the
+        request is final; an unsent one at the lifetime cap).
+
+        Raises:
+            ShmCapacityError: the shared-memory budget is exhausted.
+            ValueError: a malformed ``task_id``.
         """
         store = self.shm() if self.settings.transport.shared_host else None
-        return video_inputs(path_or_bytes, store, ttl_s=ttl_s)
+        if task_id is not None:  # the caller sends its request with that id
+            return video_inputs(path_or_bytes, store, ttl_s=ttl_s, request_id=task_id)
+        task_id = str(uuid.uuid4())
+        inputs = video_inputs(path_or_bytes, store, ttl_s=ttl_s, request_id=task_id)
+        for wire in _wires(inputs, "shm"):
+            self._bound[wire["id"]] = task_id
+        return inputs
 
     def resolve(self, result: Any, release: bool = True) -> Any:
         """Replace tensor wire objects in a result with numpy arrays (see :func:`resolve_tensors`).
@@ -493,6 +555,7 @@ class FleetClient:
         refs = list(_wires(inputs, "shm"))
         if not refs:
             return 0
+        self._unbind(inputs)
         store = self.shm()
         removed = 0
         for ref in refs:
@@ -557,6 +620,7 @@ def video_inputs(
     *,
     inline_max_bytes: int = VIDEO_INLINE_MAX_BYTES,
     ttl_s: float | None = None,
+    request_id: str | None = None,
 ) -> dict[str, Any]:
     """Inputs for a video request from a file path or the file's bytes.
 
@@ -566,7 +630,10 @@ def video_inputs(
             detached 1-D uint8 segment); ``None``: always inline (``{"video_b64": ...}``,
             bounded by ``limits.max_inline_bytes`` at submit).
         inline_max_bytes: largest file sent inline when a store is given.
-        ttl_s: the segment's lifetime (default: the store's); the worker must map it before.
+        ttl_s: the segment's lifetime (default: the store's); the worker must map it before,
+            unless its lease is renewed (``request_id``).
+        request_id: the task id of the request that will carry it: its TTL is then renewed
+            while that request may still run (see ``shared.transport.lifetime``).
 
     The caller owns the segment: release it after the request's final outcome
     (``ResultHandle.get`` and ``FleetClient.release_inputs`` do), else its TTL reclaims it.
@@ -579,7 +646,9 @@ def video_inputs(
         return {"video_b64": base64.b64encode(data).decode("ascii")}
     import numpy as np
 
-    ref = store.put(np.frombuffer(data, dtype=np.uint8), ttl_s=ttl_s, detach=True)
+    ref = store.put(
+        np.frombuffer(data, dtype=np.uint8), ttl_s=ttl_s, detach=True, request_id=request_id
+    )
     return {"video_ref": ref.to_dict()}
 
 

@@ -44,6 +44,9 @@ MODALITIES: tuple[str, ...] = ("text", "image", "video", "xmodal")
 PRIORITY_NAMES: tuple[str, ...] = ("realtime", "high", "normal", "bulk")
 # A poison message is refused on its 4th delivery (workers.inflight.MAX_DELIVERIES + 1).
 DELIVERIES_COVERED = 4
+# A renewed tensor lease must outlast a janitor's renewal margin (shared.transport.lifetime:
+# 2 intervals) by one interval: default_ttl_s >= this many janitor intervals.
+MIN_TTL_JANITOR_INTERVALS = 3
 _REPO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.toml"
 
 
@@ -190,8 +193,13 @@ class TransportSettings(_Section):
     # Workers keep their mappings of files a recycling producer will rewrite (page tables
     # ready for the next segment in the same file); 0 off. See shared.transport.mapcache.
     reader_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
-    # Every worker reclaims expired, orphaned and idle files this often (workers.janitor).
+    # Every worker reclaims expired, orphaned and idle files this often (workers.janitor),
+    # after renewing the leases of inputs whose requests may still run; 0 turns both off.
     janitor_interval_s: float = Field(default=10.0, ge=0.0)
+    # An input bound to a request (a video sent by FleetClient or the gateway) lives while its
+    # request may still run (renewed by TTLs: shared.transport.lifetime), but never longer
+    # than this after it was written: a segment whose request never ends still goes.
+    max_ref_lifetime_s: float = Field(default=86400.0, gt=0.0)
 
 
 class MetricsSettings(_Section):
@@ -280,6 +288,37 @@ class Settings(BaseSettings):
                 f"{DELIVERIES_COVERED} leases ([redis] lease_s = {self.redis.lease_s:g} s): a "
                 f"request redelivered after a crash would find its tensors gone; raise "
                 f"default_ttl_s to at least {need:g} or lower lease_s"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_leases_renewable(self) -> Settings:
+        """A bound input's lease (its TTL, renewed by the janitors) must be renewed before it
+        lapses, and the lifetime cap cannot be shorter than the TTL it caps."""
+        t = self.transport
+        if t.max_ref_lifetime_s < t.default_ttl_s:
+            raise ValueError(
+                f"[transport] max_ref_lifetime_s = {t.max_ref_lifetime_s:g} s is shorter than "
+                f"default_ttl_s = {t.default_ttl_s:g} s: raise max_ref_lifetime_s to at least "
+                f"{t.default_ttl_s:g}"
+            )
+        kept = self.redis.result_expires_s
+        if 0 < kept < t.default_ttl_s:
+            raise ValueError(
+                f"[redis] result_expires_s = {kept} s is shorter than [transport] "
+                f"default_ttl_s = {t.default_ttl_s:g} s: a finished request's marker "
+                f"(fleet:final:<id>) would go before its input's last lease, and the janitors "
+                f"would renew that input again; raise result_expires_s"
+            )
+        need = MIN_TTL_JANITOR_INTERVALS * t.janitor_interval_s
+        if t.default_ttl_s < need:
+            raise ValueError(
+                f"[transport] default_ttl_s = {t.default_ttl_s:g} s is shorter than "
+                f"{MIN_TTL_JANITOR_INTERVALS} janitor intervals (janitor_interval_s = "
+                f"{t.janitor_interval_s:g} s): a queued request's input could lapse between "
+                f"two renewals; lower janitor_interval_s to at most "
+                f"{t.default_ttl_s / MIN_TTL_JANITOR_INTERVALS:g} or raise default_ttl_s to "
+                f"at least {need:g}"
             )
         return self
 

@@ -93,6 +93,7 @@ from workers.models import make_adapter
 from workers.models.base import Prepared
 from workers.results import Outcome, ResultWriter
 from workers.runtime import DeviceRuntime
+from workers.tensor_lease import renew_inputs
 
 log = logging.getLogger("fleet.engine")
 
@@ -498,6 +499,8 @@ class Engine:
             if deaths > 0:
                 log.info("redelivered id=%s died_in_flight=%d", req.id, deaths)
             inputs, fault = self.faults.split(env.inputs)
+            # Its /dev/shm inputs live while it may run: renewed before prepare maps them.
+            renew_inputs(self._worker_store, inputs, req.id)
             self.faults.on_prepare(fault)
             prepared = self.adapter.prepare(inputs)
         except Exception as exc:  # an adapter bug must not kill the consumer either
@@ -526,6 +529,11 @@ class Engine:
             self.batcher.add(pending)
             self._lane_cv[self.batcher.lane_of(pending)].notify()
         return True
+
+    def _worker_store(self) -> Any:
+        from shared.transport import process_store
+
+        return process_store(self.settings, role="worker")
 
     def refuse(self, req: Any, exc: FleetError) -> None:
         """Fail a request at arrival with ``exc`` (stored first-wins, then acked)."""

@@ -86,8 +86,9 @@ def chaos(
 
 @shm_app.command("ls")
 def shm_ls() -> None:
-    """List segments: id, size, owner, age, expiry, and whether the owner is alive (or
-    detached: kept for its TTL only)."""
+    """List segments: id, size, owner, age, expiry, whether the owner is alive (or detached:
+    kept for its TTL only), and the request a video input was sent for (its TTL is renewed
+    while that request may run)."""
     from shared.transport import store_from_settings
 
     store = store_from_settings(cli_settings())
@@ -96,9 +97,10 @@ def shm_ls() -> None:
     for seg in segs:
         # A detached segment (pid 0) is tied to its TTL only: no owner to be alive or dead.
         owner_state = "detached" if seg.pid == 0 else f"owner_alive={seg.alive_owner}"
+        request = f"  request={seg.request}" if seg.request else ""
         typer.echo(
             f"{seg.id}  {seg.nbytes:>12} B  owner={seg.owner}  age={now - seg.created_at:.0f}s"
-            f"  expires_in={seg.expires_at - now:.0f}s  {owner_state}"
+            f"  expires_in={seg.expires_at - now:.0f}s  {owner_state}{request}"
         )
     pooled = store.pool_bytes()
     typer.echo(
@@ -110,16 +112,27 @@ def shm_ls() -> None:
 @shm_app.command("gc")
 def shm_gc() -> None:
     """Remove expired segments, segments whose owner process is gone, and released files
-    kept for reuse but unused for 30 s; then say what was kept and why."""
+    kept for reuse but unused for 30 s; then say what was kept and why. Like the workers'
+    janitor, it first renews the video inputs of requests that may still run."""
     from shared.transport import store_from_settings
+    from workers.tensor_lease import SegmentRenewer
 
-    store = store_from_settings(cli_settings())
+    settings = cli_settings()
+    store = store_from_settings(settings)
+    renewer = SegmentRenewer(settings, settings.transport.janitor_interval_s, role="operator")
+    renewer.renew_due(store)
     removed = store.gc()
     typer.echo(f"removed {len(removed)} segment(s)" + (": " + " ".join(removed) if removed else ""))
     now = time.time()
     for seg in store.ls():
         left = f"expires in {seg.expires_at - now:.0f} s"
-        if seg.pid == 0:
+        if seg.request:
+            why = (
+                f"the input of request {seg.request}: renewed by the workers' janitors while "
+                f"that request may still run, at most [transport] max_ref_lifetime_s after it "
+                f"was written; {left} unless renewed"
+            )
+        elif seg.pid == 0:
             why = (
                 "detached (a video input sent without waiting, or a worker's output not read "
                 f"yet): kept until its TTL, {left}"

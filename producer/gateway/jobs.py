@@ -311,7 +311,8 @@ class JobService:
         task_id = task_id or str(uuid.uuid4())
         await self._require_live(spec)
         if video is not None:
-            inputs = await self._io(self.client.video_inputs, video)
+            # bound to this request: renewed while it waits (shared.transport.lifetime)
+            inputs = await self._io(self.client.video_inputs, video, None, task_id)
         refs = list(_wires(inputs, "shm"))
         try:
             env: TaskEnvelope

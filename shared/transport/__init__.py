@@ -27,7 +27,7 @@ def store_from_settings(
     settings: Settings, role: Literal["producer", "worker"] = "producer"
 ) -> ShmStore:
     """A new :class:`ShmStore` configured from ``[transport]`` (root, byte budget, TTL,
-    recycling, reader cache).
+    lifetime cap, recycling, reader cache).
 
     Raises:
         TransportError: the root cannot be used (see :class:`ShmStore`).
@@ -43,6 +43,7 @@ def store_from_settings(
         # Workers read every input once per task from files producers rewrite; a producer
         # reads each output once: a cache would only hold its descriptors.
         reader_cache_bytes=t.reader_cache_bytes if role == "worker" else 0,
+        max_lifetime_s=t.max_ref_lifetime_s,
     )
 
 

@@ -27,6 +27,9 @@ because Arrow's boolean type is bit-packed and could not be viewed without a cop
     mmfleet.created_at  Unix epoch seconds (float)
     mmfleet.ttl_s       seconds after created_at the segment may be reclaimed (float)
     mmfleet.recycle     "1" when written by a recycling store (its file will be rewritten)
+    mmfleet.request     the request (task id) the segment was written for, or "": its TTL
+                        then counts from its last renewal, the file's mtime (see
+                        :mod:`shared.transport.lifetime`)
 
 The janitor reads that metadata cheaply: mapping the file and parsing the IPC footer touches
 only the footer's pages, never the tensor data.
@@ -122,6 +125,8 @@ import pyarrow.ipc
 
 from shared.errors import ShmCapacityError, TensorRefError, TransportError
 from shared.transport._arrays import as_c_array
+from shared.transport.lifetime import expires_at as lease_expires_at
+from shared.transport.lifetime import validate_request_id
 from shared.transport.mapcache import (
     MappingCache,
     Sweeper,
@@ -248,7 +253,9 @@ class SegmentInfo:
 
     Sizes in bytes, times in Unix epoch seconds. ``pid`` is 0 for a detached segment.
     ``alive_owner`` is True when the owner process is alive, the segment is detached, or
-    the owner is on another host (liveness cannot be checked from here).
+    the owner is on another host (liveness cannot be checked from here). ``request``: the
+    request it is bound to, or ""; ``expires_at`` counts its renewals (see
+    :mod:`shared.transport.lifetime`).
     """
 
     id: str
@@ -261,6 +268,8 @@ class SegmentInfo:
     created_at: float
     expires_at: float
     alive_owner: bool
+    ttl_s: float = 0.0
+    request: str = ""
 
 
 @dataclass(frozen=True)
@@ -275,10 +284,17 @@ class _Meta:
     created_at: float
     ttl_s: float
     recycle: bool = False  # written by a recycling store: its file will be rewritten
+    request: str = ""  # the request it was written for ("": none)
 
     @property
     def expires_at(self) -> float:
         return self.created_at + self.ttl_s
+
+    def leased_until(self, renewed_at: float, max_lifetime_s: float) -> float:
+        """Its expiry, counting renewals (``renewed_at``: the file's mtime)."""
+        return lease_expires_at(
+            self.created_at, self.ttl_s, renewed_at, max_lifetime_s, bool(self.request)
+        )
 
     def to_metadata(self) -> dict[str, str]:
         return {
@@ -295,6 +311,7 @@ class _Meta:
             _META + "created_at": f"{self.created_at:.6f}",
             _META + "ttl_s": repr(self.ttl_s),
             _META + "recycle": "1" if self.recycle else "0",
+            _META + "request": self.request,
         }
 
     @classmethod
@@ -320,7 +337,10 @@ class _Meta:
                 created_at=float(md[_META + "created_at"]),
                 ttl_s=float(md[_META + "ttl_s"]),
                 recycle=md.get(_META + "recycle", "0") == "1",
+                request=md.get(_META + "request", ""),
             )
+            if meta.request:
+                validate_request_id(meta.request)
         except (KeyError, ValueError, UnicodeDecodeError) as exc:
             raise TensorRefError(f"segment {seg_id}: bad metadata ({exc})") from None
         if meta.id != seg_id:
@@ -503,13 +523,15 @@ class ShmStore:
             same file is read through page tables that are ready (see
             :mod:`shared.transport.mapcache`). 0 (the default): every view has its own
             mapping, unmapped when the view goes.
+        max_lifetime_s: renewals of a segment bound to a request never keep it past its
+            write time plus this, in seconds (see :mod:`shared.transport.lifetime`).
 
     Raises:
         TransportError: the parent directory is missing (no /dev/shm: use the inline
             transport), or ``root`` is a symlink, not a directory, owned by another uid or
             not mode 0700.
-        ValueError: a non-positive TTL or fraction, or a negative capacity, recycle or reader
-            cache budget.
+        ValueError: a non-positive TTL, lifetime or fraction, or a negative capacity, recycle
+            or reader cache budget.
 
     Besides its settings, the store keeps only the mappings of a recycling store (see the
     module docstring), which a forked child drops at its first put; so one instance may be
@@ -527,9 +549,12 @@ class ShmStore:
         recycle_bytes: int = 0,
         recycle_idle_s: float = 30.0,
         reader_cache_bytes: int = 0,
+        max_lifetime_s: float = 86400.0,
     ) -> None:
         if not (math.isfinite(default_ttl_s) and default_ttl_s > 0):
             raise ValueError(f"default_ttl_s must be > 0, got {default_ttl_s}")
+        if not max_lifetime_s > 0:
+            raise ValueError(f"max_lifetime_s must be > 0, got {max_lifetime_s}")
         if not 0 < capacity_fraction <= 1:
             raise ValueError(f"capacity_fraction must be in (0, 1], got {capacity_fraction}")
         if capacity_bytes is not None and capacity_bytes < 0:
@@ -544,6 +569,7 @@ class ShmStore:
         self.recycle_idle_s = float(recycle_idle_s)
         self.root = Path(root) if root is not None else default_root()
         self.default_ttl_s = float(default_ttl_s)
+        self.max_lifetime_s = float(max_lifetime_s)
         self.role = role
         self._uid = os.getuid()
         self._open_root()
@@ -731,6 +757,7 @@ class ShmStore:
         ttl_s: float | None = None,
         owner: str | None = None,
         detach: bool = False,
+        request_id: str | None = None,
     ) -> TensorRef:
         """Write a tensor once as a segment and return its ref.
 
@@ -746,6 +773,9 @@ class ShmStore:
             detach: tie the segment to its TTL only, not to the owner's life. Use it when the
                 writer may exit before a reader maps the segment (a CLI that submits and
                 exits, a worker's result read later by a client).
+            request_id: the request (task id) this segment is an input of: its TTL then
+                counts from its last renewal, renewed while the request may still run (see
+                :mod:`shared.transport.lifetime`). Send it in that request only.
 
         Returns:
             The :class:`TensorRef` to put in a message (``ref.to_dict()``).
@@ -755,7 +785,7 @@ class ShmStore:
                 the filesystem lacks space (checked before anything is written; ENOSPC
                 during the write is also mapped to it and the partial file removed).
             InvalidInput: an unsupported type or dtype (bfloat16, complex, object, ...).
-            ValueError: a non-positive ``ttl_s`` or a malformed ``owner``.
+            ValueError: a non-positive ``ttl_s``, a malformed ``owner`` or ``request_id``.
             TransportError: any other I/O failure while writing.
         """
         arr = as_c_array(array)
@@ -765,6 +795,7 @@ class ShmStore:
         owner = self.default_owner if owner is None else owner
         if OWNER_PATTERN.fullmatch(owner) is None:
             raise ValueError(f"owner must be '<producer|worker>:<host>:<pid>', got {owner!r}")
+        request = "" if request_id is None else validate_request_id(request_id)
         if detach:
             pid, pid_start = 0, None
         else:
@@ -792,6 +823,7 @@ class ShmStore:
             ttl_s=ttl,
             # Only files that can be pooled are rewritten: only they are worth a reader's cache.
             recycle=bool(self.recycle_bytes) and arr.nbytes >= _MIN_RECYCLE_BYTES,
+            request=request,
         )
         arrow_type = _ARROW_TYPES[ref.dtype]
         schema = pa.schema(
@@ -1044,7 +1076,7 @@ class ShmStore:
                     raise TransportError(f"cannot map tensor {ref.id}: {exc}") from None
             failure: str | None = None
             try:
-                arr, meta = self._view(ref, mm, size)
+                arr, meta = self._view(ref, mm, size, os.fstat(fd).st_mtime)
             except TensorRefError as exc:
                 failure = exc.message
             if failure is not None:
@@ -1077,8 +1109,11 @@ class ShmStore:
             arr = arr.view(np.bool_)
         return arr.reshape(ref.shape)
 
-    def _view(self, ref: TensorRef, mm: mmap.mmap, size: int) -> tuple[np.ndarray, _Meta]:
-        """The flat data array of the IPC file in ``mm`` (no copy), after every check."""
+    def _view(
+        self, ref: TensorRef, mm: mmap.mmap, size: int, renewed_at: float
+    ) -> tuple[np.ndarray, _Meta]:
+        """The flat data array of the IPC file in ``mm`` (no copy), after every check
+        (``renewed_at``: the file's mtime, the last renewal of a segment bound to a request)."""
         buf = pa.py_buffer(mm)
         try:
             reader = pa.ipc.open_file(buf)
@@ -1094,7 +1129,7 @@ class ShmStore:
             )
         _check_column(schema, ref.id, ref.dtype)
         # The file's times are authoritative: a forged ref cannot extend a segment's life.
-        if time.time() >= meta.expires_at:
+        if time.time() >= meta.leased_until(renewed_at, self.max_lifetime_s):
             raise TensorRefError(f"tensor {ref.id}: expired (ttl {meta.ttl_s:g} s)")
         try:
             if reader.num_record_batches != 1:
@@ -1353,11 +1388,13 @@ class ShmStore:
         self._sweep_kept()
         return removed
 
-    def _read_meta(self, seg_id: str) -> tuple[_Meta, int]:
-        """Metadata and file size of a segment; touches only the IPC footer's pages."""
+    def _read_meta(self, seg_id: str) -> tuple[_Meta, int, float]:
+        """Metadata, file size and mtime (last renewal) of a segment; touches only the IPC
+        footer's pages."""
         fd = self._open_segment(seg_id)
         try:
             size = self._lock_for_reading(fd, seg_id)  # no claim truncates it meanwhile
+            mtime = os.fstat(fd).st_mtime
             mm = pa.memory_map(f"/proc/self/fd/{fd}", "r")
             try:
                 schema = pa.ipc.open_file(mm).schema
@@ -1367,12 +1404,35 @@ class ShmStore:
                 mm.close()
         finally:
             os.close(fd)
-        return _Meta.from_schema(schema, seg_id), size
+        return _Meta.from_schema(schema, seg_id), size, mtime
 
     def _owner_alive(self, meta: _Meta) -> bool:
         if meta.pid == 0 or owner_host(meta.owner) != hostname():
             return True  # detached, or another host's process: only the TTL applies
         return pid_alive(meta.pid, meta.pid_start)
+
+    @_os_errors_as_transport_errors
+    def info(self, seg_id: str) -> SegmentInfo:
+        """One segment's metadata, from its file (not its data pages).
+
+        Raises:
+            TensorRefError: a malformed id, or a segment that is gone or unreadable.
+        """
+        meta, size, mtime = self._read_meta(seg_id)
+        return SegmentInfo(
+            id=meta.id,
+            shape=meta.shape,
+            dtype=meta.dtype,
+            nbytes=meta.nbytes,
+            file_bytes=size,
+            owner=meta.owner,
+            pid=meta.pid,
+            created_at=meta.created_at,
+            expires_at=meta.leased_until(mtime, self.max_lifetime_s),
+            alive_owner=self._owner_alive(meta),
+            ttl_s=meta.ttl_s,
+            request=meta.request,
+        )
 
     @_os_errors_as_transport_errors
     def ls(self) -> list[SegmentInfo]:
@@ -1385,29 +1445,16 @@ class ShmStore:
             if not m:
                 continue
             try:
-                meta, size = self._read_meta(m[1])
+                out.append(self.info(m[1]))
             except TensorRefError:
                 continue  # vanished or corrupt
-            out.append(
-                SegmentInfo(
-                    id=meta.id,
-                    shape=meta.shape,
-                    dtype=meta.dtype,
-                    nbytes=meta.nbytes,
-                    file_bytes=size,
-                    owner=meta.owner,
-                    pid=meta.pid,
-                    created_at=meta.created_at,
-                    expires_at=meta.expires_at,
-                    alive_owner=self._owner_alive(meta),
-                )
-            )
         out.sort(key=lambda s: s.created_at)
         return out
 
     @_os_errors_as_transport_errors
     def gc(self, now: float | None = None) -> list[str]:
-        """Reclaim segments past their TTL or whose owner process died, and stale temp files.
+        """Reclaim segments past their TTL (or their lease: see :mod:`shared.transport.lifetime`)
+        or whose owner process died, and stale temp files.
 
         Args:
             now: the current time in epoch seconds (default: ``time.time()``); tests pass a
@@ -1437,8 +1484,9 @@ class ShmStore:
                 continue  # never follow or delete anything we did not create
             if m := _SEGMENT_RE.fullmatch(name):
                 try:
-                    meta, _ = self._read_meta(m[1])
-                    stale = now >= meta.expires_at or not self._owner_alive(meta)
+                    meta, _, mtime = self._read_meta(m[1])
+                    expires = meta.leased_until(mtime, self.max_lifetime_s)
+                    stale = now >= expires or not self._owner_alive(meta)
                 except TensorRefError:
                     stale = now - st.st_mtime > self.default_ttl_s  # corrupt: give it time
                 if stale:

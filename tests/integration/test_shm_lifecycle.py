@@ -43,6 +43,7 @@ def shm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "FLEET_TRANSPORT__SHM_ROOT": str(root),
         "FLEET_TRANSPORT__DEFAULT_TTL_S": str(TTL_S),
         "FLEET_REDIS__LEASE_S": "1",  # tensors must outlive 4 leases (checked at load)
+        "FLEET_TRANSPORT__JANITOR_INTERVAL_S": "1",  # and 3 janitor intervals
         "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "1",
         "FLEET_MODALITIES__TEXT__BATCHING__PREFERRED_BATCH_SIZES": "[1]",
         "FLEET_MODALITIES__TEXT__BATCHING__LENGTH_BUCKETS": "[16]",

@@ -47,3 +47,20 @@ def test_shm_ls_counts_released_files_kept_for_reuse(shm_root: Path) -> None:
     assert out.exit_code == 0, out.output
     last = out.output.splitlines()[-1]
     assert last.startswith("0 segments, ") and f"{pooled.stat().st_size} bytes: released" in last
+
+
+def test_shm_ls_and_gc_name_the_request_a_video_input_was_sent_for(
+    shm_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # explicit credentials: gc's renewal pass would connect only for an input near its
+    # lease's end, and none is
+    monkeypatch.setenv("FLEET_REDIS__PASSWORD", "unused")
+    store = ShmStore(root=shm_root)
+    bound = store.put(np.ones(10, dtype=np.uint8), detach=True, request_id="req-42")
+    out = CliRunner().invoke(app, ["shm", "ls"])
+    assert out.exit_code == 0, out.output
+    [line] = [ln for ln in out.output.splitlines() if ln.startswith(bound.id)]
+    assert line.endswith("detached  request=req-42")
+    gc = CliRunner().invoke(app, ["shm", "gc"])
+    assert gc.exit_code == 0, gc.output
+    assert f"kept {bound.id} (10 B): the input of request req-42: renewed" in gc.output
