@@ -10,7 +10,7 @@ MODES ?= fleet,baseline,limit
 PYTEST_ARGS ?=
 UP_ARGS ?=
 
-.PHONY: venv up down status flower demo test lint bench soak chaos gpu-check coldstart scaleout k8s-render clean
+.PHONY: venv peers precision up down status flower demo test lint bench soak chaos gpu-check coldstart scaleout k8s-render clean
 
 venv: $(VENV)/.installed
 
@@ -18,6 +18,15 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH_SPEC) -e '.[dev]'
+	touch $@
+
+# The bench's peers (celery-batches, Ray Serve) in a venv of their own: celery-batches requires
+# celery<5.7, which would downgrade the fleet's Celery. `make bench MODES=fleet,celery-batches,ray-serve`
+peers: $(VENV)-peers/.installed
+
+$(VENV)-peers/.installed: pyproject.toml
+	test -x $(VENV)-peers/bin/python || $(PY) -m venv $(VENV)-peers
+	$(VENV)-peers/bin/python -m pip install -q --disable-pip-version-check $(TORCH_SPEC) -e '.[peers]'
 	touch $@
 
 # make up UP_ARGS="--replicas text=2,image=1" (any `fleet up` option)
@@ -48,6 +57,12 @@ test: lint
 # Through the HTTP gateway too: make bench WORKLOAD=text-saturate MODES=fleet,gateway
 bench: venv
 	$(BIN)/fleet bench $(WORKLOAD) --modes $(MODES)
+
+# A reduced-precision text model vs fp32, in-process: cosine per text, the demo's semantic
+# check, throughput (reports/precision.json). PRECISION=int8 (CPU) or fp16/bf16 (CUDA).
+PRECISION ?= int8
+precision: venv
+	$(BIN)/python -m producer.bench.precision --precision $(PRECISION)
 
 soak: venv
 	$(BIN)/fleet soak

@@ -281,6 +281,20 @@ class Stack:
         except Exception:
             return False
 
+    def start_process(
+        self,
+        name: str,
+        argv: list[str],
+        ready: Callable[[], bool],
+        timeout_s: float,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        """Start another process of this stack (its log, its pidfile: ``down`` stops it) and
+        wait until ``ready()``. Raises StackError when it exits or is not ready in time."""
+        proc = self._spawn(name, argv, env)
+        self._wait(ready, name, proc, timeout_s)
+        return proc
+
     # -- whole stack --------------------------------------------------------------------
     def up(
         self,

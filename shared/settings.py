@@ -152,6 +152,9 @@ class BatchingConfig(_Section):
     realtime_lane: bool = False  # a second inference thread serves REALTIME requests alone
     realtime_prefetch: int = 16  # the REALTIME queue's own prefetch window (with the lane)
     realtime_budget_ms: float = 25.0  # without the lane: batch time cap while REALTIME flows
+    # Buckets (shortest first) warmed before the worker says ready; the rest are warmed by
+    # the idle main inference thread afterwards (workers/warmup.py). A large number warms all.
+    warmup_buckets_before_ready: int = Field(default=2, ge=0)
 
 
 class DeviceConfig(_Section):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,15 +47,22 @@ def fleet_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
     """Settings of the test stack; its FLEET_* variables are exported for subprocesses."""
     from producer.stack import isolated_environment
 
+    # A /dev/shm root of the session's own, removed at the end: the default root
+    # (/dev/shm/mmfleet-<uid>) belongs to a developer's own stack and outlived test runs.
+    shm_root = Path(f"/dev/shm/mmfleet-{os.getuid()}-tests-{os.getpid()}")
     overrides = {
         "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
+        "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
         "FLEET_METRICS__PORT_BASE": str(free_port_block(4)),  # the metrics test scrapes them
         # Smaller batches keep the workers' warmup short; batching is still exercised.
         "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "16",
         "FLEET_MODALITIES__IMAGE__BATCHING__MAX_BATCH_SIZE": "4",
     }
-    with isolated_environment(tmp_path_factory.mktemp("fleet-run"), overrides) as settings:
-        yield settings
+    try:
+        with isolated_environment(tmp_path_factory.mktemp("fleet-run"), overrides) as settings:
+            yield settings
+    finally:
+        shutil.rmtree(shm_root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

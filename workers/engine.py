@@ -94,6 +94,7 @@ from workers.models.base import Prepared
 from workers.results import Outcome, ResultWriter
 from workers.runtime import DeviceRuntime
 from workers.tensor_lease import renew_inputs
+from workers.warmup import WarmQueue, WarmStep, split_plan, warm_plan
 
 log = logging.getLogger("fleet.engine")
 
@@ -241,6 +242,7 @@ class Engine:
         self._batch_seq = itertools.count(1)  # next() is atomic under the GIL: lanes share it
         self._host = socket.gethostname().split(".")[0]
         self._inline = False  # no event loop: complete on the inference thread
+        self._warm_later = WarmQueue()  # buckets warmed by the idle main thread after ready
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -359,26 +361,31 @@ class Engine:
         hub.add_reader(self._wake_r, self.drain)
 
     def _warmup(self) -> None:
-        """Run every bucket at batch size 1 and at the largest size it can reach (twice each:
-        the first run pays one-time costs, the second is timed and seeds the latency model).
-
-        The largest size is ``max_batch_size`` bounded by ``max_batch_bytes``, so a bucket of
-        long texts is warmed at the size it will really run at (Triton's ``model_warmup``
-        likewise runs the shapes the model will see)."""
+        """Warm the buckets the worker needs before ready; queue the rest for the idle main
+        thread (see :mod:`workers.warmup`; every bucket without an inference thread)."""
         pol = self.batcher.policy
-        for bucket in self.adapter.buckets():
+
+        def largest(bucket: str | None) -> int:
             one = self.adapter.example_inputs(1, bucket)[0]
             per_request = max(self.adapter.prepare(one).nbytes, 1)
-            largest = max(1, min(pol.max_batch_size, pol.max_batch_bytes // per_request))
-            for n in sorted({1, largest}):
-                inputs = self.adapter.example_inputs(n, bucket)
-                samples = [self.adapter.preprocess(self.adapter.prepare(i)) for i in inputs]
-                for _ in range(2):
-                    t0 = time.perf_counter()
-                    with self.runtime.batch_context():
-                        self.adapter.run_batch(samples)
-                    elapsed = time.perf_counter() - t0
-                self.batcher.model.observe(bucket, n, elapsed)
+            return min(pol.max_batch_size, pol.max_batch_bytes // per_request)
+
+        plan = warm_plan(self.adapter.buckets(), largest)
+        before = self.cfg.batching.warmup_buckets_before_ready if self._threaded else None
+        first, rest = split_plan(plan, before)
+        for step in first:
+            self._warm_step(step)
+        self._warm_later = WarmQueue(rest)
+
+    def _warm_step(self, step: WarmStep) -> None:
+        inputs = self.adapter.example_inputs(step.n, step.bucket)
+        samples = [self.adapter.preprocess(self.adapter.prepare(i)) for i in inputs]
+        for _ in range(2):
+            t0 = time.perf_counter()
+            with self.runtime.batch_context():
+                self.adapter.run_batch(samples)
+            elapsed = time.perf_counter() - t0
+        self.batcher.model.observe(step.bucket, step.n, elapsed)
 
     def run_one(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run one request alone, in the calling thread (baseline mode: plain Celery).
@@ -580,7 +587,18 @@ class Engine:
                     d = self.batcher.next_batch(now, lane)
                     if d.batch or d.expired:
                         break
+                    if lane is Lane.MAIN and len(self._warm_later) and not len(self.batcher):
+                        break  # nothing waiting: warm one more bucket (outside the lock)
                     cv.wait(timeout=self._wait_s(d.wake_at_s, now))
+            if not d.batch and not d.expired:
+                try:
+                    self._warm_later.run_one(self._warm_step)
+                except Exception:  # a bucket that cannot warm runs cold; never kill the lane
+                    log.exception("background warmup step failed")
+                if not len(self._warm_later):
+                    log.info("background warmup done: %d steps in %.2f s",
+                             self._warm_later.done, self._warm_later.seconds)  # fmt: skip
+                continue
             if d.expired:  # outside the lock: failing them writes to Redis
                 self._expire(d.expired)
             if not d.batch:

@@ -44,6 +44,8 @@ class Sender:
     Args:
         fifo_priority: send every message at this Celery priority (the baseline's FIFO);
             ``None`` sends each at its class's priority (the fleet).
+        one_queue: send REALTIME to the modality's queue too, as plain Celery users do
+            (the celery-batches peer), instead of the fleet's ``<modality>.realtime``.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class Sender:
         timebase: Timebase,
         rep: int,
         fifo_priority: int | None = None,
+        one_queue: bool = False,
     ) -> None:
         self.client = client
         self.catalog = catalog
@@ -61,6 +64,7 @@ class Sender:
         self.tb = timebase
         self.rep = rep
         self.fifo_priority = fifo_priority
+        self.one_queue = one_queue or fifo_priority is not None
         self.sent = 0
 
     def record(
@@ -109,10 +113,10 @@ class Sender:
             fifo = self.fifo_priority is not None
             celery_prio = self.fifo_priority if fifo else prio.celery_priority(settings)
             # The fleet routes as FleetClient does (REALTIME to <modality>.realtime); the
-            # baseline is plain Celery: one FIFO queue.
+            # baseline is plain Celery: one FIFO queue; celery-batches: one priority queue.
             queue = (
                 keys.queue_name(env.modality)
-                if fifo
+                if self.one_queue
                 else keys.queue_for(env.modality, env.priority)
             )
             try:

@@ -46,7 +46,8 @@ def main(
     if unknown or not wanted:
         err.print(f"[red]bench:[/red] --modes takes a comma list of {', '.join(ALL_MODES)}")
         return 1
-    from producer.bench.report import build_report, print_report, write_report
+    from producer.bench.report import build_report, write_report
+    from producer.bench.tables import print_report
 
     try:
         result = Bench(

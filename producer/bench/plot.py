@@ -1,10 +1,11 @@
-"""The bench plot: latency CDF per priority (fleet vs baseline) and throughput bars.
+"""The bench plot: latency CDF per priority (fleet vs baseline and peers) and throughput bars.
 
 One column per modality. Top: the empirical CDF of end-to-end latency (log scale, ms) per
-priority class, fleet solid and baseline dashed, pooled over repetitions, over all measured
-requests: a curve ends below 1 by the share that failed or expired. Bottom: median
-throughput of fleet and baseline with min-max error bars, and the in-process limit as a
-horizontal line. Matplotlib's Agg backend: no display needed.
+priority class, fleet solid, baseline dashed, the peers (celery-batches, ray-serve) when they
+ran in other styles, pooled over repetitions, over all measured requests: a curve ends below
+1 by the share that failed or expired. Bottom: median throughput of each mode with min-max
+error bars, and the in-process limit as a horizontal line. Matplotlib's Agg backend: no
+display needed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,16 @@ from pathlib import Path
 from typing import Any
 
 COLORS = {"realtime": "#d62728", "high": "#ff7f0e", "normal": "#1f77b4", "bulk": "#7f7f7f"}
+# Line style per mode in the CDF and bar colour in the throughput panel; peers when they ran.
+STYLES = {"fleet": "-", "baseline": "--", "celery-batches": "-.", "ray-serve": (0, (1, 1))}
+STYLE_NAMES = {"fleet": "solid", "baseline": "dashed", "celery-batches": "dash-dot",
+               "ray-serve": "dense dots"}  # fmt: skip
+BAR_COLORS = {"fleet": "#2ca02c", "baseline": "#9467bd", "celery-batches": "#8c564b",
+              "ray-serve": "#e377c2"}  # fmt: skip
+
+
+def _style_legend(report: dict[str, Any]) -> str:
+    return ", ".join(f"{STYLE_NAMES[m]} {m}" for m in STYLES if report["modes"].get(m))
 
 
 def plot_report(report: dict[str, Any], path: Path) -> Path:
@@ -33,7 +44,7 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     cdf = report.get("cdf_ms", {})
     for col, m in enumerate(modalities):
         ax = axes[0][col]
-        for mode, style in (("fleet", "-"), ("baseline", "--")):
+        for mode, style in STYLES.items():
             series = cdf.get(mode, {}).get(m, {})
             for prio in ordered_priorities(series):
                 g = series[prio]
@@ -54,7 +65,7 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("end-to-end latency from scheduled send (ms)")
         ax.set_ylabel("fraction of requests (errors never arrive)")
-        ax.set_title(f"{m}: latency CDF (solid fleet, dashed baseline, dotted deadlines)")
+        ax.set_title(f"{m}: latency CDF ({_style_legend(report)}, dotted deadlines)")
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
@@ -69,7 +80,7 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
 
 def _throughput(ax: Any, report: dict[str, Any], m: str) -> None:
     names, heights, lo, hi = [], [], [], []
-    for mode in ("fleet", "baseline"):
+    for mode in STYLES:
         s = report["modes"].get(mode, {}).get(m)
         if not s or s["throughput_rps"] is None:
             continue
@@ -78,7 +89,7 @@ def _throughput(ax: Any, report: dict[str, Any], m: str) -> None:
         heights.append(s["throughput_rps"])
         lo.append(s["throughput_rps"] - sp["min"])
         hi.append(sp["max"] - s["throughput_rps"])
-    ax.bar(names, heights, yerr=[lo, hi], capsize=6, color=["#2ca02c", "#9467bd"][: len(names)])
+    ax.bar(names, heights, yerr=[lo, hi], capsize=6, color=[BAR_COLORS[n] for n in names])
     lim = report["modes"].get("limit", {}).get(m)
     if lim and lim.get("throughput_rps"):
         ax.axhline(lim["throughput_rps"], color="black", linestyle=":",

@@ -20,13 +20,10 @@ Sequence (one invocation, one machine, one set of inputs):
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -48,19 +45,22 @@ from rich.progress import (
 
 from producer.bench.collector import EventTap, ResultCollector
 from producer.bench.generator import ClosedLoop, OpenLoop, Sender
-from producer.bench.limit import default_batch_sizes
+from producer.bench.limit_run import limit_items, run_limit, used_sources
+from producer.bench.peers import PEER_MODES, PeerProcess, start_peer, unavailable_reason
 from producer.bench.records import NO_RESULT, Record, RecordTable, Timebase
 from producer.bench.schedule import ClosedPicker, Planned, open_schedule
 from producer.bench.sources import InputCatalog
 from producer.bench.stats import combine_lag, combine_reps, summarize_rep
+from producer.bench.workerstats import add_stats_diff, fleet_stats, settings_facts
 from producer.bench.workload import REPO, Workload
 from producer.client import FleetClient
 from producer.stack import isolated_environment
-from shared.settings import Settings, load_settings
+from shared.settings import Settings
 
 log = logging.getLogger("fleet.bench")
 MODES = ("fleet", "baseline", "limit")
-ALL_MODES = (*MODES, "gateway")  # gateway: the fleet through `fleet gateway` (bench/gateway.py)
+# gateway: the fleet through `fleet gateway` (bench/gateway.py); peers: bench/peers/
+ALL_MODES = (*MODES, "gateway", *PEER_MODES)
 SERVICE_MODES = {"fleet": "batch", "baseline": "baseline", "gateway": "batch"}
 WARM_PROBES = 5
 PROBE_TIMEOUT_S = 120.0
@@ -136,7 +136,9 @@ class Bench:
         )
         self.tb = Timebase()
         self.modalities = self.w.modalities
-        self._closers: list[Callable[[], None]] = []  # the gateway senders of a repetition
+        self._closers: list[Callable[[], None]] = []  # the HTTP senders of a repetition
+        self._peers: dict[str, PeerProcess] = {}  # a peer mode's processes, by modality
+        self._mode = ""
 
     # -- whole run ------------------------------------------------------------------------
     def run(self) -> BenchResult:
@@ -155,12 +157,18 @@ class Bench:
         with bench_environment(self.w, run_dir) as settings:
             stack = Stack(settings)
             stack.prepare()
-            res.settings_facts = _settings_facts(settings, self.modalities)
+            res.settings_facts = settings_facts(settings, self.modalities)
             try:
                 stack.start_redis()
-                for mode in ("fleet", "gateway", "baseline"):
-                    if mode in self.opts.modes:
-                        res.modes[mode] = self._service_mode(mode, stack, settings, res)
+                for mode in ("fleet", "gateway", "baseline", *PEER_MODES):
+                    if mode not in self.opts.modes:
+                        continue
+                    reason = unavailable_reason(mode) if mode in PEER_MODES else None
+                    if reason:  # an optional extra: skipped with the reason, never failed
+                        self.console.print(f"[yellow]skipped[/yellow] {reason}")
+                        res.notes.append(f"skipped {reason}")
+                        continue
+                    res.modes[mode] = self._service_mode(mode, stack, settings, res)
                 if "limit" in self.opts.modes:
                     self._limit(res, stack)
             except StackError as exc:
@@ -200,7 +208,7 @@ class Bench:
 
                 texts = [self.catalog.get(s, i)["text"] for s, i in self._text_inputs()]
                 out.gateway = measure_overhead(client, *self._gateway, texts)
-            stats_before = fleet_stats(client, len(self.modalities))
+            stats_before = self._stats(client)
             for m, s in stats_before.items():
                 out.workers.setdefault(m, {})["runtime"] = s.get("runtime")
                 out.workers[m]["model"] = s.get("model")
@@ -208,12 +216,12 @@ class Bench:
                 table = RecordTable()
                 collector.table = table
                 tap.table = table
-                before = fleet_stats(client, len(self.modalities))
+                before = self._stats(client)
                 t0 = time.monotonic()
                 records = self._repetition(mode, rep, client, table, collector, fifo)
                 wall_s = time.monotonic() - t0
-                after = fleet_stats(client, len(self.modalities))
-                _add_stats_diff(out, before, after, wall_s)
+                after = self._stats(client)
+                add_stats_diff(out, before, after, wall_s)
                 out.reps.append(records)
                 out.summaries.append(summarize_rep(records))
                 out.leftovers += self._clean_queues(client)
@@ -226,7 +234,7 @@ class Bench:
                 stack.stop("gateway")
             with self._spinner(f"{mode}: stopping workers"):
                 stoppers = [
-                    threading.Thread(target=stack.stop, args=(f"worker-{m}",))
+                    threading.Thread(target=stack.stop, args=(self._process_name(mode, m),))
                     for m in self.modalities
                 ]
                 for t in stoppers:
@@ -247,13 +255,18 @@ class Bench:
         def start(m: str) -> None:
             try:
                 t0 = time.monotonic()
-                stack.start_worker(m, SERVICE_MODES[mode])
+                if mode in PEER_MODES:
+                    window = stack.s.modality(m).device.prefetch_multiplier
+                    self._peers[m] = start_peer(stack, mode, m, window)
+                else:
+                    stack.start_worker(m, SERVICE_MODES[mode])
                 ready_s = time.monotonic() - t0
                 first = self._probe(client, table, m)
                 if not first.ok:
                     raise BenchError(
                         f"{mode}: the {m} worker answered its ping but its first request "
-                        f"failed ({first.code}); its log:\n{stack.log_tail(f'worker-{m}')}"
+                        f"failed ({first.code}); its log:\n"
+                        f"{stack.log_tail(self._process_name(mode, m))}"
                     )
                 out.cold[m] = {"ready_s": ready_s, "first_ms": first.e2e_ms}
             except BaseException as exc:
@@ -311,7 +324,9 @@ class Bench:
         collector: ResultCollector,
         fifo: int | None,
     ) -> list[Record]:
-        modality_of = {k: self.catalog.modality(k) for k in self.w.sources if k in _used(self.w)}
+        modality_of = {
+            k: self.catalog.modality(k) for k in self.w.sources if k in used_sources(self.w)
+        }
         plan = open_schedule(self.w, modality_of)
         t0 = time.monotonic() + 0.2
         stop = threading.Event()
@@ -366,11 +381,29 @@ class Bench:
             sender = GatewaySender(client, self.catalog, table, self.tb, rep, url=url, token=token)
             self._closers.append(sender.close)
             return sender
-        return Sender(client, self.catalog, table, self.tb, rep, fifo)
+        if getattr(self, "_mode", "") == "ray-serve":
+            from producer.bench.peers.sender import RaySender
+
+            urls = {m: p.url for m, p in self._peers.items() if p.url}
+            ray = RaySender(client, self.catalog, table, self.tb, rep, urls=urls)
+            self._closers.append(ray.close)
+            return ray
+        one_queue = self._mode == "celery-batches"
+        return Sender(client, self.catalog, table, self.tb, rep, fifo, one_queue=one_queue)
+
+    def _stats(self, client: FleetClient) -> dict[str, dict[str, Any]]:
+        """The fleet workers' ``fleet_stats`` (peers have none: their workers are not ours)."""
+        if self._mode in PEER_MODES:
+            return {}
+        return fleet_stats(client, len(self.modalities))
+
+    def _process_name(self, mode: str, modality: str) -> str:
+        """The stack's name of the process serving ``modality`` in ``mode`` (log, pidfile)."""
+        return self._peers[modality].name if mode in PEER_MODES else f"worker-{modality}"
 
     def _text_inputs(self) -> list[tuple[str, int]]:
         """(source, index) of the workload's first text inputs (the overhead probes)."""
-        srcs = [k for k in _used(self.w) if self.catalog.modality(k) == "text"]
+        srcs = [k for k in used_sources(self.w) if self.catalog.modality(k) == "text"]
         return [(srcs[0], i) for i in range(8)] if srcs else []
 
     def _wait_generators(
@@ -409,59 +442,16 @@ class Bench:
 
     # -- limit ----------------------------------------------------------------------------
     def _limit(self, res: BenchResult, stack: Any) -> None:
-        items = self._limit_items(res)
+        source = res.modes.get("fleet") or res.modes.get("baseline")
+        first = source.reps[0] if source is not None and source.reps else None
+        items = limit_items(self.w, self.catalog, first)
         if not items:
             res.limit_error = "no measured inputs to run the limit on"
             return
-        settings = load_settings()
-        mods: dict[str, Any] = {}
-        for m, its in items.items():
-            cfg = settings.modality(m).batching
-            sizes = self.w.limit.batch_sizes.get(m) or default_batch_sizes(
-                cfg.max_batch_size, cfg.preferred_batch_sizes
+        with self._spinner(f"limit: {', '.join(items)} in-process"):
+            res.limit, res.limit_error = run_limit(
+                self.w, self.reps, items, Path(res.run_dir), stack
             )
-            mods[m] = {
-                "items": its,
-                "batch_sizes": sizes,
-                "sweep_inputs": self.w.limit.sweep_inputs,
-            }
-        run_dir = Path(res.run_dir)
-        spec_path, out_path = run_dir / "limit-spec.json", run_dir / "limit-out.json"
-        spec = {
-            "repetitions": self.reps,
-            "sources": {k: v.model_dump() for k, v in self.w.sources.items() if k in _used(self.w)},
-            "modalities": mods,
-        }
-        spec_path.write_text(json.dumps(spec))
-        log_path = stack.logs / "limit.log"
-        argv = [sys.executable, "-m", "producer.bench.limit", str(spec_path), str(out_path)]
-        with self._spinner(f"limit: {', '.join(mods)} in-process"), open(log_path, "ab") as lf:
-            proc = subprocess.run(argv, stdout=lf, stderr=subprocess.STDOUT, env=stack.env(),
-                                  cwd=str(REPO), check=False)  # fmt: skip
-        if proc.returncode != 0 or not out_path.exists():
-            res.limit_error = f"limit run failed (exit {proc.returncode}); see {log_path}"
-            return
-        res.limit = json.loads(out_path.read_text())
-
-    def _limit_items(self, res: BenchResult) -> dict[str, list[list[Any]]]:
-        """The inputs of the first repetition's measured requests, per modality, capped."""
-        source = res.modes.get("fleet") or res.modes.get("baseline")
-        if source is not None and source.reps:
-            recs = sorted((r for r in source.reps[0] if r.measured), key=lambda r: r.sched_ms)
-            pairs = [(r.modality, [r.source, r.input_index]) for r in recs]
-        else:  # limit alone: the planned schedule's measured requests
-            modality_of = {k: self.catalog.modality(k) for k in _used(self.w)}
-            pairs = [
-                (p.modality, [p.source, p.input_index])
-                for p in open_schedule(self.w, modality_of)
-                if p.measured
-            ]
-        out: dict[str, list[list[Any]]] = {}
-        for m, item in pairs:
-            lst = out.setdefault(m, [])
-            if len(lst) < self.w.limit.max_inputs:
-                lst.append(item)
-        return out
 
     # -- progress -------------------------------------------------------------------------
     def _progress(self) -> Progress:
@@ -482,60 +472,6 @@ class Bench:
         with self.console.status(what):
             yield
         self.console.print(f"{what}: done in {time.monotonic() - t0:.1f} s")
-
-
-def _used(w: Workload) -> set[str]:
-    return {m.source for p in w.phases for m in p.mix}
-
-
-def fleet_stats(client: FleetClient, expect: int = 0) -> dict[str, dict[str, Any]]:
-    """``fleet_stats`` of every worker, by modality (the node name's prefix).
-
-    Returns as soon as ``expect`` workers replied (0: waits the whole timeout).
-    """
-    try:
-        replies = client.app.control.broadcast(
-            "fleet_stats", reply=True, timeout=1.5, limit=expect or None
-        )
-    except Exception:
-        return {}
-    out: dict[str, dict[str, Any]] = {}
-    for reply in replies or []:
-        for node, stats in reply.items():
-            if isinstance(stats, dict) and "error" not in stats:
-                out[node.split("@", 1)[0]] = stats
-    return out
-
-
-def _add_stats_diff(
-    out: ModeResult, before: dict[str, Any], after: dict[str, Any], wall_s: float
-) -> None:
-    for m, a in after.items():
-        b = before.get(m, {})
-        if "model_s" in a and wall_s > 0:
-            busy = (a["model_s"] - b.get("model_s", 0.0)) / wall_s
-            out.model_busy.setdefault(m, []).append(round(busy, 4))
-        sizes = out.batches.setdefault(m, Counter())
-        for k, v in (a.get("batch_sizes") or {}).items():
-            sizes[int(k)] += v - (b.get("batch_sizes") or {}).get(k, 0)
-        trig = out.triggers.setdefault(m, Counter())
-        for k, v in (a.get("triggers") or {}).items():
-            trig[k] += v - (b.get("triggers") or {}).get(k, 0)
-
-
-def _settings_facts(settings: Settings, modalities: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for m in modalities:
-        cfg = settings.modality(m)
-        out[m] = {
-            "model": cfg.model,
-            "device": cfg.device.device,
-            "torch_threads": cfg.device.torch_threads,
-            "prefetch_multiplier": cfg.device.prefetch_multiplier,
-            "max_batch_size": cfg.batching.max_batch_size,
-            "max_queue_delay_ms": cfg.batching.max_queue_delay_ms,
-        }
-    return out
 
 
 def summarize_mode(mr: ModeResult, w: Workload) -> dict[str, Any]:

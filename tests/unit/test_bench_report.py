@@ -12,9 +12,10 @@ from rich.console import Console
 
 from producer.bench.collector import batch_size_of, outcome_of, parse_date_done_ms
 from producer.bench.records import NO_RESULT, Record
-from producer.bench.report import build_report, print_report, write_report
+from producer.bench.report import build_report, write_report
 from producer.bench.runner import BenchResult, ModeResult
 from producer.bench.stats import summarize_rep
+from producer.bench.tables import print_report
 from producer.bench.workload import load_workload
 
 PRIOS = ("realtime", "high", "normal", "bulk")
@@ -116,15 +117,15 @@ def test_report_has_the_issue_schema(report: dict[str, Any]) -> None:
 
 
 def test_model_busy_is_the_model_time_share_of_each_repetition() -> None:
-    from producer.bench.runner import _add_stats_diff
+    from producer.bench.workerstats import add_stats_diff
 
     mr = ModeResult("fleet")
     stats = {"text": {"model_s": 10.0, "batch_sizes": {"8": 5}}}
     # 16 s of model time in a 20 s repetition, then 9 s in 10 s; a baseline-like worker
     # without the counter contributes nothing
-    _add_stats_diff(mr, stats, {"text": {"model_s": 26.0, "batch_sizes": {"8": 9}}}, 20.0)
-    _add_stats_diff(mr, {"text": {"model_s": 26.0}}, {"text": {"model_s": 35.0}}, 10.0)
-    _add_stats_diff(mr, {}, {"image": {"batch_sizes": {"1": 3}}}, 10.0)
+    add_stats_diff(mr, stats, {"text": {"model_s": 26.0, "batch_sizes": {"8": 9}}}, 20.0)
+    add_stats_diff(mr, {"text": {"model_s": 26.0}}, {"text": {"model_s": 35.0}}, 10.0)
+    add_stats_diff(mr, {}, {"image": {"batch_sizes": {"1": 3}}}, 10.0)
     assert mr.model_busy == {"text": [0.8, 0.9]}
     assert mr.batches["text"] == {8: 4}
 

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from shared.errors import InvalidInput, PayloadTooLarge
 from workers.models.base import ModelAdapter, Prepared, option
+from workers.models.precision import DEFAULT_SMOOTH_ALPHA, apply_precision, parse_precision
 
 log = logging.getLogger(__name__)
 
+# BERT's FFN output projections (``encoder.layer.N.output.dense``) take the post-GELU
+# activations, whose outlier channels per-tensor int8 cannot hold even after smoothing.
+INT8_KEEP_FP32 = r"encoder\.layer\.\d+\.output\.dense"
+CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 _WARMUP_SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank today."
 
 
@@ -43,6 +49,14 @@ class TextAdapter(ModelAdapter):
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.model = AutoModel.from_pretrained(path, local_files_only=True)
         self.model.eval().requires_grad_(False).to(self.runtime.device)
+        self.precision = parse_precision(
+            getattr(self.cfg, "precision", "fp32"), self.runtime.device
+        )
+        if self.precision != "fp32":
+            calibration = self._calibration() if self.precision == "int8" else None
+            alpha = option(self.cfg, "int8_alpha", DEFAULT_SMOOTH_ALPHA, float)
+            keep = option(self.cfg, "int8_keep_fp32", INT8_KEEP_FP32, str)
+            self.model = apply_precision(self.model, self.precision, calibration, alpha, keep)
         self.max_length = int(getattr(self.cfg, "max_length", 256))
         self.dim = int(self.model.config.hidden_size)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
@@ -52,6 +66,18 @@ class TextAdapter(ModelAdapter):
         self.traced = None
         if option(self.cfg, "torchscript", True, bool):
             self.traced = self._trace()
+
+    def _calibration(self, batch_size: int = 32) -> list[Any]:
+        """Batches of the packaged calibration texts (``calibration/SOURCES.md``) as callables
+        that run the encoder on them: the int8 smoothing measures each layer's input range."""
+        lines = (CALIBRATION_DIR / "tinyshakespeare_256.txt").read_text(encoding="utf-8")
+        texts = [t for t in lines.splitlines() if t.strip()]
+        batches = []
+        for i in range(0, len(texts), batch_size):
+            enc = self.tokenizer(texts[i : i + batch_size], padding=True, return_tensors="pt")
+            enc = {k: v.to(self.runtime.device) for k, v in enc.items()}
+            batches.append(lambda model, enc=enc: model(**enc))
+        return batches
 
     def _trace(self) -> Any:
         """The encoder traced with TorchScript, or ``None`` if the trace does not reproduce
@@ -66,8 +92,8 @@ class TextAdapter(ModelAdapter):
         yield points) do not run inside it: the lanes then share the cores without the GIL.
         """
 
-        def encode(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        encoder = _Encoder(self.model)
+        encode = encoder.forward
 
         dev = self.runtime.device
         ids = torch.randint(1000, 2000, (2, 16), device=dev)
@@ -79,7 +105,8 @@ class TextAdapter(ModelAdapter):
         try:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # TracerWarnings about shapes; checked below
-                traced = torch.jit.trace(encode, (ids, mask), strict=False)
+                # A module, not a function: int8 layers' packed weights must be submodules.
+                traced = torch.jit.trace(encoder, (ids, mask), strict=False)
                 diff = (traced(check_ids, check_mask) - encode(check_ids, check_mask)).abs()
         except Exception:  # an architecture the tracer cannot follow: run eagerly
             log.warning("TorchScript trace of %s failed; running eagerly", self.path, exc_info=True)
@@ -171,7 +198,19 @@ class TextAdapter(ModelAdapter):
             "dim": self.dim,
             "weights": self.path,
             "torchscript": self.traced is not None,
+            "precision": self.precision,
         }
+
+
+class _Encoder(torch.nn.Module):
+    """The encoder's last hidden state, ``[batch, width, hidden]`` float, as one module."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
 def _packaged_path() -> str:

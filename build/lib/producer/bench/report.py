@@ -1,0 +1,398 @@
+"""The bench report: one JSON document, a table on stdout, files under ``reports/bench``.
+
+JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
+
+    workload, workload_spec, started_utc, finished_utc, duration_s, repetitions, machine
+    modes.{fleet,baseline,celery-batches,ray-serve}.{modality}: throughput_rps (median),
+        throughput_spread {min,median,max}, throughput_reps, drain_rps.{priority},
+        offered_rps, requests, ok, errors
+    modes.limit.{modality}: throughput_rps, throughput_spread, throughput_reps,
+        best_batch_size, sweep_rps, unsorted_rps
+    latency_ms.{fleet,baseline}.{modality}.{priority}: p50, p95, p99, max, n, spread
+    queue_wait_ms / compute_ms: the same shape (from Celery task events)
+    overhead_ms.{mode}.{modality}: median of (end-to-end - compute) per request
+    deadline_misses.{mode}.{modality}.{priority}: fraction of requests
+    errors.{mode}.{modality}.{code}: count (NO_RESULT: no result within the drain timeout)
+    outcomes.{mode}: every request sent, warmup included: sent, ok, errors {code: count}
+    batch_sizes.{mode}.{modality}: batches (by size, from fleet_stats), requests (by the
+        size of the batch each ran in), model_busy (median over repetitions of the share of a
+        repetition's wall time, first send to last result, that the worker's inference
+        threads spent running batches; fleet only), model_busy_reps
+    ratios.{modality}: fleet_over_baseline, fleet_over_limit (of median throughputs), and
+        fleet_over_celery-batches, fleet_over_ray-serve when those peers ran (bench/peers/)
+    cold_start.{mode}.{modality}: ready_s, first_ms, warm_idle_ms, idle_overhead_ms,
+        steady_p50_ms, worker_warmup_s
+    generator.{mode}.{phase}: send lag p50/p99/max, behind
+    warnings: what makes numbers of this run doubtful, in words
+
+The ``transport`` workload has a runner of its own (``producer/bench/transport.py``, no
+modes) and writes, besides workload/machine/method/warnings::
+
+    transport.{1MB,16MB,128MB}: shm_ms, shm_fresh_ms, inline_ms (medians), memcpy_ms
+        (best), shm_over_memcpy, shm_fresh_over_memcpy, inline_over_shm, message_bytes_shm,
+        message_bytes_inline (raw Redis entries), put_ms, probe_read_ms, shm_rest_ms,
+        spread_ms, samples_ms, redis_memory (used_memory around each series), errors
+    redis: version, proto_max_bulk_len, client_query_buffer_limit, appendonly, used_memory
+    done_when: the issue's criteria at the largest size; shm_files_before/after
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from producer.bench.peers import PEER_MODES
+from producer.bench.records import NO_RESULT
+from producer.bench.runner import BenchResult, ModeResult, summarize_mode
+from producer.bench.stats import spread
+
+SCHEMA_VERSION = 1
+NOISY_SPREAD = 0.10  # (max - min) / median of throughput above this: say it is noisy
+_PACKAGES = ("torch", "transformers", "celery", "kombu", "redis", "pydantic", "numpy")
+
+
+def machine_info(res: BenchResult) -> dict[str, Any]:
+    """Cores, CPU, memory, device and torch threads per modality, versions, load."""
+    versions = {"python": platform.python_version()}
+    for pkg in _PACKAGES:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    versions["redis_server"] = res.redis_version or None
+    workers: dict[str, Any] = {}
+    for m, facts in res.settings_facts.items():
+        runtime = next(
+            (mr.workers.get(m, {}).get("runtime") for mr in res.modes.values()
+             if mr.workers.get(m, {}).get("runtime")),
+            None,
+        )  # fmt: skip
+        model = next(
+            (mr.workers[m].get("model") for mr in res.modes.values()
+             if mr.workers.get(m, {}).get("model")),
+            None,
+        )  # fmt: skip
+        workers[m] = {
+            **facts,
+            "device": (runtime or {}).get("device", facts["device"]),
+            "torch_threads": (runtime or {}).get("torch_threads", facts["torch_threads"]),
+            "model_facts": model,
+        }
+    return {
+        "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "memory_gb": _memory_gb(),
+        "platform": platform.platform(),
+        "workers": workers,
+        "torch_threads": {m: w["torch_threads"] for m, w in workers.items()},
+        "device": {m: w["device"] for m, w in workers.items()},
+        "versions": versions,
+        "load_avg_start": list(res.load_avg_start),
+        "load_avg_end": list(res.load_avg_end),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _offered_rps(mr: ModeResult, modality: str, w: Any) -> float | None:
+    """Measured requests of ``modality`` per second of their scheduled span (median).
+
+    ``None`` unless every phase that sends ``modality`` is ``poisson``: a burst's or a
+    closed loop's send rate says nothing about the load offered over time.
+    """
+    phases = [p for p in w.phases if any(w.sources[m.source].modality == modality
+                                         for m in p.mix)]  # fmt: skip
+    if not phases or any(p.arrival != "poisson" for p in phases):
+        return None
+    vals = []
+    for recs in mr.reps:
+        rs = [r for r in recs if r.measured and r.modality == modality]
+        if len(rs) < 2:
+            continue
+        span = (max(r.sched_ms for r in rs) - min(r.sched_ms for r in rs)) / 1000.0
+        if span > 0:
+            vals.append(len(rs) / span)
+    sp = spread(vals)
+    return None if sp is None else sp["median"]
+
+
+def build_report(res: BenchResult) -> dict[str, Any]:
+    """The whole JSON report of a run (see the module docstring)."""
+    w = res.workload
+    rep: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "workload": w.name,
+        "description": w.description,
+        "workload_spec": w.model_dump(mode="json"),
+        "started_utc": res.started_utc,
+        "finished_utc": res.finished_utc,
+        "duration_s": round(res.duration_s, 1),
+        "repetitions": res.repetitions,
+        "machine": machine_info(res),
+        "run_dir": res.run_dir,
+        "method": {
+            "latency_from": "scheduled send time (producer monotonic clock, one wall offset)",
+            "done_at": "worker's date_done of the stored result",
+            "percentiles": "per repetition, linear interpolation; median across repetitions",
+            "baseline_priority": "every baseline message at one Celery priority (FIFO)",
+            "limit": "same adapter in-process, inputs sorted by length, best batch size",
+        },
+    }
+    modes: dict[str, Any] = {}
+    for key in ("latency_ms", "latency_all_ms", "queue_wait_ms", "compute_ms", "overhead_ms",
+                "deadline_misses", "deadlines", "errors", "requests", "batch_sizes",
+                "cold_start", "generator", "outcomes"):  # fmt: skip
+        rep[key] = {}
+    for mode, mr in res.modes.items():
+        summary = summarize_mode(mr, w)
+        mods = summary["modalities"]
+        modes[mode] = {}
+        for m, s in mods.items():
+            modes[mode][m] = {
+                "throughput_rps": s["throughput_rps"],
+                "throughput_spread": s["throughput_spread"],
+                "throughput_reps": s["throughput_reps"],
+                "drain_rps": s["drain_rps"],
+                "offered_rps": _offered_rps(mr, m, w),
+                "requests": s["requests"],
+                "ok": s["ok"],
+                "errors": sum(s["errors"].values()),
+            }
+            rep["latency_ms"].setdefault(mode, {})[m] = s["latency_ms"]
+            rep["latency_all_ms"].setdefault(mode, {})[m] = s["latency_all_ms"]
+            rep["queue_wait_ms"].setdefault(mode, {})[m] = s["queue_wait_ms"]
+            rep["compute_ms"].setdefault(mode, {})[m] = s["compute_ms"]
+            rep["overhead_ms"].setdefault(mode, {})[m] = s["overhead_ms"]
+            rep["deadline_misses"].setdefault(mode, {})[m] = {
+                p: d["fraction"] for p, d in s["deadline"].items()
+            }
+            rep["deadlines"].setdefault(mode, {})[m] = s["deadline"]
+            rep["errors"].setdefault(mode, {})[m] = s["errors"]
+            rep["requests"].setdefault(mode, {})[m] = {
+                "measured": s["requests"],
+                "ok": s["ok"],
+                "errors": sum(s["errors"].values()),
+                "no_result": s["errors"].get(NO_RESULT, 0),
+                "events_seen": s["events_seen"],
+            }
+            batches = {str(k): v for k, v in sorted(mr.batches.get(m, {}).items()) if v}
+            if mode == "baseline":  # one task per message, by construction
+                batches = {"1": s["ok"]}
+                req_sizes = {"1": s["ok"]}
+            else:
+                req_sizes = s["request_batch_sizes"]
+            rep["batch_sizes"].setdefault(mode, {})[m] = {
+                "batches": batches,
+                "requests": req_sizes,
+                "triggers": dict(mr.triggers.get(m, {})),
+                "model_busy": _median_or_none(mr.model_busy.get(m)),
+                "model_busy_reps": mr.model_busy.get(m, []),
+            }
+            cold = dict(mr.cold.get(m, {}))
+            cold["steady_p50_ms"] = s["latency_all_ms"]["p50"]
+            runtime = mr.workers.get(m, {}).get("runtime") or {}
+            cold["worker_warmup_s"] = runtime.get("warmup_s")
+            rep["cold_start"].setdefault(mode, {})[m] = cold
+        rep["generator"][mode] = summary["lag"]
+        rep["outcomes"][mode] = _outcomes(mr)
+    if res.limit:
+        modes["limit"] = {}
+        for m, lim in res.limit.items():
+            sp = spread(lim["throughput_reps"])
+            modes["limit"][m] = {
+                "throughput_rps": None if sp is None else sp["median"],
+                "throughput_spread": sp,
+                **lim,
+            }
+    rep["modes"] = modes
+    rep["cdf_ms"] = {mode: _cdf_samples(mr) for mode, mr in res.modes.items()}
+    rep["ratios"] = _ratios(modes)
+    if "gateway" in res.modes:  # bench/gateway.py: the fleet through `fleet gateway`
+        gw = modes.get("gateway", {})
+        rep["gateway"] = {
+            "idle_overhead": res.modes["gateway"].gateway,
+            "throughput_over_direct": {
+                m: _ratio(gw[m]["throughput_rps"], modes.get("fleet", {}).get(m, {}).get(
+                    "throughput_rps"))
+                for m in gw
+            },
+        }  # fmt: skip
+    rep["noise"] = _noise(modes)
+    rep["warnings"] = _warnings(res, rep)
+    return rep
+
+
+def _outcomes(mr: ModeResult) -> dict[str, Any]:
+    """Every request of every repetition (warmup included): results and coded errors."""
+    recs = [r for reps in mr.reps for r in reps]
+    codes: dict[str, int] = {}
+    for r in recs:
+        if not r.ok:
+            key = r.code or "UNKNOWN"
+            codes[key] = codes.get(key, 0) + 1
+    return {"sent": len(recs), "ok": sum(bool(r.ok) for r in recs), "errors": codes}
+
+
+def _cdf_samples(mr: ModeResult, points: int = 1000) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per modality and priority, pooled over repetitions: the successful measured latencies
+    (sorted, thinned to ``points`` evenly spaced order statistics) and how many measured
+    requests there were, so a CDF drawn over all requests stops below 1 by the failures."""
+    groups: dict[str, dict[str, dict[str, Any]]] = {}
+    for recs in mr.reps:
+        for r in recs:
+            if not r.measured:
+                continue
+            g = groups.setdefault(r.modality, {}).setdefault(
+                r.priority, {"values": [], "requests": 0}
+            )
+            g["requests"] += 1
+            if r.ok and r.e2e_ms is not None:
+                g["values"].append(r.e2e_ms)
+    for prios in groups.values():
+        for g in prios.values():
+            xs = sorted(g["values"])
+            if len(xs) > points:
+                step = (len(xs) - 1) / (points - 1)
+                xs = [xs[round(i * step)] for i in range(points)]
+            g["ok"] = len(g["values"])
+            g["values"] = [round(x, 2) for x in xs]
+    return groups
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _ratios(modes: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    fleet = modes.get("fleet", {})
+    for m in fleet:
+        f = fleet[m]["throughput_rps"]
+        out[m] = {
+            "fleet_over_baseline": _ratio(f, modes.get("baseline", {}).get(m, {}).get(
+                "throughput_rps")),
+            "fleet_over_limit": _ratio(f, modes.get("limit", {}).get(m, {}).get(
+                "throughput_rps")),
+            **{f"fleet_over_{p}": _ratio(f, modes[p][m]["throughput_rps"])
+               for p in PEER_MODES if m in modes.get(p, {})},
+        }  # fmt: skip
+    return out
+
+
+def _noise(modes: dict[str, Any]) -> dict[str, Any]:
+    """Relative throughput spread, (max - min) / median, per mode and modality."""
+    out: dict[str, Any] = {}
+    for mode, mods in modes.items():
+        for m, s in mods.items():
+            sp = s.get("throughput_spread")
+            if sp and sp["median"]:
+                out.setdefault(mode, {})[m] = (sp["max"] - sp["min"]) / sp["median"]
+    return out
+
+
+def _warnings(res: BenchResult, rep: dict[str, Any]) -> list[str]:
+    out = list(res.notes)
+    cores = os.cpu_count() or 1
+    if res.load_avg_start and res.load_avg_start[0] > 0.5 * cores:
+        out.append(
+            f"the machine was busy before the run (load average {res.load_avg_start[0]:.2f} on "
+            f"{cores} cores): other processes competed with the bench"
+        )
+    if res.repetitions < 3:
+        out.append(f"only {res.repetitions} repetition(s): the spread says little")
+    for mode, phases in rep["generator"].items():
+        for name, ph in phases.items():
+            if ph["behind"]:
+                out.append(
+                    f"{mode}: the generator fell behind its schedule in phase {name!r} "
+                    f"(send lag p99 {ph['p99_ms']:.1f} ms, max {ph['max_ms']:.1f} ms); "
+                    "latencies still count from the scheduled times"
+                )
+    for mode, mods in rep["requests"].items():
+        for m, r in mods.items():
+            if r["no_result"]:
+                out.append(f"{mode}/{m}: {r['no_result']} request(s) got no result in time")
+            # Peers send no per-request task events: queue/compute are the fleet's only.
+            if r["ok"] and r["events_seen"] < 0.95 * r["ok"] and mode not in PEER_MODES:
+                out.append(
+                    f"{mode}/{m}: task events seen for {r['events_seen']}/{r['ok']} requests; "
+                    "queue wait and compute cover only those"
+                )
+    for mode, mr in res.modes.items():
+        if mr.leftovers:
+            out.append(f"{mode}: {mr.leftovers} message(s) were left queued after repetitions")
+    for mode, mods in rep["noise"].items():
+        for m, rel in mods.items():
+            if rel > NOISY_SPREAD:
+                out.append(f"{mode}/{m}: throughput varied {rel:.0%} across repetitions")
+    for mode, mods in rep["modes"].items():
+        for m, s in mods.items():
+            offered, got = s.get("offered_rps"), s.get("throughput_rps")
+            if offered and got and got >= 0.95 * offered and mode == "fleet":
+                out.append(
+                    f"fleet/{m}: throughput ({got:.1f}/s) is the offered load ({offered:.1f}/s): "
+                    "not saturated, so throughput ratios describe the load, not capacity"
+                )
+    if res.limit_error:
+        out.append(res.limit_error)
+    return out
+
+
+# -- files ------------------------------------------------------------------------------------
+def write_report(report: dict[str, Any], out_dir: Path, plot: bool = True) -> dict[str, str]:
+    """Write ``<workload>-<UTC stamp>.json`` and ``latest.json`` (and the plot, ``.png``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = report["started_utc"][:19].replace("-", "").replace(":", "") + "Z"
+    base = out_dir / f"{report['workload']}-{stamp}"
+    files = {"json": str(base.with_suffix(".json")), "latest": str(out_dir / "latest.json")}
+    if plot:
+        from producer.bench.plot import plot_report
+
+        try:
+            plot_report(report, base.with_suffix(".png"))
+            shutil.copyfile(base.with_suffix(".png"), out_dir / "latest.png")
+            files["plot"] = str(base.with_suffix(".png"))
+        except Exception as exc:  # a plot must never lose the numbers
+            report.setdefault("warnings", []).append(f"plot failed: {exc}")
+    report["files"] = files
+    text = json.dumps(report, indent=2, default=_json_default)
+    Path(files["json"]).write_text(text)
+    Path(files["latest"]).write_text(text)
+    return files
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, set | tuple):
+        return list(obj)
+    raise TypeError(f"not JSON-serializable: {type(obj).__name__}")
+
+
+# -- table ------------------------------------------------------------------------------------
+def _median_or_none(xs: list[float] | None) -> float | None:
+    return statistics.median(xs) if xs else None

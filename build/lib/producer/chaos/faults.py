@@ -1,0 +1,208 @@
+"""The harm a scenario does, to real processes and a real Redis (``configs/chaos.toml``).
+
+Each fault returns when its harm is over; it records the end of the fault and the
+processes it killed on purpose (a supervisor's restart of those is timed apart). Every
+wait is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from producer.chaos.load import Load
+from producer.chaos.scenarios import Scenario
+from producer.chaos.tally import Seen
+from producer.client import FleetClient
+from producer.stack import Stack
+from shared import keys
+
+
+@dataclass
+class Ctx:
+    """What a fault acts on and where it records what it did."""
+
+    stack: Stack
+    client: FleetClient
+    r: redis.Redis
+    load: Load
+    sc: Scenario
+    seen: Seen
+    targeted: set[str] = field(default_factory=set)  # processes the fault killed on purpose
+    restarts: list[threading.Thread] = field(default_factory=list)
+
+    def end(self) -> None:
+        self.seen.fault_end_s = time.monotonic()
+
+
+def parse_target(name: str) -> tuple[str, int]:
+    """``worker-text-1`` -> ``("text", 1)``; ``worker-video`` -> ``("video", 0)``."""
+    parts = name.removeprefix("worker-").split("-")
+    return parts[0], int(parts[1]) if len(parts) > 1 else 0
+
+
+def pid_of(st: Stack, name: str) -> int:
+    pid = st._read_pid(st.pids / f"{name}.pid")
+    if pid is None:
+        raise RuntimeError(f"{name} is not running")
+    return pid
+
+
+def restart_later(ctx: Ctx, name: str) -> None:
+    """Start ``name`` again in the background, as a supervisor would; timed."""
+
+    def run() -> None:
+        t0 = time.monotonic()
+        ctx.stack.stop(name, timeout_s=1)
+        modality, instance = parse_target(name)
+        ctx.stack.start_worker(modality, instance=instance)
+        ctx.seen.restart_s.append(time.monotonic() - t0)
+
+    t = threading.Thread(target=run, name=f"chaos-restart-{name}", daemon=True)
+    t.start()
+    ctx.restarts.append(t)
+
+
+def wait_holding(ctx: Ctx, queue: str, timeout_s: float = 20.0) -> bool:
+    """Wait until some worker holds a message of ``queue`` (its unacked entry exists)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for raw in ctx.r.hvals(keys.UNACKED_KEY):
+            if f'"routing_key": "{queue}"'.encode() in raw or f'"{queue}"]'.encode() in raw:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def sigkill(ctx: Ctx) -> None:
+    for i in range(ctx.sc.times):
+        if i:
+            for t in ctx.restarts:
+                t.join(120)
+            time.sleep(ctx.sc.interval_s)
+        os.killpg(pid_of(ctx.stack, ctx.sc.target), signal.SIGKILL)
+        ctx.targeted.add(ctx.sc.target)
+        ctx.end()
+        restart_later(ctx, ctx.sc.target)
+
+
+def sigstop(ctx: Ctx) -> None:
+    pid = pid_of(ctx.stack, ctx.sc.target)
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        time.sleep(ctx.sc.seconds)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    ctx.end()
+
+
+def sigterm(ctx: Ctx) -> None:
+    """A deploy while a long video runs: SIGTERM, wait for the graceful exit, restart."""
+    for _ in range(2):
+        ctx.load.video()
+    wait_holding(ctx, keys.queue_name(ctx.sc.modality))
+    time.sleep(0.5)
+    ctx.targeted.add(ctx.sc.target)
+    ctx.stack.stop(ctx.sc.target, timeout_s=60)
+    ctx.end()
+    restart_later(ctx, ctx.sc.target)
+
+
+def video_sigkill(ctx: Ctx) -> None:
+    """Kill the video worker while it holds videos whose inputs live in /dev/shm."""
+    for _ in range(2):
+        ctx.load.video()
+    wait_holding(ctx, keys.queue_name("video"))
+    time.sleep(0.5)
+    os.killpg(pid_of(ctx.stack, ctx.sc.target), signal.SIGKILL)
+    ctx.targeted.add(ctx.sc.target)
+    ctx.end()
+    restart_later(ctx, ctx.sc.target)
+
+
+def redis_restart(ctx: Ctx) -> None:
+    """SIGKILL redis-server and start it again from its AOF on the same port."""
+    os.kill(pid_of(ctx.stack, "redis"), signal.SIGKILL)
+    end = time.monotonic() + 10
+    while ctx.stack.alive("redis") and time.monotonic() < end:
+        time.sleep(0.02)
+    ctx.stack.start_redis()
+    ctx.end()
+
+
+def client_kill(ctx: Ctx) -> None:
+    """``CLIENT KILL`` every connection but this one (workers first among them)."""
+    me = ctx.r.client_id()
+    for c in ctx.r.client_list():
+        if int(c["id"]) != me:
+            with contextlib.suppress(redis.RedisError):
+                ctx.r.client_kill_filter(_id=c["id"])
+    ctx.end()
+
+
+def duplicates(ctx: Ctx) -> None:
+    """Publish a second message for ``count`` task ids already sent (finished or not)."""
+    end = time.monotonic() + 30
+    while time.monotonic() < end and len(ctx.load.order) < ctx.sc.count * 1.2:
+        time.sleep(0.1)
+    with ctx.load._lock:
+        ids = [i for i in ctx.load.order if ctx.load.handles[i].envelope.modality == "text"]
+    picked = ids[-ctx.sc.count :]
+    with ctx.client.app.producer_or_acquire() as producer:
+        for tid in picked:
+            env = ctx.load.handles[tid].envelope
+            ctx.client.publish(producer, env, tid, keys.queue_for("text", env.priority), 9)
+    ctx.end()
+
+
+MALFORMED_BODIES = ("not a list", [1, 2], {"args": 1}, [[], "kwargs-not-a-dict", {}], None)
+
+
+def malformed(ctx: Ctx) -> None:
+    """``count`` bodies that are not Celery's ``[args, kwargs, embed]``, with task ids."""
+    with ctx.client.app.producer_or_acquire() as producer:
+        for i in range(ctx.sc.count):
+            tid = str(uuid.uuid4())
+            producer.publish(
+                MALFORMED_BODIES[i % len(MALFORMED_BODIES)],
+                exchange="",
+                routing_key=keys.queue_name("text"),
+                headers={"id": tid, "task": keys.task_name("text"), "lang": "py"},
+                serializer="json",
+            )
+            ctx.seen.sent.append(tid)
+            time.sleep(0.05)
+    ctx.end()
+
+
+def results_refused(ctx: Ctx) -> None:
+    """The workers' result writes refused for ``seconds``: an ACL rule denies the scripts
+    (EVALSHA/EVAL) they store final results with, for the ACL user workers connect as."""
+    user = ctx.stack.s.redis_credentials("worker")[0] or "default"
+    ctx.r.execute_command("ACL", "SETUSER", user, "-evalsha", "-eval")
+    try:
+        time.sleep(ctx.sc.seconds)
+    finally:
+        ctx.r.execute_command("ACL", "SETUSER", user, "+evalsha", "+eval")
+    ctx.end()
+
+
+FAULTS: dict[str, Callable[[Ctx], None]] = {
+    "sigkill": sigkill,
+    "sigstop": sigstop,
+    "sigterm": sigterm,
+    "video_sigkill": video_sigkill,
+    "redis_restart": redis_restart,
+    "client_kill": client_kill,
+    "duplicates": duplicates,
+    "malformed": malformed,
+    "results_refused": results_refused,
+}

@@ -1,0 +1,5 @@
+"""``python -m producer.cli``: the ``fleet`` command."""
+
+from producer.cli import app
+
+app()

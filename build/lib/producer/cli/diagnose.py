@@ -1,0 +1,175 @@
+"""Why the stack or broker is not usable, in one or two lines with the fix (exit 3).
+
+:func:`broker_problem` connects once (2 s timeouts) with the credentials a command would
+use and tells apart: no stack started in the run dir (no password file), nothing
+listening (connection refused), credentials refused (authentication), no answer (timeout).
+The wording is :func:`broker_message`'s, pure logic, unit-tested.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from producer.cli.base import CliProblem, ExitCode
+from shared.settings import MODALITIES, Settings
+
+NOT_STARTED = "not-started"
+REFUSED = "refused"
+AUTH = "auth"
+TIMEOUT = "timeout"
+OTHER = "other"
+
+
+def broker_message(
+    kind: str,
+    *,
+    address: str,
+    run_dir: str,
+    run_dir_from: str,
+    user: str | None = None,
+    explicit_password: bool = False,
+    redis_pid_alive: bool | None = None,
+    detail: str = "",
+) -> str:
+    """The message for a failure of ``kind`` (one of the module's constants)."""
+    where = f"{run_dir} ({run_dir_from})"
+    if kind == NOT_STARTED:
+        return (
+            f"no stack has been started in the run dir {where}: it holds no Redis password.\n"
+            "  start one with `make up` (or `fleet up`), or set FLEET_STACK__RUN_DIR to the run "
+            "dir of a running stack (FLEET_REDIS__PASSWORD for an external Redis)"
+        )
+    if kind == AUTH:
+        who = f"user {user!r}" if user else "the default user"
+        fix = (
+            "FLEET_REDIS__PASSWORD is set and does not match: fix it, or unset it to use "
+            f"the stack's password files in {run_dir}"
+            if explicit_password
+            else f"the password files in {where} are not this Redis's: `fleet down` and "
+            "`fleet up` again, or point FLEET_STACK__RUN_DIR at the stack's own run dir"
+        )
+        return (
+            f"Redis at {address} refused the credentials of {who} (authentication failed).\n  {fix}"
+        )
+    if kind == REFUSED:
+        if redis_pid_alive is False:
+            state = f"the stack's Redis in {where} is not running (see its logs/redis.log)"
+        else:
+            state = f"no stack is up there (run dir {where})"
+        return (
+            f"cannot reach Redis at {address}: connection refused; {state}.\n"
+            "  start it with `make up` (or `fleet up`); if it runs elsewhere, set "
+            "FLEET_REDIS__HOST / FLEET_REDIS__PORT"
+        )
+    if kind == TIMEOUT:
+        return (
+            f"Redis at {address} did not answer within 2 s ({detail}).\n"
+            "  is it stopped (SIGSTOP) or overloaded? `fleet status` shows the stack's processes"
+        )
+    return f"Redis at {address} is not usable: {detail}\n  `fleet status` shows the stack"
+
+
+def classify(exc: BaseException) -> str:
+    """The kind of a Redis connection failure (redis-py and kombu exceptions)."""
+    import redis
+
+    text = str(exc)
+    if isinstance(exc, redis.AuthenticationError) or any(
+        w in text for w in ("WRONGPASS", "NOAUTH", "invalid username-password", "AUTH")
+    ):
+        return AUTH
+    if isinstance(exc, redis.TimeoutError | TimeoutError) or "timed out" in text.lower():
+        return TIMEOUT
+    if isinstance(exc, ConnectionRefusedError) or "refused" in text.lower():
+        return REFUSED
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and cause is not exc:
+        kind = classify(cause)
+        if kind != OTHER:
+            return kind
+    return OTHER
+
+
+def broker_problem(settings: Settings, role: str = "producer") -> str | None:
+    """Connect once as ``role`` and PING; ``None`` when Redis answers, else the message."""
+    import redis
+
+    from producer.stack import Stack
+
+    facts: dict[str, Any] = {
+        "address": f"{settings.redis.host}:{settings.redis.port}",
+        "run_dir": str(settings.run_dir),
+        "run_dir_from": settings.run_dir_source,
+        "explicit_password": bool(settings.redis.password),
+    }
+    try:
+        user, password = settings.redis_credentials(role)
+    except FileNotFoundError:
+        return broker_message(NOT_STARTED, **facts)
+    client = redis.Redis(
+        host=settings.redis.host,
+        port=settings.redis.port,
+        db=settings.redis.db,
+        username=user,
+        password=password,
+        socket_connect_timeout=2.0,
+        socket_timeout=2.0,
+    )
+    try:
+        client.ping()
+        return None
+    except Exception as exc:
+        kind = classify(exc)
+        stack = Stack(settings)
+        alive = stack.alive("redis") if (stack.pids / "redis.pid").exists() else None
+        return broker_message(
+            kind, user=user, redis_pid_alive=alive, detail=f"{type(exc).__name__}: {exc}", **facts
+        )
+    finally:
+        client.close()
+
+
+def require_broker(settings: Settings, role: str = "producer") -> None:
+    """Raises:
+    CliProblem: Redis is not usable with ``role``'s credentials (exit 3)."""
+    problem = broker_problem(settings, role)
+    if problem:
+        raise CliProblem(problem, ExitCode.STACK)
+
+
+def broker_lost(settings: Settings, exc: BaseException) -> CliProblem:
+    """A broker error in the middle of a command, diagnosed again (exit 3)."""
+    problem = broker_problem(settings) or (
+        f"lost the connection to Redis at {settings.redis.host}:{settings.redis.port} "
+        f"({type(exc).__name__}: {exc}); try again, or see `fleet status`"
+    )
+    return CliProblem(problem, ExitCode.STACK)
+
+
+def broker_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean the broker, not the request, failed."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return (OperationalError, RedisConnectionError, RedisTimeoutError, ConnectionError)
+
+
+def no_worker_message(modality: str, live: dict[str, list[str]], queued: bool) -> str:
+    """Nobody consumes ``modality``'s queue: say so, what is live, and how to start one."""
+    others = ", ".join(f"{m} ({len(n)})" for m, n in live.items() if n) or "none"
+    then = (
+        "queued anyway: it runs when a worker starts, unless its deadline passes first "
+        "(--priority bulk has none; or set --timeout-s)"
+        if queued
+        else "not sent (pass --queue-anyway to queue it for a worker started later)"
+    )
+    return (
+        f"no live worker consumes the '{modality}' queue (live workers: {others}); {then}.\n"
+        f"  start one: `fleet up --modalities {modality}` (or `fleet worker {modality}`)"
+    )
+
+
+def live_summary(client: Any) -> dict[str, list[str]]:
+    """Live worker node names per modality (one round trip each)."""
+    return {m: client.live_workers(m) for m in MODALITIES}

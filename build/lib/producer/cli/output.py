@@ -1,0 +1,29 @@
+"""How results print: JSON values, arrays and tensor references as shape summaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_WIRE_KEYS = (
+    frozenset({"kind", "id", "shape", "dtype", "nbytes", "owner", "created_at", "ttl_s"}),
+    frozenset({"kind", "dtype", "shape", "nbytes", "b64"}),
+)
+
+
+def is_tensor_wire(obj: Any) -> bool:
+    """A tensor wire object (a /dev/shm TensorRef or an inline tensor) of a result."""
+    return isinstance(obj, dict) and obj.get("kind") in ("shm", "inline") and set(obj) in _WIRE_KEYS
+
+
+def jsonable(obj: Any, full: bool) -> Any:
+    """``obj`` with numpy arrays as nested lists (``full``) or ``{"shape", "dtype"}``, and
+    unresolved tensor wire objects as ``{"shape", "dtype"}`` (their own fields)."""
+    if is_tensor_wire(obj) and not full:
+        return {"shape": list(obj["shape"]), "dtype": str(obj["dtype"])}
+    if isinstance(obj, dict):
+        return {k: jsonable(v, full) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [jsonable(v, full) for v in obj]
+    if hasattr(obj, "tolist") and hasattr(obj, "shape"):  # a numpy array
+        return obj.tolist() if full else {"shape": list(obj.shape), "dtype": str(obj.dtype)}
+    return obj

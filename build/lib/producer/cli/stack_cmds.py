@@ -1,0 +1,235 @@
+"""``fleet worker|up|down|status|flower|gateway|demo``: the processes of a stack."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from producer.cli.base import CliProblem, ExitCode, app, cli_settings, emit
+from shared.keys import realtime_queue_name
+from shared.settings import MODALITIES
+
+
+@app.command()
+def worker(
+    modality: Annotated[str, typer.Argument(help="text, image, video or xmodal")],
+    mode: Annotated[str, typer.Option(help="batch (the fleet) or baseline (plain Celery)")] = (
+        "batch"
+    ),
+    prefetch: Annotated[int, typer.Option(help="prefetch window; 0 = from config")] = 0,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    replica: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=15,
+            help="replica number on this host: node MODALITY-N@host and metrics port "
+            "port_base + 4*N + modality index (0: MODALITY@host)",
+        ),
+    ] = 0,
+    name: Annotated[
+        str, typer.Option(help="node name before @host (default: from --replica)")
+    ] = "",
+) -> None:
+    """Run one worker process for MODALITY in the foreground (a thin wrapper over
+    `celery worker -Q MODALITY`). A second worker of a modality on one host needs
+    --replica 1 (its own node name and metrics port)."""
+    from producer.stack import replica_metrics_base
+
+    if modality not in MODALITIES:
+        raise CliProblem(
+            f"unknown modality {modality!r}; expected one of {', '.join(MODALITIES)}",
+            ExitCode.REFUSED,
+        )
+    if mode not in ("batch", "baseline"):
+        raise CliProblem("--mode must be batch or baseline", ExitCode.REFUSED)
+    settings = cli_settings()
+    window = prefetch or (
+        1 if mode == "baseline" else settings.modality(modality).device.prefetch_multiplier
+    )
+    env = dict(os.environ, FLEET_WORKER_MODALITY=modality, FLEET_WORKER_MODE=mode)
+    if replica:
+        base = replica_metrics_base(settings.metrics.port_base, replica)
+        env["FLEET_METRICS__PORT_BASE"] = str(base)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # With a REALTIME lane the worker reads <modality>.realtime on a channel of its own
+    # (workers/realtime.py); otherwise both queues share the main prefetch window.
+    lane = mode == "batch" and settings.modality(modality).batching.realtime_lane
+    queues = modality if lane else f"{modality},{realtime_queue_name(modality)}"
+    node = name or (f"{modality}-{replica}" if replica else modality)
+    argv = [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        "-Q", queues, "-P", "solo", "-c", "1", "-n", f"{node}@%h",
+        f"--prefetch-multiplier={window}", "-E", "--without-mingle", "--without-gossip",
+        "-l", loglevel,
+    ]  # fmt: skip
+    os.execvpe(sys.executable, argv, env)
+
+
+@app.command()
+def up(
+    modalities: Annotated[str, typer.Option(help="comma-separated worker modalities")] = (
+        "text,image"
+    ),
+    replicas: Annotated[
+        str,
+        typer.Option(
+            help="workers per modality, e.g. text=2,image=1 (modalities named here are "
+            "started too); replica N is node MODALITY-N@host with its own log and metrics port"
+        ),
+    ] = "",
+    flower: Annotated[bool, typer.Option(help="start Flower")] = True,
+    gateway: Annotated[bool, typer.Option(help="start the HTTP gateway (fleet gateway)")] = True,
+) -> None:
+    """Start Redis, the workers, Flower and the HTTP gateway in the background; return when
+    all answer (exit 3 with the cause when one cannot start)."""
+    from producer.stack import PortInUse, Stack, StackError, parse_replicas
+
+    try:
+        counts = parse_replicas(replicas)
+    except ValueError as exc:
+        raise CliProblem(str(exc), ExitCode.REFUSED) from None
+    mods = [m.strip() for m in modalities.split(",") if m.strip()]
+    unknown = [m for m in mods if m not in MODALITIES]
+    if unknown:
+        raise CliProblem(
+            f"unknown modality {unknown[0]!r} in --modalities; expected {', '.join(MODALITIES)}",
+            ExitCode.REFUSED,
+        )
+    settings = cli_settings()
+    stack = Stack(settings)
+    try:
+        started = stack.up(mods, flower=flower, gateway=gateway, replicas=counts)
+    except PortInUse as exc:
+        raise CliProblem(f"fleet up: {exc}", ExitCode.STACK) from None
+    except StackError as exc:
+        log = f"\n  full log: {exc.log_path}" if exc.log_path else ""
+        raise CliProblem(f"fleet up failed: {exc.summary}{log}", ExitCode.STACK) from None
+    for p in started:
+        typer.echo(f"started {p.name} pid={p.pid}")
+    typer.echo(f"stack up; run dir {stack.dir} ({settings.run_dir_source}); logs in {stack.logs}")
+
+
+@app.command()
+def down() -> None:
+    """Stop every process `fleet up` started in the run dir (replicas too; Redis last)."""
+    from producer.stack import Stack
+
+    settings = cli_settings()
+    stopped = Stack(settings).down()
+    where = f"run dir {settings.run_dir} ({settings.run_dir_source})"
+    typer.echo(
+        f"stopped: {', '.join(stopped)} ({where})" if stopped else f"nothing was running ({where})"
+    )
+
+
+@app.command()
+def status() -> None:
+    """The stack's processes, Redis and live workers (replicas included) as JSON. Exit 0
+    when everything started is alive and Redis answers, 3 otherwise (the cause on stderr)."""
+    from producer.cli.diagnose import broker_problem
+    from producer.stack import Stack
+
+    settings = cli_settings()
+    stack = Stack(settings)
+    procs = stack.status()
+    redis_problem = broker_problem(settings, "operator")
+    live: dict[str, list[str]] = {}
+    if redis_problem is None:
+        from producer.client import FleetClient
+
+        client = FleetClient(settings, role="operator")
+        try:
+            live = {m: client.live_workers(m) for m in MODALITIES}
+        finally:
+            client.close()
+    emit(
+        {
+            "run_dir": str(settings.run_dir),
+            "run_dir_from": settings.run_dir_source,
+            "processes": procs,
+            "redis": "ok" if redis_problem is None else redis_problem.splitlines()[0],
+            "live_workers": {m: n for m, n in live.items() if n},
+        }
+    )
+    dead = [n for n, ok in procs.items() if not ok]
+    if dead:
+        logs = ", ".join(f"{stack.logs / n}.log" for n in dead)
+        raise CliProblem(f"down: {', '.join(dead)} (see {logs}); restart with `fleet up`")
+    if redis_problem is not None:
+        raise CliProblem(redis_problem)
+    if not procs and not any(live.values()):
+        raise CliProblem(
+            f"no stack started in {settings.run_dir} ({settings.run_dir_source}) and no live "
+            "worker on this Redis; start one with `make up` (or `fleet up`)"
+        )
+
+
+@app.command("flower")
+def flower_info() -> None:
+    """Print Flower's URL and credentials (of the running stack)."""
+    from producer.stack import Stack
+
+    settings = cli_settings()
+    stack = Stack(settings)
+    try:
+        password = settings.flower_password()
+    except FileNotFoundError:
+        raise CliProblem(
+            f"no Flower password in {settings.run_dir} ({settings.run_dir_source}): no stack "
+            "was started there; start one with `make up` (or `fleet up`)"
+        ) from None
+    if not stack.flower_ok():
+        typer.echo(f"warning: Flower does not answer at {stack.flower_url()}", err=True)
+    typer.echo(f"url:      {stack.flower_url()}")
+    typer.echo(f"user:     {settings.flower.user}")
+    typer.echo(f"password: {password}")
+
+
+@app.command("gateway")
+def gateway_cmd(
+    host: Annotated[str, typer.Option(help="bind address (default: [gateway] host)")] = "",
+    port: Annotated[int, typer.Option(help="port (default: [gateway] port)")] = 0,
+    workers: Annotated[int, typer.Option(help="gateway processes (uvicorn workers)")] = 1,
+    token: Annotated[bool, typer.Option("--token", help="print the bearer token and exit")] = (
+        False
+    ),
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info",
+) -> None:
+    """Serve the HTTP gateway (Open Inference Protocol v2 REST) in the foreground."""
+    from producer.stack import port_in_use
+
+    # Through the environment, so that uvicorn's worker processes load the same values.
+    if host:
+        os.environ["FLEET_GATEWAY__HOST"] = host
+    if port:
+        os.environ["FLEET_GATEWAY__PORT"] = str(port)
+    settings = cli_settings()
+    if token:
+        typer.echo(settings.gateway_token())
+        return
+    g = settings.gateway
+    if port_in_use(g.host, g.port):
+        raise CliProblem(
+            f"port {g.port} on {g.host} is already in use: choose another with --port or "
+            "FLEET_GATEWAY__PORT"
+        )
+    from producer.gateway.server import serve
+
+    serve(settings, workers=workers, log_level=loglevel.lower())
+
+
+@app.command()
+def demo() -> None:
+    """The main job on a stack of its own (free ports, its own run dir under .run/demo/):
+    real inputs at all priorities, bad inputs, a report; a stack you started is untouched."""
+    from producer.demo import main
+
+    raise typer.Exit(main())

@@ -1,0 +1,300 @@
+"""``fleet submit text|image|video|xmodal|raw``: one request, its result as JSON.
+
+Before anything is sent: the input checks a producer can make (empty or missing files,
+``[limits]`` sizes), Redis is usable (else exit 3 with the cause) and a live worker
+consumes the modality's queue (else, when waiting, ``NO_READY_WORKER`` and exit 3 unless
+``--queue-anyway``; without waiting a warning). Nothing is put in /dev/shm for a request
+that is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from producer.cli.base import WaitTimeout, cli_settings, emit, fail, submit_app
+from producer.cli.output import jsonable
+from shared.errors import FleetError, InvalidInput, NoReadyWorker, PayloadTooLarge
+from shared.settings import MODALITIES, Settings
+
+PriorityOpt = Annotated[str, typer.Option(help="realtime, high, normal or bulk")]
+TimeoutOpt = Annotated[float | None, typer.Option(help="deadline in seconds from now")]
+WaitOpt = Annotated[
+    float, typer.Option(help="seconds to wait for the result; 0 = print the id and return")
+]
+QueueAnywayOpt = Annotated[
+    bool,
+    typer.Option(
+        "--queue-anyway",
+        help="queue the request even when no live worker consumes the modality's queue",
+    ),
+]
+FullOpt = Annotated[
+    bool,
+    typer.Option(
+        "--full",
+        help="print tensor outputs (e.g. frame_embeddings) in full, not just their shapes "
+        "(embeddings sent as JSON lists, e.g. clip_embedding, always print in full)",
+    ),
+]
+
+
+# -- checks at the producer ------------------------------------------------------------------
+def check_file(path: Path, what: str = "file") -> None:
+    """A readable, non-empty regular file.
+
+    Raises:
+        InvalidInput: missing, a directory, or empty (0 bytes).
+    """
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file or does not exist"
+        raise InvalidInput(f"cannot read {what} {str(path)!r}: {kind}")
+    if path.stat().st_size == 0:
+        raise InvalidInput(f"{what} {str(path)!r} is empty (0 bytes): nothing to embed")
+
+
+def check_inline_file(path: Path, settings: Settings, what: str) -> None:
+    """``check_file``, and its base64 must fit ``[limits] max_inline_bytes``.
+
+    Raises:
+        InvalidInput, PayloadTooLarge.
+    """
+    check_file(path, what)
+    size = path.stat().st_size
+    encoded = 4 * ((size + 2) // 3)
+    limit = settings.limits.max_inline_bytes
+    if encoded > limit:
+        raise PayloadTooLarge(
+            f"{what} {str(path)!r} is {size} bytes ({encoded} as base64); inline inputs are "
+            f"limited to {limit} bytes ([limits] max_inline_bytes)"
+        )
+
+
+def check_text(text: str, settings: Settings, what: str = "text") -> None:
+    """Not blank and at most ``[limits] max_text_chars`` characters (the worker's limits).
+
+    Raises:
+        InvalidInput, PayloadTooLarge.
+    """
+    if not text.strip():
+        raise InvalidInput(f"{what} is empty or only whitespace")
+    limit = settings.limits.max_text_chars
+    if len(text) > limit:
+        raise PayloadTooLarge(
+            f"{what} has {len(text)} characters; the limit is {limit} ([limits] max_text_chars)"
+        )
+
+
+# -- submitting ------------------------------------------------------------------------------
+def run_submit(
+    modality: str,
+    make_inputs: Callable[[Any], dict[str, Any]],
+    *,
+    priority: str,
+    timeout_s: float | None,
+    wait_s: float,
+    full: bool = True,
+    queue_anyway: bool = False,
+    precheck: Callable[[Settings], None] | None = None,
+) -> None:
+    """Check, submit, wait, resolve tensor outputs and print the outcome as JSON.
+
+    Arrays print as ``{"shape", "dtype"}`` summaries, or as nested lists with ``full``.
+    Input segments this command put in /dev/shm are released once the outcome is in (or
+    left to their TTL when not waiting).
+
+    Raises:
+        typer.Exit: with the exit code of the outcome (see ``producer.cli.base``).
+        CliProblem: the stack is not usable (exit 3).
+    """
+    from producer.cli.diagnose import (
+        broker_errors,
+        broker_lost,
+        live_summary,
+        no_worker_message,
+        require_broker,
+    )
+    from producer.client import FleetClient, ResultHandle
+
+    settings = cli_settings()
+    handle: ResultHandle | None = None
+    client: FleetClient | None = None
+    try:
+        if precheck is not None:
+            precheck(settings)
+        require_broker(settings)
+        client = FleetClient(settings)
+        client.envelope(modality, {}, priority, timeout_s)  # modality, priority, timeout
+        if modality in MODALITIES and not client.live_workers(modality):
+            waiting = wait_s > 0 and not queue_anyway
+            msg = no_worker_message(modality, live_summary(client), queued=not waiting)
+            if waiting:
+                fail(NoReadyWorker(msg.splitlines()[0]), hint=msg.splitlines()[1].strip())
+            typer.echo(f"warning: {msg}", err=True)
+        inputs = make_inputs(client)
+        try:
+            handle = client.submit(modality, inputs, priority=priority, timeout_s=timeout_s)
+        except BaseException:
+            client.release_inputs(inputs)
+            raise
+        if wait_s <= 0:
+            emit({"id": handle.id, "state": "PENDING"})
+            typer.echo(
+                f"queued; read the result with `fleet result {handle.id}` "
+                f"or follow it with `fleet watch {handle.id}`",
+                err=True,
+            )
+            return
+        try:
+            result = handle.get(timeout_s=wait_s)
+        except TimeoutError:
+            state = handle.state()
+            fail(
+                WaitTimeout(f"no final result within {wait_s:g} s; its state is {state}"),
+                handle.id,
+                hint=f"it may still run: `fleet result {handle.id}` or `fleet watch {handle.id}`",
+            )
+    except FleetError as exc:
+        fail(exc, handle.id if handle is not None else None)
+    except broker_errors() as exc:
+        raise broker_lost(settings, exc) from None
+    finally:
+        if client is not None:
+            client.close()  # a one-shot process: no released file kept for reuse
+    emit({"id": handle.id, "result": jsonable(result, full)})
+
+
+@submit_app.command("text")
+def submit_text(
+    text: Annotated[str, typer.Option(help="the text to embed")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 30.0,
+    queue_anyway: QueueAnywayOpt = False,
+) -> None:
+    """Embed a text with all-MiniLM-L6-v2 (384 floats, unit norm)."""
+    run_submit(
+        "text",
+        lambda _c: {"text": text},
+        priority=priority,
+        timeout_s=timeout_s,
+        wait_s=wait_s,
+        queue_anyway=queue_anyway,
+        precheck=lambda s: check_text(text, s),
+    )
+
+
+@submit_app.command("image")
+def submit_image(
+    file: Annotated[Path, typer.Option(help="an image file (JPEG, PNG, WebP, ...)")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 30.0,
+    queue_anyway: QueueAnywayOpt = False,
+) -> None:
+    """Embed an image with the configured vision model."""
+    from producer.client import image_inputs
+
+    run_submit(
+        "image",
+        lambda _c: image_inputs(file),
+        priority=priority,
+        timeout_s=timeout_s,
+        wait_s=wait_s,
+        queue_anyway=queue_anyway,
+        precheck=lambda s: check_inline_file(file, s, "image file"),
+    )
+
+
+@submit_app.command("video")
+def submit_video(
+    file: Annotated[Path, typer.Option(help="a video file (MP4/MOV, MKV/WebM, AVI, MPEG-TS)")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 120.0,
+    full: FullOpt = False,
+    queue_anyway: QueueAnywayOpt = False,
+) -> None:
+    """Embed a video's sampled frames: per-frame embeddings and a clip embedding.
+
+    Files up to 32 KiB travel inline (base64); larger ones through /dev/shm, the message
+    carrying a TensorRef (the client's fixed video threshold, which keeps a task message
+    under 64 KB; [transport] shm_threshold_bytes is the threshold for other tensors).
+    """
+    run_submit(
+        "video",
+        lambda c: c.video_inputs(file),
+        priority=priority,
+        timeout_s=timeout_s,
+        wait_s=wait_s,
+        full=full,
+        queue_anyway=queue_anyway,
+        precheck=lambda _s: check_file(file, "video file"),
+    )
+
+
+@submit_app.command("xmodal")
+def submit_xmodal(
+    image: Annotated[Path, typer.Option(help="an image file")],
+    text: Annotated[list[str], typer.Option(help="a text to score; repeat for several (1-16)")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 30.0,
+    full: FullOpt = False,
+    queue_anyway: QueueAnywayOpt = False,
+) -> None:
+    """Score an image against texts with the cross-modal dual encoder (CLIP-style).
+
+    With the default random projection weights the scores are not semantically meaningful.
+    """
+    from producer.client import xmodal_inputs
+
+    def precheck(s: Settings) -> None:
+        check_inline_file(image, s, "image file")
+        if not 1 <= len(text) <= 16:
+            raise InvalidInput(f"give 1 to 16 texts (--text), not {len(text)}")
+        for i, t in enumerate(text):
+            check_text(t, s, f"--text #{i + 1}")
+
+    run_submit(
+        "xmodal",
+        lambda _c: xmodal_inputs(image, text),
+        priority=priority,
+        timeout_s=timeout_s,
+        wait_s=wait_s,
+        full=full,
+        queue_anyway=queue_anyway,
+        precheck=precheck,
+    )
+
+
+@submit_app.command("raw")
+def submit_raw(
+    modality: Annotated[str, typer.Argument()],
+    inputs: Annotated[str, typer.Option(help="the inputs as a JSON object")],
+    priority: PriorityOpt = "normal",
+    timeout_s: TimeoutOpt = None,
+    wait_s: WaitOpt = 30.0,
+    queue_anyway: QueueAnywayOpt = False,
+) -> None:
+    """Submit any modality with inputs given as JSON (checked by the worker only)."""
+    try:
+        parsed = json.loads(inputs)
+    except json.JSONDecodeError as exc:
+        fail(InvalidInput(f"--inputs is not JSON: {exc}"))
+        return
+    run_submit(
+        modality,
+        lambda _c: parsed,
+        priority=priority,
+        timeout_s=timeout_s,
+        wait_s=wait_s,
+        queue_anyway=queue_anyway,
+    )
+
+
+__all__ = ["check_file", "check_text", "run_submit"]

@@ -1,0 +1,435 @@
+"""Jobs: one inference request of the gateway, from admission to its final result.
+
+A job is a fleet task whose id is the OIP request ``id``, the ``Idempotency-Key`` header, or
+a fresh UUID. Its document ``fleet:job:<id>`` (JSON: model, modality, priority, times, the
+/dev/shm segments of its input) is written with ``SET NX`` before the task is published, so
+a repeated POST with the same id finds it and never publishes again; every gateway process
+shares it through Redis (no other state). Its state is Celery's result document
+(``celery-task-meta-<id>``): absent = ``PENDING`` (queued), ``PROGRESS`` (a video's
+done/total frames), then one final ``SUCCESS`` / ``FAILURE`` / ``REVOKED``.
+
+A new job costs two round trips on the event loop's own ``redis.asyncio`` connections: the
+``SET NX`` of its document with the LLENs admission needs (one pipeline), then one ``LPUSH``
+of the message kombu would have sent (``producer.wire``). Blocking work (/dev/shm writes,
+``FleetClient.cancel``, large inputs' encoding) runs on a small thread pool, never on the
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from producer.client import FleetClient, _wires
+from producer.gateway.admission import (
+    RateMeter,
+    ahead_of,
+    deadline_refusal,
+    queue_full,
+    queue_of,
+)
+from producer.gateway.errors import BrokerUnavailable
+from producer.gateway.models import ModelSpec, fleet_inputs
+from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
+from producer.wire import task_payload
+from shared import keys
+from shared.errors import DeadlineUnreachable, NoReadyWorker, QueueFull
+from shared.priority import Priority
+from shared.schema import TaskEnvelope
+
+log = logging.getLogger("fleet.gateway")
+JOB_KEY_PREFIX = "fleet:job:"
+WAIT_GRACE_S = 0.25  # a result stored right at the deadline still makes the sync answer
+LARGE_INPUT_BYTES = 64 * 1024  # inputs this large are encoded off the event loop
+DEPTH_SAMPLE_S = 0.5
+
+
+def job_key(task_id: str) -> str:
+    return f"{JOB_KEY_PREFIX}{task_id}"
+
+
+@dataclass(slots=True)
+class Job:
+    """The job document (``fleet:job:<id>``)."""
+
+    id: str
+    model: str
+    modality: str
+    priority: str
+    created_ms: float
+    deadline_ms: float | None
+    input_refs: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Job | None:
+        try:
+            d = json.loads(raw)
+            return cls(**d)
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """A job and its state right now: ``meta`` is its result document (``None``: queued)."""
+
+    job: Job
+    meta: dict[str, Any] | None
+
+    @property
+    def state(self) -> str:
+        return "PENDING" if self.meta is None else str(self.meta.get("status", "PENDING"))
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        if self.meta is not None and self.meta.get("status") == "PROGRESS":
+            r = self.meta.get("result")
+            return r if isinstance(r, dict) else None
+        return None
+
+
+def error_of(meta: dict[str, Any]) -> tuple[str, str]:
+    """``(code, message)`` of a FAILURE / REVOKED result document."""
+    res = meta.get("result")
+    if isinstance(res, dict) and "exc_message" in res:
+        args = res.get("exc_message") or []
+        if not isinstance(args, list):
+            args = [args]
+        code = args[1] if len(args) > 1 and isinstance(args[1], str) else None
+        if code is None:
+            code = "REVOKED" if meta.get("status") == "REVOKED" else "FLEET_ERROR"
+        return code, str(args[0]) if args else str(res.get("exc_type", ""))
+    if meta.get("status") == "REVOKED":
+        return "REVOKED", "revoked before it ran"
+    return "FLEET_ERROR", f"task ended {meta.get('status')}"
+
+
+class JobService:
+    """Submits, watches and cancels jobs for one gateway process.
+
+    Args:
+        client: the producer API (publishing, shm, cancel, liveness).
+        redis: a ``redis.asyncio.Redis`` on the producer's credentials.
+        models: the served models.
+    """
+
+    def __init__(self, client: FleetClient, redis: Any, models: dict[str, ModelSpec]) -> None:
+        self.client = client
+        self.settings = client.settings
+        self.gw = client.settings.gateway
+        self.redis = redis
+        self.models = models
+        self.pool = ThreadPoolExecutor(self.gw.publish_threads, thread_name_prefix="gw-io")
+        self.waiter = ResultWaiter(redis, on_final=self._on_final)
+        self.meters: dict[str, RateMeter] = {}
+        self._meter_of: dict[str, str] = {}  # task id -> its queue, for jobs sent here
+        self._live: dict[str, tuple[float, list[str]]] = {}
+        self._inflight: dict[str, asyncio.Future[Any]] = {}
+        self.reply_to = str(client.app.thread_oid)  # as Celery's send_task sets it
+
+    async def start(self) -> None:
+        await self.waiter.start()
+        self._sampler = asyncio.create_task(self._sample_depths(), name="gateway-depth-sampler")
+
+    async def stop(self) -> None:
+        self._sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._sampler
+        await self.waiter.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _sample_depths(self) -> None:
+        """Every ``DEPTH_SAMPLE_S``, the depth of each modality whose queues this process
+        waited on within the admission window (the rate meters need to know whether their
+        queue stayed backlogged while completions came in)."""
+        while True:
+            await asyncio.sleep(DEPTH_SAMPLE_S)
+            now = time.monotonic()
+            active = {
+                q.split(".", 1)[0]
+                for q, m in self.meters.items()
+                if now - m.last_activity < self.gw.admission_window_s
+            }
+            for modality in active:
+                with contextlib.suppress(Exception):
+                    await self.depth(modality)
+
+    async def _io(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def _single_flight(self, key: str, make: Any) -> Any:
+        """One read of ``key`` at a time; concurrent callers share its answer."""
+        fut = self._inflight.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(make())
+            self._inflight[key] = fut
+            fut.add_done_callback(lambda _f: self._inflight.pop(key, None))
+        return await asyncio.shield(fut)
+
+    # -- readiness and queue depth --------------------------------------------------------
+    async def live_workers(self, modality: str) -> list[str]:
+        """Live worker nodes of ``modality`` (``FleetClient.live_workers``, cached
+        ``live_cache_s``).
+
+        Raises:
+            BrokerUnavailable: Redis could not be asked.
+        """
+        now = time.monotonic()
+        hit = self._live.get(modality)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+
+        async def read() -> list[str]:
+            # as FleetClient.live_workers reads it, on the loop's own connection
+            since = time.time() - self.settings.redis.lease_s
+            try:
+                raw = await self.redis.zrangebyscore(keys.live_key(modality), since, "+inf")
+            except Exception as exc:
+                raise BrokerUnavailable(f"cannot read worker liveness: {exc}") from None
+            nodes = sorted(n.decode() if isinstance(n, bytes) else str(n) for n in raw)
+            self._live[modality] = (time.monotonic() + self.gw.live_cache_s, nodes)
+            return nodes
+
+        return await self._single_flight(f"live:{modality}", read)
+
+    def _depth_commands(self, pipe: Any, modality: str) -> list[str]:
+        """Queue LLENs of every class of ``modality`` onto ``pipe``; returns the class names
+        in the order of their replies."""
+        names = [p.label for p in Priority]
+        for name in names:
+            prio = Priority.parse(name).celery_priority(self.settings)
+            pipe.llen(keys.priority_list_key(keys.queue_for(modality, name), prio))
+        return names
+
+    def _observe(self, modality: str, names: list[str], counts: list[Any]) -> dict[str, int]:
+        depth = dict(zip(names, (int(c) for c in counts), strict=True))
+        now = time.monotonic()
+        self.meter(queue_of(modality, "realtime")).observe_depth(now, depth["realtime"])
+        main = sum(v for k, v in depth.items() if k != "realtime")
+        self.meter(queue_of(modality, "normal")).observe_depth(now, main)
+        return depth
+
+    async def depth(self, modality: str) -> dict[str, int]:
+        """Requests waiting in Redis per class (one LLEN pipeline; concurrent callers share
+        it), as :meth:`FleetClient.queue_depth` counts them."""
+
+        async def read() -> dict[str, int]:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                names = self._depth_commands(pipe, modality)
+                counts = await pipe.execute()
+            return self._observe(modality, names, counts)
+
+        return await self._single_flight(f"depth:{modality}", read)
+
+    def meter(self, queue: str) -> RateMeter:
+        m = self.meters.get(queue)
+        if m is None:
+            m = self.meters[queue] = RateMeter(
+                self.gw.admission_window_s, self.gw.admission_min_samples
+            )
+        return m
+
+    def _on_final(self, task_id: str, _meta: dict[str, Any]) -> None:
+        queue = self._meter_of.pop(task_id, None)
+        if queue is not None:
+            self.meter(queue).observe_completion(time.monotonic())
+
+    async def _require_live(self, spec: ModelSpec) -> None:
+        """Raises NoReadyWorker when no live worker serves ``spec``'s modality."""
+        if not await self.live_workers(spec.modality):
+            raise NoReadyWorker(
+                f"no live {spec.modality} worker serves model {spec.name!r}",
+            )
+
+    def _admit(
+        self, spec: ModelSpec, priority: str, timeout_s: float | None, depth: dict[str, int]
+    ) -> None:
+        """Raises QueueFull or DeadlineUnreachable for the queue ``depth`` just read (see
+        ``admission``)."""
+        full = queue_full(
+            self.settings.modalities.get(spec.modality), depth, spec.modality, priority
+        )
+        if full:
+            raise QueueFull(full)
+        if not self.gw.admission:
+            return
+        ahead = ahead_of(priority, depth)
+        meter = self.meter(queue_of(spec.modality, priority))
+        now = time.monotonic()
+        if timeout_s is None:
+            timeout_s = Priority.parse(priority).default_timeout_s(self.settings)
+        refusal = deadline_refusal(ahead, meter.rate(now), timeout_s, self.gw.admission_safety)
+        if refusal is not None:
+            err = DeadlineUnreachable(refusal.message)
+            err.retry_after_s = refusal.retry_after_s  # type: ignore[attr-defined]
+            raise err
+
+    # -- submitting -----------------------------------------------------------------------
+    async def get_job(self, task_id: str) -> Job | None:
+        raw = await self.redis.get(job_key(task_id))
+        return None if raw is None else Job.from_json(raw)
+
+    async def submit(
+        self,
+        spec: ModelSpec,
+        tensors: list[Any],
+        priority: str,
+        timeout_s: float | None,
+        task_id: str | None,
+        body_bytes: int = 0,
+    ) -> tuple[Job, bool]:
+        """Admit and publish a request; returns ``(job, created)``. ``created`` is False when
+        ``task_id`` named an existing job: that job is returned and nothing is sent.
+
+        Raises:
+            FleetError: invalid input (400s), ``NoReadyWorker``, ``QueueFull``,
+                ``DeadlineUnreachable``, ``BrokerUnavailable``.
+        """
+        if body_bytes > LARGE_INPUT_BYTES:
+            inputs, video = await self._io(fleet_inputs, spec, tensors)
+        else:
+            inputs, video = fleet_inputs(spec, tensors)
+        if task_id is not None and video is not None:
+            # before the video is written to /dev/shm for nothing
+            existing = await self.get_job(task_id)
+            if existing is not None:
+                return existing, False
+        task_id = task_id or str(uuid.uuid4())
+        await self._require_live(spec)
+        if video is not None:
+            inputs = await self._io(self.client.video_inputs, video)
+        refs = list(_wires(inputs, "shm"))
+        try:
+            env: TaskEnvelope
+            if body_bytes > LARGE_INPUT_BYTES:
+                env = await self._io(
+                    self.client.envelope, spec.modality, inputs, priority, timeout_s
+                )
+            else:
+                env = self.client.envelope(spec.modality, inputs, priority, timeout_s)
+            env = env.model_copy(update={"model": spec.name})
+            job = Job(
+                task_id,
+                spec.name,
+                spec.modality,
+                env.priority,
+                env.submitted_ms,
+                env.deadline_ms,
+                refs,
+            )
+            created, depth = await self._claim(job)
+            if not created:  # another POST with this id made the job: that one is the job
+                await self._release(refs)
+                existing = await self.get_job(task_id)
+                if existing is None:
+                    raise BrokerUnavailable(f"job {task_id} vanished while being created")
+                return existing, False
+            try:
+                self._admit(spec, env.priority, timeout_s, depth)
+                await self._push(env, task_id)
+            except BaseException:
+                # Not sent: forget the job, so that a retry with this id is sent.
+                await self._forget(task_id)
+                raise
+        except BaseException:
+            await self._release(refs)
+            raise
+        self._meter_of[task_id] = queue_of(spec.modality, env.priority)
+        return job, True
+
+    async def _claim(self, job: Job) -> tuple[bool, dict[str, int]]:
+        """Create the job's document unless its id is taken (``SET NX``) and read its queue's
+        depth, in one round trip; returns ``(created, depth)``.
+
+        Raises:
+            BrokerUnavailable: Redis did not answer.
+        """
+        ttl = int(self.settings.redis.result_expires_s)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(job_key(job.id), job.to_json(), nx=True, ex=ttl)
+                names = self._depth_commands(pipe, job.modality)
+                created, *counts = await pipe.execute()
+        except Exception as exc:
+            raise BrokerUnavailable(f"cannot create the job: {exc}") from None
+        return bool(created), self._observe(job.modality, names, counts)
+
+    async def _push(self, env: TaskEnvelope, task_id: str) -> None:
+        """Enqueue the request: the bytes kombu would push (``producer.wire``), one LPUSH.
+
+        Raises:
+            BrokerUnavailable: Redis did not take it.
+        """
+        prio = Priority.parse(env.priority)
+        key, payload = task_payload(
+            self.client.app,
+            env,
+            task_id,
+            keys.queue_for(env.modality, env.priority),
+            prio.celery_priority(self.settings),
+            self.reply_to,
+        )
+        try:
+            await self.redis.lpush(key, payload)
+        except Exception as exc:
+            raise BrokerUnavailable(f"could not enqueue the request: {exc}") from None
+
+    async def _forget(self, task_id: str) -> None:
+        try:
+            await self.redis.set(job_key(task_id), "{}", xx=True, px=1)
+        except Exception:
+            log.warning("could not forget unsent job %s", task_id, exc_info=True)
+
+    async def _release(self, refs: list[dict[str, Any]]) -> None:
+        if refs:
+            try:
+                await self._io(self.client.release_inputs, {"refs": refs})
+            except Exception:
+                log.warning("could not release input segments", exc_info=True)
+
+    # -- watching -------------------------------------------------------------------------
+    async def snapshot(self, task_id: str) -> Snapshot | None:
+        """The job and its result document (one MGET); ``None``: no such job."""
+        raw_job, raw_meta = await self.redis.mget([job_key(task_id), keys.result_key(task_id)])
+        job = None if raw_job is None else Job.from_json(raw_job)
+        if job is None:
+            return None
+        return Snapshot(job, decode_meta(raw_meta))
+
+    async def wait(self, job: Job, timeout_s: float) -> dict[str, Any] | None:
+        """The final result document, or ``None`` after ``timeout_s``; releases the job's
+        input segments once it is final."""
+        meta = await self.waiter.wait(job.id, max(timeout_s, 0.0))
+        if meta is None:
+            self._meter_of.pop(job.id, None)
+        else:
+            await self._release(job.input_refs)
+        return meta
+
+    async def resolve(self, result: Any) -> Any:
+        """Tensor wire objects in a result (video frames, xmodal texts) as numpy arrays. Output
+        segments are not released: a repeated GET reads them again; their TTL reclaims them."""
+        if any(True for _ in _wires(result, "shm")) or any(True for _ in _wires(result, "inline")):
+            return await self._io(lambda: self.client.resolve(result, release=False))
+        return result
+
+    async def cancel(self, task_id: str) -> bool:
+        """``FleetClient.cancel`` off the loop: True if cancelled, False if already final."""
+        try:
+            return bool(await self._io(self.client.cancel, task_id))
+        except Exception as exc:
+            raise BrokerUnavailable(f"could not cancel: {exc}") from None

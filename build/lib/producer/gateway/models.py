@@ -1,0 +1,260 @@
+"""The models the gateway serves: OIP metadata, inputs -> fleet inputs, results -> outputs.
+
+A model is one configured ``[models.<name>]`` that a modality serves (``[modalities.<m>]
+model = "<name>"``); requests for it become that modality's tasks. One request is one task
+(batch dimension 1): the fleet batches across requests.
+
+============ ======================================== =========================================
+model of     inputs                                   outputs (all FP32)
+============ ======================================== =========================================
+text         ``text`` BYTES [1]: UTF-8 text           ``embedding`` [1, 384]
+image        ``image`` BYTES [1]: the encoded file    ``embedding`` [1, 512]
+             (or UINT8 [n]: the file's bytes)
+video        ``video`` BYTES [1] (or UINT8 [n])       ``clip_embedding`` [1, 512],
+                                                      ``frame_embeddings`` [frames, 512],
+                                                      ``timestamps_s`` [frames]
+xmodal       ``image`` BYTES [1] (or UINT8 [n]) and   ``scores``, ``logits``, ``probs`` [k],
+             ``texts`` BYTES [k], 1 <= k <= 16        ``image_embedding`` [1, 512],
+                                                      ``text_embeddings`` [k, 512]
+============ ======================================== =========================================
+
+Encoded media in a JSON request (``data``, strings) is base64 of the file; as binary data
+(``binary_data_size``) it is the raw file bytes. No adapter takes pre-decoded pixel tensors,
+so other numeric datatypes are refused (400). Scalar facts of a result (``tokens``,
+``truncated``, ``frames``, ``partial``, ...) travel in the response's ``parameters``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from producer.gateway.codec import InputTensor, OutputTensor
+from shared.errors import InvalidInput
+from shared.settings import Settings
+
+PLATFORM = "mmfleet_celery"
+VERSION = "1"  # one version per model; /versions/1/ is accepted, any other is unknown
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A served model: its name, the modality serving it, its OIP tensors."""
+
+    name: str
+    modality: str
+    kind: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.outputs]
+
+    def metadata(self) -> dict[str, Any]:
+        """OIP's model metadata response object."""
+        return {
+            "name": self.name,
+            "versions": [VERSION],
+            "platform": PLATFORM,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+
+
+TEXT_DIM = 384  # all-MiniLM-L6-v2's hidden size
+VISION_DIM = 512  # the ResNet-18 config's last stage (workers.models.image.resnet18_config)
+
+
+def model_specs(settings: Settings) -> dict[str, ModelSpec]:
+    """Every served model by name (a configured model no modality names is not served)."""
+    out: dict[str, ModelSpec] = {}
+    for modality, cfg in settings.modalities.items():
+        mcfg = settings.models.get(cfg.model)
+        if mcfg is None:
+            continue
+        out[cfg.model] = _spec(cfg.model, modality, mcfg.kind, mcfg.model_dump())
+    return out
+
+
+def _spec(name: str, modality: str, kind: str, cfg: dict[str, Any]) -> ModelSpec:
+    t = TensorSpec
+    if modality == "text":
+        ins = (t("text", "BYTES", (1,)),)
+        outs = (t("embedding", "FP32", (1, TEXT_DIM)),)
+    elif modality == "image":
+        ins = (t("image", "BYTES", (1,)),)
+        outs = (t("embedding", "FP32", (1, VISION_DIM)),)
+    elif modality == "video":
+        ins = (t("video", "BYTES", (1,)),)
+        outs = (
+            t("clip_embedding", "FP32", (1, VISION_DIM)),
+            t("frame_embeddings", "FP32", (-1, VISION_DIM)),
+            t("timestamps_s", "FP32", (-1,)),
+        )
+    else:  # xmodal
+        dim = int(cfg.get("projection_dim", VISION_DIM))
+        ins = (t("image", "BYTES", (1,)), t("texts", "BYTES", (-1,)))
+        outs = (
+            t("scores", "FP32", (-1,)),
+            t("logits", "FP32", (-1,)),
+            t("probs", "FP32", (-1,)),
+            t("image_embedding", "FP32", (1, dim)),
+            t("text_embeddings", "FP32", (-1, dim)),
+        )
+    return ModelSpec(name, modality, kind, ins, outs)
+
+
+# -- requests ------------------------------------------------------------------------------
+def _by_name(spec: ModelSpec, tensors: list[InputTensor]) -> dict[str, InputTensor]:
+    wanted = {i.name for i in spec.inputs}
+    got = {t.name: t for t in tensors}
+    unknown = sorted(set(got) - wanted)
+    missing = sorted(wanted - set(got))
+    if unknown or missing:
+        raise InvalidInput(
+            f"model {spec.name!r} takes inputs {sorted(wanted)}"
+            + (f"; unknown: {unknown}" if unknown else "")
+            + (f"; missing: {missing}" if missing else "")
+        )
+    return got
+
+
+def _media_bytes(t: InputTensor) -> bytes:
+    """The encoded file of an image/video input (BYTES [1] or UINT8 [n])."""
+    if t.datatype == "UINT8":
+        if len(t.shape) != 1:
+            raise InvalidInput(f"input {t.name!r}: a UINT8 file must have shape [n]")
+        data = np.ascontiguousarray(t.data).tobytes()
+    elif t.datatype == "BYTES":
+        if len(t.data) != 1:
+            raise InvalidInput(f"input {t.name!r} takes one element (one file per request)")
+        data = t.data[0]
+        if "binary_data_size" not in t.parameters:  # JSON: base64 text of the file
+            try:
+                data = base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidInput(
+                    f"input {t.name!r}: in JSON a file is base64 text (send raw bytes as "
+                    "binary data)"
+                ) from None
+    else:
+        raise InvalidInput(f"input {t.name!r} must be BYTES (or UINT8), not {t.datatype}")
+    if not data:
+        raise InvalidInput(f"input {t.name!r} is empty")
+    return data
+
+
+def _texts(t: InputTensor, one: bool) -> list[str]:
+    if t.datatype != "BYTES":
+        raise InvalidInput(f"input {t.name!r} must be BYTES (UTF-8 text), not {t.datatype}")
+    if one and len(t.data) != 1:
+        raise InvalidInput(f"input {t.name!r} takes one text per request, got {len(t.data)}")
+    try:
+        return [e.decode("utf-8") for e in t.data]
+    except UnicodeDecodeError:
+        raise InvalidInput(f"input {t.name!r} is not valid UTF-8") from None
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def fleet_inputs(
+    spec: ModelSpec, tensors: list[InputTensor]
+) -> tuple[dict[str, Any], bytes | None]:
+    """The fleet's inputs for a request, and the video file's bytes (``None`` unless video:
+    those go through :meth:`FleetClient.video_inputs`, /dev/shm above 32 KiB).
+
+    Raises:
+        InvalidInput: wrong input names, datatypes, element counts, encodings.
+    """
+    got = _by_name(spec, tensors)
+    if spec.modality == "text":
+        return {"text": _texts(got["text"], one=True)[0]}, None
+    if spec.modality == "image":
+        return {"image_b64": b64(_media_bytes(got["image"]))}, None
+    if spec.modality == "video":
+        return {}, _media_bytes(got["video"])
+    texts = _texts(got["texts"], one=False)
+    return {"image_b64": b64(_media_bytes(got["image"])), "texts": texts}, None
+
+
+# -- results -------------------------------------------------------------------------------
+_PARAM_KEYS: dict[str, tuple[str, ...]] = {
+    "text": ("tokens", "truncated", "dim"),
+    "image": ("dim",),
+    "video": (
+        "frames",
+        "partial",
+        "partial_reason",
+        "capped",
+        "duration_s",
+        "decoded_until_s",
+        "fps",
+        "sample_fps",
+        "width",
+        "height",
+        "codec",
+        "container",
+        "dim",
+    ),
+    "xmodal": ("texts", "logit_scale", "dim"),
+}
+
+
+def _f32(value: Any) -> np.ndarray:
+    return np.asarray(value, dtype=np.float32)
+
+
+def outputs_from_result(spec: ModelSpec, result: dict[str, Any]) -> list[OutputTensor]:
+    """The model's outputs from a worker's (resolved) result, in metadata order.
+
+    ``result``'s tensor wire objects must be resolved to arrays already
+    (:meth:`FleetClient.resolve`).
+
+    Raises:
+        KeyError / ValueError: the result does not have this model's shape (a fleet fault).
+    """
+    m = spec.modality
+    if m in ("text", "image"):
+        return [OutputTensor("embedding", _f32(result["embedding"]).reshape(1, -1))]
+    if m == "video":
+        frames = _f32(result["frame_embeddings"])
+        return [
+            OutputTensor("clip_embedding", _f32(result["clip_embedding"]).reshape(1, -1)),
+            OutputTensor("frame_embeddings", frames.reshape(len(frames), -1)),
+            OutputTensor("timestamps_s", _f32(result.get("timestamps_s") or []).reshape(-1)),
+        ]
+    texts = _f32(result["text_embeddings"])
+    return [
+        OutputTensor("scores", _f32(result["scores"]).reshape(-1)),
+        OutputTensor("logits", _f32(result["logits"]).reshape(-1)),
+        OutputTensor("probs", _f32(result["probs"]).reshape(-1)),
+        OutputTensor("image_embedding", _f32(result["image_embedding"]).reshape(1, -1)),
+        OutputTensor("text_embeddings", texts.reshape(len(texts), -1)),
+    ]
+
+
+def result_parameters(spec: ModelSpec, result: dict[str, Any]) -> dict[str, Any]:
+    """Scalar facts of a result as OIP parameters (bool, number or string; nulls left out)."""
+    out: dict[str, Any] = {}
+    for k in _PARAM_KEYS.get(spec.modality, ()):
+        v = result.get(k)
+        if isinstance(v, bool | int | float | str):
+            out[k] = v
+    return out

@@ -1,0 +1,69 @@
+"""The Celery app factory shared by producers and workers.
+
+Decisions (see DESIGN.md, Failure semantics):
+
+- JSON only, both ways (``accept_content`` and ``result_accept_content``):
+  a message in any other format (pickle included) is refused by the consumer, never run.
+- At-least-once: ``task_acks_late`` (ack after the result is stored),
+  ``task_reject_on_worker_lost``, and a Redis ``visibility_timeout`` above the longest task.
+- One queue per modality; priorities inside each through the Redis transport's
+  ``priority_steps`` (one list per step, 0 served first). REALTIME requests go to the
+  modality's ``.realtime`` queue, which workers read on a channel of its own.
+- Task events on (``worker_send_task_events``, ``task_send_sent_event``) so Flower sees
+  every request.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from shared import keys
+from shared.settings import MODALITIES, Settings
+
+
+def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
+    """Build a configured Celery app (no tasks registered; workers add theirs).
+
+    ``role``: the Redis ACL user the app connects as (``producer``, ``worker``, ``operator``;
+    see ``shared.acl``).
+
+    Raises:
+        FileNotFoundError: no Redis password is configured (see ``Settings.redis_credentials``).
+    """
+    url = settings.redis_url(role)
+    app = Celery(name, broker=url, backend=url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        event_serializer="json",
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        broker_transport_options={
+            "visibility_timeout": settings.redis.visibility_timeout_s,
+            "priority_steps": keys.PRIORITY_STEPS,
+            "queue_order_strategy": "priority",
+            # Messages of a crashed worker return once visibility_timeout has passed; scan
+            # for them every restore_scan_interval_s (kombu's default scans every 100 s).
+            "unacked_restore_interval": settings.redis.restore_scan_interval_s,
+            "unacked_restore_throttle": 1,
+        },
+        result_backend_transport_options={"retry_policy": {"timeout": 5.0}},
+        result_expires=settings.redis.result_expires_s,
+        result_extended=False,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_queues=[Queue(keys.queue_name(m)) for m in MODALITIES]
+        + [Queue(keys.realtime_queue_name(m)) for m in MODALITIES],
+        task_routes={keys.task_name(m): {"queue": keys.queue_name(m)} for m in MODALITIES},
+        task_default_queue=keys.queue_name("text"),
+        task_default_priority=settings.priorities["normal"].celery_priority,
+        task_inherit_parent_priority=True,
+        broker_connection_retry_on_startup=True,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        enable_utc=True,
+    )
+    return app

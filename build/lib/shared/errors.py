@@ -1,0 +1,183 @@
+"""The product's error hierarchy, each error with a stable string code.
+
+One root, :class:`FleetError`, with a branch per failure domain (input, transport, deadline,
+device, model, queue). The ``code`` is part of the public contract: it travels in the task
+result (``exc_message[1]`` of Celery's JSON exception encoding, and ``error.code`` in the
+client's result dict) and must never change once released. Adding codes is fine.
+
+Retry policy is decided by the class: only :class:`TransientError` subclasses are retried.
+Bad input is never retried.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class FleetError(Exception):
+    """Root of every error the fleet raises on purpose.
+
+    Args:
+        message: human-readable explanation, safe to show to a caller (never contains tensors
+            or secrets).
+        code: overrides the class's stable code; only used when an error is rebuilt from a
+            stored result whose class is unknown to this process.
+
+    The exception's ``args`` are ``(message, code)`` so that Celery's JSON exception encoding
+    (``exc_type``, ``exc_message``, ``exc_module``) carries the code to clients in any language.
+    """
+
+    code: ClassVar[str] = "FLEET_ERROR"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", code: str | None = None) -> None:
+        self.message = message
+        if code is not None and code != type(self).code:
+            self.code = code  # type: ignore[misc]  # instance override for rebuilt errors
+        super().__init__(message, self.code)
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as the JSON object a client sees: ``{"code", "message", "type"}``."""
+        return {"code": self.code, "message": self.message, "type": type(self).__name__}
+
+
+class InvalidInput(FleetError):
+    """The request itself is wrong (schema, empty text, undecodable bytes). Never retried."""
+
+    code = "INVALID_INPUT"
+
+
+class UnsupportedModality(InvalidInput):
+    code = "UNSUPPORTED_MODALITY"
+
+
+class InvalidPriority(InvalidInput):
+    code = "INVALID_PRIORITY"
+
+
+class PayloadTooLarge(InvalidInput):
+    """An input above a configured size limit (bytes, characters or pixels)."""
+
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class ImageDecodeError(InvalidInput):
+    code = "IMAGE_DECODE"
+
+
+class VideoDecodeError(InvalidInput):
+    code = "VIDEO_DECODE"
+
+
+class InvalidMessage(InvalidInput):
+    """The message itself is malformed (not Celery's ``[args, kwargs, embed]`` body, bad
+    headers): no request could be read from it. Acked; never retried."""
+
+    code = "INVALID_MESSAGE"
+
+
+class Revoked(FleetError):
+    """The request was revoked (``celery control revoke``, Flower) before it ran."""
+
+    code = "REVOKED"
+
+
+class EtaNotSupported(InvalidInput):
+    """An ETA or countdown: inference requests run as soon as possible or not at all."""
+
+    code = "ETA_NOT_SUPPORTED"
+
+
+class DeadlineExceeded(FleetError):
+    """The request's deadline passed before it could run; it was not run."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
+class QueueFull(FleetError):
+    """Backpressure: the modality/priority queue is at its configured maximum length."""
+
+    code = "QUEUE_FULL"
+
+
+class DeadlineUnreachable(FleetError):
+    """Refused up front: the queue ahead of the request, at the measured service rate, would
+    take longer to drain than the time left before its deadline (the HTTP gateway's admission
+    control; only decided when a rate was measured). Not sent, so nothing ran."""
+
+    code = "DEADLINE_UNREACHABLE"
+
+
+class NoReadyWorker(FleetError):
+    """Refused up front: no live worker serves the requested model right now."""
+
+    code = "NO_READY_WORKER"
+
+
+class TransportError(FleetError):
+    """Tensor transport (shared memory or inline bytes) failed."""
+
+    code = "TRANSPORT_ERROR"
+
+
+class ShmCapacityError(TransportError):
+    code = "SHM_CAPACITY"
+
+
+class TensorRefError(TransportError):
+    """A TensorRef is malformed, unknown or expired."""
+
+    code = "TENSOR_REF_INVALID"
+
+
+class TransientError(FleetError):
+    """A fault that may pass (a worker lost, a broker hiccup). Retried with backoff."""
+
+    code = "TRANSIENT"
+    retryable = True
+
+
+class WorkerLost(FleetError):
+    """A message was redelivered too often because its worker died on it (a poison message)."""
+
+    code = "WORKER_LOST"
+
+
+class ModelError(FleetError):
+    """The model raised while running a request that passed validation."""
+
+    code = "MODEL_ERROR"
+
+
+class CircuitOpen(ModelError):
+    code = "CIRCUIT_OPEN"
+
+
+class DeviceError(FleetError):
+    code = "DEVICE_ERROR"
+
+
+class DeviceOOM(DeviceError):
+    """A single request does not fit in the worker's memory partition."""
+
+    code = "DEVICE_OOM"
+
+
+def _all_subclasses(cls: type[FleetError]) -> list[type[FleetError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+ERROR_CLASSES: dict[str, type[FleetError]] = {c.code: c for c in _all_subclasses(FleetError)}
+"""Stable code -> class, for rebuilding errors read from a result backend."""
+
+
+def error_from_code(code: str, message: str) -> FleetError:
+    """Rebuild an error from its stable code; unknown codes give a plain :class:`FleetError`."""
+    cls = ERROR_CLASSES.get(code, FleetError)
+    return cls(message, code=code)

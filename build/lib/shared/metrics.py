@@ -1,0 +1,80 @@
+"""Prometheus metric definitions of the fleet (one module: names, labels and buckets).
+
+Each worker serves them on ``127.0.0.1:<metrics.port_base + modality index>`` (text +0,
+image +1, video +2, xmodal +3; ``port_base = 0`` turns the endpoint off). Latencies are in
+seconds, as Prometheus expects. Flower serves Celery's own task metrics at its ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from shared.settings import MODALITIES, Settings
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
+
+
+class FleetMetrics:
+    """The metrics of one worker process, in a registry of its own."""
+
+    def __init__(self, modality: str) -> None:
+        self.modality = modality
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "fleet_requests", "Requests finished, by outcome (ok or an error code)",
+            ["modality", "priority", "outcome"], registry=r,
+        )  # fmt: skip
+        self.batch_size = Histogram(
+            "fleet_batch_size", "Requests per batch", ["modality"], buckets=_BATCH_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "fleet_queue_wait_seconds", "Prefetch window arrival to batch start",
+            ["modality", "priority"], buckets=_LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.inference = Histogram(
+            "fleet_inference_seconds", "Run time of one batch (preprocess + forward)",
+            ["modality"], buckets=_LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "fleet_e2e_latency_seconds", "Submit (producer clock) to result stored",
+            ["modality", "priority"], buckets=_LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.held = Gauge(
+            "fleet_prefetch_held", "Requests held in the prefetch window", ["modality"],
+            registry=r,
+        )  # fmt: skip
+        self.device_memory = Gauge(
+            "fleet_device_memory_bytes", "CUDA memory reserved by this worker (0 on CPU)",
+            ["modality"], registry=r,
+        )  # fmt: skip
+        self.circuit_open = Gauge(
+            "fleet_circuit_open", "1 while the model's circuit breaker is open", ["modality"],
+            registry=r,
+        )  # fmt: skip
+
+    def observe_batch(self, size: int, run_s: float) -> None:
+        self.batch_size.labels(self.modality).observe(size)
+        self.inference.labels(self.modality).observe(run_s)
+
+    def observe_request(
+        self, priority: str, outcome: str, queued_s: float | None, e2e_s: float | None
+    ) -> None:
+        self.requests.labels(self.modality, priority, outcome).inc()
+        if queued_s is not None:
+            self.queue_wait.labels(self.modality, priority).observe(queued_s)
+        if e2e_s is not None:
+            self.e2e.labels(self.modality, priority).observe(e2e_s)
+
+
+def metrics_port(settings: Settings, modality: str) -> int | None:
+    """The worker's metrics port, or ``None`` when metrics are off."""
+    base = settings.metrics.port_base
+    return base + MODALITIES.index(modality) if base else None
+
+
+def serve(metrics: FleetMetrics, host: str, port: int) -> None:
+    """Serve ``/metrics`` from a daemon thread (prometheus_client's own server)."""
+    start_http_server(port, addr=host, registry=metrics.registry)

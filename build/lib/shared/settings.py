@@ -1,0 +1,513 @@
+"""Typed fleet settings: ``configs/fleet.toml`` with ``FLEET_*`` environment overrides.
+
+Sources, highest first: keyword arguments to :func:`load_settings`, environment variables
+(``FLEET_REDIS__PORT=6400``; nested keys joined by ``__``), the TOML file named by
+``FLEET_CONFIG`` (one file or several joined by ``:``, deep-merged in order; default
+``configs/fleet.toml`` under the current directory or the nearest directory above it that
+holds one, then the one shipped beside this package's source tree), then the defaults below.
+
+Model names in environment variables: a shell variable name cannot hold ``-``, so in a
+``FLEET_MODELS__<NAME>__<KEY>`` override ``_`` stands for ``-`` (and case does not matter):
+``FLEET_MODELS__RESNET18_RANDOM__CHECKPOINT=/weights/resnet`` sets ``checkpoint`` of
+``[models.resnet18-random]``. An override entry without ``kind`` must name a configured model.
+
+The run directory (``[stack] run_dir``, default ``.run``): an absolute path is used as is; a
+relative one given in ``FLEET_STACK__RUN_DIR`` is relative to the current directory; else
+it is relative to the project root (the nearest directory at or above the current one with
+``configs/fleet.toml`` and ``pyproject.toml``, else this package's own source tree when it is
+a writable checkout), else ``$XDG_STATE_HOME/mmfleet/run`` (``~/.local/state/mmfleet/run``).
+:attr:`Settings.run_dir_source` says which was used.
+
+Secrets (Redis and Flower passwords) are never in the TOML file: they come from the
+environment or from files under ``stack.run_dir`` that ``fleet up`` creates with mode 0600.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+MODALITIES: tuple[str, ...] = ("text", "image", "video", "xmodal")
+PRIORITY_NAMES: tuple[str, ...] = ("realtime", "high", "normal", "bulk")
+# A poison message is refused on its 4th delivery (workers.inflight.MAX_DELIVERIES + 1).
+DELIVERIES_COVERED = 4
+_REPO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.toml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RedisSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = 6390
+    db: int = 0
+    # Explicit credentials (an external Redis, compose, Kubernetes): every role of this
+    # process connects with them. Without a password, each process connects as the ACL user
+    # of its role (shared.acl) with the password `fleet up` generated for it under run_dir.
+    user: str | None = None
+    password: str | None = None
+    # Batching workers hold a lease on every message they hold (workers.lease): a dead
+    # worker's messages are back in their queue within lease_s, a live worker's never leave.
+    lease_s: float = Field(default=10.0, ge=1.0, le=3600.0)
+    # Batching workers wait for messages on push notifications (the server needs
+    # notify-keyspace-events Kl; `fleet up` sets it) and take each with an atomic script;
+    # false, or a server without them: kombu's BRPOP, which loses the message in flight
+    # when a worker is killed.
+    fetch_notify: bool = True
+    # The last resort for consumers without leases (baseline workers, plain Celery).
+    visibility_timeout_s: int = 3600
+    restore_scan_interval_s: float = 10.0  # how often a worker returns expired unacked messages
+    result_expires_s: int = 86400
+
+    @property
+    def lease_renew_s(self) -> float:
+        """How often a worker renews its leases (seconds)."""
+        return self.lease_s / 5.0
+
+    @property
+    def lease_scan_s(self) -> float:
+        """How often a batching worker returns lapsed leases' messages (seconds)."""
+        return min(self.restore_scan_interval_s, self.lease_s / 10.0)
+
+    @property
+    def lease_expiry_s(self) -> float:
+        """Age of a lease's last renewal after which its message is returned (seconds):
+        the lease less one renewal period and one scan, so a dead worker's messages are back
+        within ``lease_s`` of its death."""
+        return self.lease_s - self.lease_renew_s - self.lease_scan_s
+
+
+class StackSettings(_Section):
+    run_dir: Path = Path(".run")
+    ready_timeout_s: float = 180.0
+
+
+class FlowerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = 5555
+    user: str = "fleet"
+    password: str | None = None
+
+
+class GatewaySettings(_Section):
+    """The HTTP gateway (``fleet gateway``, ``producer.gateway``): OIP v2 REST over the fleet."""
+
+    host: str = "127.0.0.1"  # loopback by default
+    port: int = Field(default=8000, ge=0, le=65535)
+    token: str | None = None  # else <run_dir>/gateway.token (0600), created on first start
+    default_wait_s: float = Field(default=30.0, gt=0.0)  # sync infer without Prefer/deadline
+    max_wait_s: float = Field(default=300.0, gt=0.0)  # the longest Prefer: wait=N honoured
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)  # larger: 413
+    publish_threads: int = Field(default=4, ge=1)  # kombu publishes off the event loop
+    live_cache_s: float = Field(default=1.0, ge=0.0)  # live_workers answers kept this long
+    # Admission: refuse DEADLINE_UNREACHABLE only when even `admission_safety` times the
+    # measured service rate cannot drain the queue ahead before the deadline.
+    admission: bool = True
+    admission_window_s: float = Field(default=10.0, gt=0.0)
+    admission_min_samples: int = Field(default=32, ge=1)
+    admission_safety: float = Field(default=2.0, ge=1.0)
+    retry_after_s: int = Field(default=1, ge=1)  # Retry-After on 429 / 503
+    sse_interval_s: float = Field(default=0.25, gt=0.0)  # progress polling for /events
+
+
+class PriorityClass(_Section):
+    """A priority class: its Celery priority (0 runs first) and default timeout in seconds."""
+
+    celery_priority: int = Field(ge=0, le=9)
+    timeout_s: float = Field(ge=0.0)  # 0 means no deadline
+
+
+class Limits(_Section):
+    max_inline_bytes: int = 8 * 1024 * 1024
+    max_text_chars: int = 20_000
+    max_image_pixels: int = 40_000_000
+
+
+class BatchingConfig(_Section):
+    """Dynamic batching knobs (names as in Triton's ``dynamic_batching`` block)."""
+
+    max_batch_size: int = Field(default=8, ge=1)
+    preferred_batch_sizes: list[int] = Field(default_factory=lambda: [1])
+    max_queue_delay_ms: float = Field(default=2.0, ge=0.0)
+    length_buckets: list[int] = Field(default_factory=list)
+    max_batch_bytes: int = 256 * 1024 * 1024
+    max_high_waiting: int = 5
+    realtime_lane: bool = False  # a second inference thread serves REALTIME requests alone
+    realtime_prefetch: int = 16  # the REALTIME queue's own prefetch window (with the lane)
+    realtime_budget_ms: float = 25.0  # without the lane: batch time cap while REALTIME flows
+
+
+class DeviceConfig(_Section):
+    device: str = "cpu"
+    torch_threads: int = Field(default=1, ge=1)
+    interop_threads: int = Field(default=1, ge=1)
+    memory_fraction: float = Field(default=0.4, gt=0.0, le=1.0)
+    arena_mb: int = 64
+    prefetch_multiplier: int = Field(default=16, ge=1)
+    # Messages a batching worker takes from Redis per round trip, up to the window's free
+    # slots (workers.broker; 1 = kombu's one BRPOP per message).
+    fetch_limit: int = Field(default=64, ge=1)
+    # sys.setswitchinterval for the worker process (CPython's default is 5 ms). The event
+    # loop, the main and the REALTIME inference threads share the GIL; an inference thread
+    # coming back from a GIL-free torch op waits up to one interval for the GIL. Measured
+    # here (MiniLM, batches of 32, a Python thread busy 40 % of the time beside it): 96.6
+    # req/s at 5 ms, 103.6 at 0.5 ms, 104.5 alone.
+    gil_switch_interval_ms: float = Field(default=0.5, gt=0.0, le=100.0)
+    # With a REALTIME lane: the main lane's inference thread runs at this nice value, so a
+    # core it shares with the REALTIME lane or the event loop goes to them first. Measured
+    # here (priority-burst, TorchScript text encoder, 3 runs each): REALTIME p99 82 ms at
+    # +5 vs 122 ms at 0, BULK drain 120 vs 122 req/s. Raising nice needs no privilege.
+    main_lane_nice: int = Field(default=5, ge=0, le=19)
+
+
+class TransportSettings(_Section):
+    """Tensor transport through /dev/shm (see ``shared.transport``)."""
+
+    shm_root: Path | None = None  # None: /dev/shm/mmfleet-<uid>
+    capacity_bytes: int | None = Field(default=None, ge=0)  # None: capacity_fraction of /dev/shm
+    capacity_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    default_ttl_s: float = Field(default=600.0, gt=0.0)
+    shm_threshold_bytes: int = 65536  # tensors at least this large go through shm
+    shared_host: bool = True  # False: producers and workers on different hosts, inline only
+    min_shm_warn_bytes: int = 256 * 1024 * 1024
+    # Keep released files >= 1 MiB (this many bytes in all) and write later segments into
+    # them: no new tmpfs pages per tensor (see shared.transport.shm, "Recycling"); 0 off.
+    recycle_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    # Workers keep their mappings of files a recycling producer will rewrite (page tables
+    # ready for the next segment in the same file); 0 off. See shared.transport.mapcache.
+    reader_cache_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
+    # Every worker reclaims expired, orphaned and idle files this often (workers.janitor).
+    janitor_interval_s: float = Field(default=10.0, ge=0.0)
+
+
+class MetricsSettings(_Section):
+    host: str = "127.0.0.1"
+    port_base: int = 9101  # worker ports: base + modality index; 0 turns metrics off
+
+
+class EventSettings(_Section):
+    """Celery task events (Flower's view) sent by batching workers (``workers.events``)."""
+
+    # Buffered task events go out at most this often (one PUBLISH of a task.multi list),
+    # instead of once per event-loop turn: a message's arrival no longer costs a round trip.
+    flush_interval_ms: float = Field(default=25.0, ge=0.0, le=1000.0)
+    buffer_limit: int = Field(default=128, ge=1)  # flush at once when this many are waiting
+
+
+class DebugSettings(_Section):
+    fault_injection: bool = False  # honour "_inject" inputs (tests and drills only)
+
+
+class ModalityConfig(_Section):
+    model: str
+    max_retries: int = 3  # transient faults only; bad input is never retried
+    retry_backoff_s: float = 0.05  # doubles per attempt
+    max_queue_length: int = 10_000  # all priorities together; QUEUE_FULL beyond it
+    max_queue_length_by_priority: dict[str, int] = Field(default_factory=dict)
+    circuit_threshold: int = 5  # consecutive failed batches that open the breaker
+    circuit_cooldown_s: float = 10.0
+    # On SIGTERM: the running batch and what the window holds run for up to this long;
+    # the rest goes back to its queue at once (a deploy is not a crash).
+    soft_shutdown_timeout_s: float = Field(default=30.0, ge=0.0)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    device: DeviceConfig = Field(default_factory=DeviceConfig)
+
+
+class ModelConfig(BaseModel):
+    """One model entry; ``kind`` picks the adapter, other keys are the adapter's own."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: str
+
+
+class Settings(BaseSettings):
+    """All fleet settings. Build with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLEET_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    stack: StackSettings = Field(default_factory=StackSettings)
+    flower: FlowerSettings = Field(default_factory=FlowerSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    priorities: dict[str, PriorityClass] = Field(default_factory=dict)
+    limits: Limits = Field(default_factory=Limits)
+    transport: TransportSettings = Field(default_factory=TransportSettings)
+    events: EventSettings = Field(default_factory=EventSettings)
+    debug: DebugSettings = Field(default_factory=DebugSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _env_model_names(cls, v: Any) -> Any:
+        """Merge ``FLEET_MODELS__RESNET18_RANDOM__...`` into ``[models.resnet18-random]``."""
+        return merge_model_aliases(v) if isinstance(v, Mapping) else v
+
+    @field_validator("priorities")
+    @classmethod
+    def _all_classes(cls, v: dict[str, PriorityClass]) -> dict[str, PriorityClass]:
+        missing = set(PRIORITY_NAMES) - set(v)
+        if missing:
+            raise ValueError(f"priority classes missing from config: {sorted(missing)}")
+        return v
+
+    @model_validator(mode="after")
+    def _tensors_outlive_redeliveries(self) -> Settings:
+        """A request's /dev/shm input must stay valid while the request may still run: up to
+        ``DELIVERIES_COVERED`` deliveries, each returned up to ``lease_s`` after its worker
+        died (a crash-redelivered video would otherwise fail ``TENSOR_REF_INVALID``)."""
+        need = DELIVERIES_COVERED * self.redis.lease_s
+        if self.transport.default_ttl_s < need:
+            raise ValueError(
+                f"[transport] default_ttl_s = {self.transport.default_ttl_s:g} s is shorter than "
+                f"{DELIVERIES_COVERED} leases ([redis] lease_s = {self.redis.lease_s:g} s): a "
+                f"request redelivered after a crash would find its tensors gone; raise "
+                f"default_ttl_s to at least {need:g} or lower lease_s"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_paths(), deep_merge=True)
+        return (init_settings, env_settings, toml)
+
+    # -- derived values ---------------------------------------------------------------
+    @cached_property
+    def _located_run_dir(self) -> tuple[Path, str]:
+        return locate_run_dir(
+            self.stack.run_dir,
+            explicit="FLEET_STACK__RUN_DIR" in {k.upper() for k in os.environ},
+            cwd=Path.cwd(),
+            package_root=_REPO_CONFIG.parent.parent,
+            user_dir=user_run_dir(os.environ),
+        )
+
+    @property
+    def run_dir(self) -> Path:
+        """The stack's run directory, absolute (see the module docstring for how it is found)."""
+        return self._located_run_dir[0]
+
+    @property
+    def run_dir_source(self) -> str:
+        """Where :attr:`run_dir` came from, in words (for messages)."""
+        return self._located_run_dir[1]
+
+    def redis_password(self) -> str:
+        """The admin password: ``FLEET_REDIS__PASSWORD`` or ``<run_dir>/redis.password``.
+
+        Raises:
+            FileNotFoundError: neither is set (run ``fleet up`` first, or set the variable).
+        """
+        if self.redis.password:
+            return self.redis.password
+        return (self.run_dir / "redis.password").read_text().strip()
+
+    def redis_password_file(self, role: str) -> Path:
+        """Where ``fleet up`` keeps the password of ``role`` (``admin``: ``redis.password``)."""
+        return self.run_dir / ("redis.password" if role == "admin" else f"redis-{role}.password")
+
+    def redis_credentials(self, role: str) -> tuple[str | None, str]:
+        """``(user, password)`` for a process playing ``role`` (``producer``, ``worker``,
+        ``operator`` or ``admin``; see ``shared.acl``). ``FLEET_REDIS__PASSWORD`` (and
+        ``FLEET_REDIS__USER``) win for every role; else the role's file under ``run_dir``.
+
+        Raises:
+            FileNotFoundError: no password set and no file for the role (run ``fleet up``).
+        """
+        if self.redis.password:
+            return self.redis.user, self.redis.password
+        password = self.redis_password_file(role).read_text().strip()
+        return (None if role == "admin" else role), password
+
+    def gateway_token(self) -> str:
+        """The gateway's bearer token: ``FLEET_GATEWAY__TOKEN``, else ``<run_dir>/gateway.token``
+        (created with mode 0600 on first use, like the Redis password)."""
+        if self.gateway.token:
+            return self.gateway.token
+        return ensure_secret(self.run_dir / "gateway.token")
+
+    def flower_password(self) -> str:
+        if self.flower.password:
+            return self.flower.password
+        return (self.run_dir / "flower.password").read_text().strip()
+
+    def redis_url(self, role: str = "admin") -> str:
+        """A ``redis://`` URL with the credentials of ``role`` (see :meth:`redis_credentials`).
+
+        Raises:
+            FileNotFoundError: as :meth:`redis_credentials`.
+        """
+        user, password = self.redis_credentials(role)
+        auth = f"{quote(user or '', safe='')}:{quote(password, safe='')}"
+        return f"redis://{auth}@{self.redis.host}:{self.redis.port}/{self.redis.db}"
+
+    def modality(self, name: str) -> ModalityConfig:
+        """The config of one modality.
+
+        Raises:
+            KeyError: the modality is not configured.
+        """
+        return self.modalities[name]
+
+
+def _norm_model_name(name: str) -> str:
+    return name.replace("-", "_").lower()
+
+
+def merge_model_aliases(models: Mapping[str, Any]) -> dict[str, Any]:
+    """Fold override entries into the model they name, ``-`` and ``_`` being equivalent.
+
+    An entry with ``kind`` defines a model; an entry without one (what an environment
+    variable such as ``FLEET_MODELS__RESNET18_RANDOM__CHECKPOINT`` produces) overrides keys
+    of the defined model whose name matches it up to ``-``/``_`` and case; its values win.
+
+    Raises:
+        ValueError: an override matches no defined model, or two defined models have names
+            that differ only in ``-``/``_`` or case.
+    """
+    defined: dict[str, str] = {}
+    for name, entry in models.items():
+        if not isinstance(entry, Mapping) or "kind" in entry:
+            key = _norm_model_name(name)
+            if key in defined and defined[key] != name:
+                raise ValueError(
+                    f"models {defined[key]!r} and {name!r} differ only in '-'/'_' or case"
+                )
+            defined[key] = name
+    out: dict[str, Any] = {n: e for n, e in models.items() if _norm_model_name(n) in defined}
+    for name, entry in models.items():
+        target = defined.get(_norm_model_name(name))
+        if target is None:
+            known = ", ".join(sorted(defined.values())) or "none"
+            raise ValueError(
+                f"model override {name!r} names no configured model (configured: {known}); "
+                f"in FLEET_MODELS__<NAME>__<KEY>, write the name with '_' for '-'"
+            )
+        if target != name:
+            out[target] = _deep_merge(dict(out[target]), entry)
+            out.pop(name, None)
+    return out
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    for k, v in extra.items():
+        if isinstance(v, Mapping) and isinstance(base.get(k), Mapping):
+            base[k] = _deep_merge(dict(base[k]), v)
+        else:
+            base[k] = v
+    return base
+
+
+def project_root(cwd: Path, package_root: Path) -> Path | None:
+    """The project checkout to run from: the nearest directory at or above ``cwd`` holding
+    ``configs/fleet.toml`` and ``pyproject.toml``, else ``package_root`` (the source tree
+    this package was loaded from) when it is such a checkout and writable; else ``None``."""
+
+    def is_root(d: Path) -> bool:
+        return (d / "configs" / "fleet.toml").is_file() and (d / "pyproject.toml").is_file()
+
+    for d in (cwd, *cwd.parents):
+        if is_root(d):
+            return d
+    if is_root(package_root) and os.access(package_root, os.W_OK):
+        return package_root
+    return None
+
+
+def user_run_dir(env: Mapping[str, str]) -> Path:
+    """The per-user run directory: ``$XDG_STATE_HOME/mmfleet/run``, default
+    ``~/.local/state/mmfleet/run``."""
+    state = env.get("XDG_STATE_HOME") or str(
+        Path(env.get("HOME", "~")).expanduser() / ".local" / "state"
+    )
+    return Path(state) / "mmfleet" / "run"
+
+
+def locate_run_dir(
+    configured: Path, *, explicit: bool, cwd: Path, package_root: Path, user_dir: Path
+) -> tuple[Path, str]:
+    """Where the stack's run directory is, and why (for messages). No I/O but ``stat``.
+
+    Args:
+        configured: ``[stack] run_dir`` as configured (absolute or relative).
+        explicit: it was set with ``FLEET_STACK__RUN_DIR``: a relative path is relative to
+            ``cwd``, as any path on a command line.
+        cwd: the current directory; package_root: this package's source tree.
+        user_dir: the per-user fallback (:func:`user_run_dir`).
+
+    Returns:
+        ``(absolute path, source)``; the source names the setting, the project root or the
+        per-user location.
+    """
+    if explicit:
+        return (cwd / configured).resolve(), "set by FLEET_STACK__RUN_DIR"
+    if configured.is_absolute():
+        return configured, "set by [stack] run_dir in the config"
+    root = project_root(cwd, package_root)
+    if root is not None:
+        return (root / configured).resolve(), f"in the project root {root}"
+    return user_dir, "the per-user location (no project checkout found)"
+
+
+def config_paths() -> list[Path]:
+    """The TOML files in use, merged in order (later files override keys of earlier ones).
+
+    ``$FLEET_CONFIG`` is one path or several joined by ``:`` (e.g. the defaults plus an
+    overlay: ``configs/fleet.toml:configs/overlays/gpu.toml``); without it,
+    ``configs/fleet.toml`` of the current directory or the nearest one above it, else the
+    copy beside this package's source tree.
+
+    Raises:
+        FileNotFoundError: a file named in ``$FLEET_CONFIG`` does not exist.
+    """
+    env = os.environ.get("FLEET_CONFIG")
+    if env:
+        paths = [Path(p) for p in env.split(os.pathsep) if p]
+        for p in paths:
+            if not p.is_file():
+                raise FileNotFoundError(f"FLEET_CONFIG names {p}, which does not exist")
+        return paths
+    cwd = Path.cwd()
+    for d in (cwd, *cwd.parents):
+        if (d / "configs" / "fleet.toml").is_file():
+            return [d / "configs" / "fleet.toml"] if d != cwd else [Path("configs/fleet.toml")]
+    return [_REPO_CONFIG]
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Load settings from the TOML file and environment; ``overrides`` win over both."""
+    return Settings(**overrides)
+
+
+def ensure_secret(path: Path) -> str:
+    """Read a secret file, creating it (mode 0600, 32 url-safe chars) if it does not exist."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24))
+    return path.read_text().strip()

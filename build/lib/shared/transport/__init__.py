@@ -1,0 +1,80 @@
+"""Tensor transport: zero-copy shared-memory segments, with an inline fallback.
+
+- :class:`ShmStore` writes a tensor once as an Arrow IPC file under ``/dev/shm/mmfleet-<uid>``
+  and maps it in any process on the host without copying (:meth:`ShmStore.get`,
+  :meth:`ShmStore.get_torch`); messages carry a :class:`TensorRef` (``ref.to_dict()``).
+- :func:`encode_inline` / :func:`decode_inline` put the raw bytes in the message itself, for
+  hosts that share no /dev/shm, bounded by a size limit.
+
+Both wire forms are JSON objects told apart by ``"kind"``: ``"shm"`` or ``"inline"``.
+Importing this package never imports torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Literal
+
+from shared.transport.inline import decode_inline, encode_inline
+from shared.transport.ref import ALLOWED_DTYPES, TensorRef
+from shared.transport.shm import SegmentInfo, ShmStore, default_root
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
+
+
+def store_from_settings(
+    settings: Settings, role: Literal["producer", "worker"] = "producer"
+) -> ShmStore:
+    """A new :class:`ShmStore` configured from ``[transport]`` (root, byte budget, TTL,
+    recycling, reader cache).
+
+    Raises:
+        TransportError: the root cannot be used (see :class:`ShmStore`).
+    """
+    t = settings.transport
+    return ShmStore(
+        root=t.shm_root,
+        capacity_bytes=t.capacity_bytes,
+        default_ttl_s=t.default_ttl_s,
+        capacity_fraction=t.capacity_fraction,
+        role=role,
+        recycle_bytes=t.recycle_bytes,
+        # Workers read every input once per task from files producers rewrite; a producer
+        # reads each output once: a cache would only hold its descriptors.
+        reader_cache_bytes=t.reader_cache_bytes if role == "worker" else 0,
+    )
+
+
+_process_stores: dict[tuple[str, str], ShmStore] = {}
+_process_stores_lock = threading.Lock()
+
+
+def process_store(settings: Settings, role: Literal["producer", "worker"] = "worker") -> ShmStore:
+    """The one :class:`ShmStore` of this process for these ``[transport]`` settings and role.
+
+    A worker reads every input through it, so its reader cache (and a recycling store's kept
+    mappings) serve every task of the process, not just one call.
+
+    Raises:
+        TransportError: the root cannot be used (see :class:`ShmStore`).
+    """
+    key = (settings.transport.model_dump_json(), role)
+    with _process_stores_lock:
+        store = _process_stores.get(key)
+        if store is None:
+            store = _process_stores[key] = store_from_settings(settings, role)
+        return store
+
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "SegmentInfo",
+    "ShmStore",
+    "TensorRef",
+    "decode_inline",
+    "default_root",
+    "encode_inline",
+    "process_store",
+    "store_from_settings",
+]

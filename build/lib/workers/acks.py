@@ -1,0 +1,73 @@
+"""Acknowledge a batch's messages in one Redis round trip, whatever channel delivered them.
+
+kombu's Redis transport acks one message per round trip (``QoS.ack``: ZREM from the unacked
+index + HDEL from the unacked hash, in a pipeline of its own) on the channel that delivered
+it. :func:`ack_batch` sends the same ZREM + HDEL for every message in one pipeline on the
+lease keeper's own connection (``workers.lease``), so it works from any thread and after the
+delivering channel was closed by a connection loss; then it does the bookkeeping kombu and
+Celery do after an ack (the channel's QoS forgets the delivery tag and frees its prefetch
+slot, the message's state becomes ``ACK``, the request is marked acknowledged), so the
+outcome is exactly that of ``Request.acknowledge()`` for each.
+
+Anything it does not recognise (no lease keeper, another transport, a message acked
+already, a ``no_ack`` consumer) goes through ``Request.acknowledge()`` unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.transport.virtual import QoS as VirtualQoS
+
+from workers import lease
+from workers.lease import LeaseKeeper
+
+
+def ack_batch(requests: Iterable[Any], keeper: LeaseKeeper | None = None) -> int:
+    """Acknowledge Celery requests in one pipeline.
+
+    Args:
+        requests: ``celery.worker.request.Request`` objects whose results are stored.
+        keeper: the process's lease keeper (``workers.lease.current()`` if ``None``).
+
+    Returns:
+        How many were acked through the shared pipeline (the rest went one by one).
+
+    Raises:
+        redis.RedisError: the shared pipeline failed; none of its messages is acked (the
+            caller retries; their leases are still held, so they are not returned).
+    """
+    keeper = keeper if keeper is not None else lease.current()
+    items: list[tuple[Any, Any]] = []
+    single: list[Any] = []
+    for req in requests:
+        if req.acknowledged:
+            continue
+        msg = getattr(req, "message", None)
+        qos = getattr(getattr(msg, "channel", None), "qos", None)
+        if (
+            keeper is None
+            or not isinstance(qos, kombu_redis.QoS)
+            or msg.acknowledged
+            or _no_ack(msg)
+        ):
+            single.append(req)
+            continue
+        items.append((req, msg))
+    if items:
+        keeper.ack([msg.delivery_tag for _, msg in items])
+        for req, msg in items:
+            VirtualQoS.ack(msg.channel.qos, msg.delivery_tag)
+            msg._state = "ACK"
+            req.acknowledged = True
+    for req in single:
+        req.acknowledge()
+    return len(items)
+
+
+def _no_ack(msg: Any) -> bool:
+    consumers = getattr(msg.channel, "no_ack_consumers", None)
+    tag = (msg.delivery_info or {}).get("consumer_tag")
+    return bool(consumers) and tag in consumers

@@ -1,0 +1,164 @@
+"""The Celery app that fleet workers run: ``celery -A workers.app worker -Q text ...``.
+
+``fleet worker text`` is the supported way to start one (it sets the environment below and
+the right Celery options); the raw ``celery`` command works with the same environment.
+
+Environment:
+    FLEET_WORKER_MODALITY  the modality this process serves (required): text, image, ...
+    FLEET_WORKER_MODE      ``batch`` (default): the batching engine takes messages from the
+                           prefetch window; ``baseline``: plain Celery, one task per message,
+                           executed by the task body (the benchmark's baseline).
+
+The model is loaded and warmed in ``worker_init``, before the consumer starts, so a worker
+that answers a ping has its model ready. With the solo pool that process is the worker
+process itself: CUDA (if any) is initialised there and in no parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+from celery import signals
+from celery.worker.control import inspect_command
+
+from shared.celery_app import make_app
+from shared.errors import FleetError
+from shared.keys import task_name
+from shared.metrics import metrics_port, serve
+from shared.settings import MODALITIES, load_settings
+from workers import engine_registry
+from workers.janitor import ShmJanitor
+from workers.lease import lease_transport_options
+from workers.probe import PROBE_TASK, read_tensor
+from workers.realtime import realtime_consumer_step
+from workers.runtime import refuse_early_cuda, validate_partitions
+
+log = logging.getLogger("fleet.worker")
+
+settings = load_settings()
+app = make_app(settings, name="fleet-worker", role="worker")
+
+
+def _register(modality: str) -> None:
+    @app.task(name=task_name(modality), bind=True, throws=(FleetError,), acks_late=True)
+    def infer(self: Any, request: dict[str, Any]) -> dict[str, Any]:
+        """One request run on its own (baseline mode). Raises FleetError with its code."""
+        return engine_registry.current().run_one(request)
+
+
+for _m in MODALITIES:
+    _register(_m)
+
+
+@app.task(name=PROBE_TASK, throws=(FleetError,), acks_late=True)
+def transport_probe(tensor: dict[str, Any]) -> dict[str, Any]:
+    """Read one tensor sent through the transport (see ``workers.probe``)."""
+    return read_tensor(settings, tensor)
+
+
+@signals.worker_init.connect
+def _start_engine(sender: Any = None, **_: Any) -> None:
+    from workers.engine import Engine
+
+    modality = os.environ.get("FLEET_WORKER_MODALITY", "")
+    if modality not in MODALITIES:
+        raise SystemExit(f"FLEET_WORKER_MODALITY must be one of {MODALITIES}, not {modality!r}")
+    mode = os.environ.get("FLEET_WORKER_MODE", "batch")
+    refuse_early_cuda()
+    validate_partitions(settings)
+    try:
+        engine = Engine(modality, settings, app, threaded=(mode == "batch"))
+        engine.start()
+    except Exception as exc:
+        # Celery logs and swallows exceptions of signal handlers; a worker without its
+        # engine would still answer pings. SystemExit is not swallowed: refuse to start.
+        log.exception("engine failed to start")
+        raise SystemExit(f"fleet worker {modality}: engine failed to start: {exc}") from exc
+    engine_registry.install(engine)
+    if mode == "batch":
+        app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"
+        # The baseline stays plain Celery: kombu's own transport, one BRPOP per message.
+        app.conf.broker_transport = "workers.broker:Transport"
+        app.conf.broker_transport_options = {
+            **app.conf.broker_transport_options,
+            "fetch_limit": engine.cfg.device.fetch_limit,
+            "fetch_notify": settings.redis.fetch_notify,
+            **lease_transport_options(settings),
+        }
+        engine.start_leases()
+        if engine.cfg.batching.realtime_lane:
+            step = realtime_consumer_step(modality, engine.cfg.batching.realtime_prefetch)
+            app.steps["consumer"].add(step)
+    log.info("worker mode=%s modality=%s", mode, modality)
+
+
+@signals.worker_ready.connect
+def _log_ready(sender: Any = None, **_: Any) -> None:
+    # Celery's logging is configured by now (it is not yet in worker_init).
+    engine = engine_registry.current()
+    if engine.keeper is not None and sender is not None:
+        try:
+            engine.keeper.announce(engine.modality, sender.hostname)
+        except Exception as exc:  # Redis away: the next renewal announces it
+            log.warning("liveness not announced yet: %s", exc)
+    warning = _shm_warning()
+    if warning:
+        log.warning("%s", warning)
+    _start_janitor()
+    port = metrics_port(settings, engine.modality)
+    if port:
+        try:
+            serve(engine.metrics, settings.metrics.host, port)
+        except OSError as exc:  # e.g. another stack on this host holds the port
+            log.warning("metrics endpoint not started on port %d: %s", port, exc)
+            port = None
+    log.info(
+        "fleet worker ready modality=%s model=%s runtime=%s metrics=%s",
+        engine.modality,
+        engine.adapter.describe(),
+        engine.runtime.stats(),
+        f"http://{settings.metrics.host}:{port}/metrics" if port else "off",
+    )
+
+
+def _shm_warning() -> str | None:
+    """A warning when /dev/shm is smaller than the transport's budget (Docker: 64 MB)."""
+    try:
+        from shared.transport import process_store
+
+        return process_store(settings, role="worker").check_capacity(
+            settings.transport.min_shm_warn_bytes
+        )
+    except FleetError as exc:
+        return f"shared-memory transport unavailable: {exc}"
+
+
+_janitor: ShmJanitor | None = None
+
+
+def _start_janitor() -> None:
+    global _janitor
+    t = settings.transport
+    if t.shared_host and t.janitor_interval_s > 0 and _janitor is None:
+        _janitor = ShmJanitor(settings, t.janitor_interval_s)
+        _janitor.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_engine(**_: Any) -> None:
+    if _janitor is not None:
+        _janitor.stop()
+    with contextlib.suppress(RuntimeError):
+        engine_registry.current().stop()
+
+
+@inspect_command()
+def fleet_stats(state: Any) -> dict[str, Any]:
+    """``celery inspect fleet_stats``: the engine's counters, batch sizes and device facts."""
+    try:
+        return engine_registry.current().snapshot()
+    except RuntimeError as exc:
+        return {"error": str(exc)}

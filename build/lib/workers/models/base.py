@@ -1,0 +1,157 @@
+"""The model adapter interface every modality implements.
+
+A request goes through three calls, on two threads:
+
+1. ``prepare(inputs)`` on the worker's event-loop thread as soon as the message is in the
+   prefetch window. Cheap checks and the bucket key only (a text is tokenized here so the
+   batcher can bucket by token length). Raises :class:`shared.errors.InvalidInput` (or a
+   subclass) for bad input; the request then fails alone, at once.
+2. ``preprocess(prepared)`` on the inference thread, per request, just before its batch
+   runs (image decode, resize). A :class:`~shared.errors.FleetError` fails that request alone.
+3. ``run_batch(samples)`` on the inference thread, once per batch, under
+   ``torch.inference_mode()`` on the worker's device and stream. Returns one JSON-able dict
+   per sample, in order. An exception here is a batch fault; the engine bisects the batch to
+   find the request that causes it, so one poison input fails alone.
+
+Adapters never import Celery; the engine owns messages, acks and results.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.settings import ModelConfig, Settings
+    from workers.runtime import DeviceRuntime
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated request, ready to be bucketed.
+
+    Attributes:
+        bucket: batches only form inside one bucket (text: the token-length bucket, e.g.
+            ``"len32"``; image: ``"224"``).
+        length: the request's own size inside its bucket (text: tokens); used to pad a
+            batch only to its longest member.
+        nbytes: estimated bytes this request adds to a batch's staging tensors.
+        payload: adapter-private data for ``preprocess``.
+    """
+
+    bucket: str
+    length: int
+    nbytes: int
+    payload: Any = field(repr=False)
+
+
+def option(cfg: Any, key: str, default: Any, cast: Any) -> Any:
+    """A ``[models.<name>]`` key as ``cast``, or ``default`` when it is absent.
+
+    ``bool`` accepts true/false, yes/no, on/off, 1/0 (any case) from strings (environment
+    overrides arrive as strings; ``bool("false")`` would be True).
+
+    Raises:
+        ValueError: the value cannot be read as ``cast``.
+    """
+    value = getattr(cfg, key, default)
+    if cast is bool and isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"model config {key!r} must be a boolean, got {value!r}")
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"model config {key!r} must be {cast.__name__}, got {value!r}") from None
+
+
+def require_loaded(model: Any, name: str) -> Any:
+    """``model``, or :class:`~shared.errors.ModelError` if :meth:`ModelAdapter.load` has not
+    set it yet (``run_batch`` before ``load``)."""
+    if model is None:
+        from shared.errors import ModelError
+
+        raise ModelError(f"model {name!r}: run_batch called before load()")
+    return model
+
+
+def check_pixel_shapes(pixels: list[Any], want: tuple[int, ...]) -> None:
+    """Raise :class:`~shared.errors.ModelError` for the first array not of shape ``want``
+    (a preprocessed image is float32 ``(3, S, S)``)."""
+    from shared.errors import ModelError
+
+    for i, p in enumerate(pixels):
+        if getattr(p, "shape", None) != want:
+            got = getattr(p, "shape", type(p).__name__)
+            raise ModelError(f"sample {i} has shape {got}, expected {want}")
+
+
+class ModelAdapter(ABC):
+    """Base class: one model serving one modality in one worker process."""
+
+    modality: str = ""
+
+    def __init__(self, cfg: ModelConfig, settings: Settings, runtime: DeviceRuntime) -> None:
+        self.cfg = cfg
+        self.settings = settings
+        self.runtime = runtime
+        self._local = threading.local()  # each inference thread (lane) has its own sink
+
+    @property
+    def progress_sink(self) -> Callable[[int, int, int], None] | None:
+        return getattr(self._local, "sink", None)
+
+    @progress_sink.setter
+    def progress_sink(self, sink: Callable[[int, int, int], None] | None) -> None:
+        self._local.sink = sink
+
+    def report_progress(self, index: int, done: int, total: int) -> None:
+        """Report progress of a long request (e.g. video frames embedded so far).
+
+        Call from ``preprocess`` (``index`` 0) or ``run_batch`` (``index`` = the sample's
+        position in ``samples``). The engine turns it into a ``PROGRESS`` state in the result
+        backend and a ``task-progress`` event (rate-limited); a no-op outside a worker.
+        """
+        if self.progress_sink is not None:
+            self.progress_sink(index, done, total)
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load weights onto ``self.runtime.device``. Called once, in the worker process."""
+
+    @abstractmethod
+    def prepare(self, inputs: dict[str, Any]) -> Prepared:
+        """Validate a request's inputs cheaply and bucket it. Raises InvalidInput."""
+
+    def preprocess(self, prepared: Prepared) -> Any:
+        """Turn a prepared request into a model-ready sample. Default: the payload."""
+        return prepared.payload
+
+    @abstractmethod
+    def run_batch(self, samples: list[Any]) -> list[dict[str, Any]]:
+        """Run one batch; one JSON-able dict per sample, in order."""
+
+    @abstractmethod
+    def example_inputs(self, batch_size: int, bucket: str | None = None) -> list[dict[str, Any]]:
+        """Real-shaped inputs for warmup: ``batch_size`` requests (in ``bucket`` if given)."""
+
+    def torch_modules(self) -> list[Any]:
+        """The ``torch.nn.Module`` objects this adapter runs (its attributes that are
+        modules); the runtime puts its lane yield points in them."""
+        import torch
+
+        return [v for v in vars(self).values() if isinstance(v, torch.nn.Module)]
+
+    def buckets(self) -> list[str]:
+        """Every bucket key this adapter can produce (warmup runs each)."""
+        return ["default"]
+
+    def describe(self) -> dict[str, Any]:
+        """Model facts for the startup log and stats (name, dims, weights source)."""
+        return {"modality": self.modality, "kind": self.cfg.kind}

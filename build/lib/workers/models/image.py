@@ -1,0 +1,285 @@
+"""The image modality's adapter: a ResNet-18-like embedding model from transformers.
+
+Request inputs: ``{"image_b64": "<base64 of an encoded image file>"}``. Result per request:
+``{"embedding": [512 floats, L2 norm 1], "dim": 512, "model": "<models key>"}``.
+
+Weights: random but seeded (``cfg.seed``) so every worker process builds the same model, or a
+local ``save_pretrained`` folder named by ``cfg.checkpoint``. Model config keys (in
+``[models.<name>]`` of ``configs/fleet.toml``): ``image_size`` (224), ``checkpoint`` ("" for
+random), ``seed`` (0), ``jpeg_draft`` (true; see :func:`workers.models.imaging.decode_image`).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from shared.errors import InvalidInput, ModelError, PayloadTooLarge
+from workers.models.base import ModelAdapter, Prepared, check_pixel_shapes, require_loaded
+from workers.models.imaging import decode_image, probe_image
+
+if TYPE_CHECKING:
+    from transformers import ResNetConfig, ResNetModel
+
+    from shared.settings import ModelConfig, Settings
+    from workers.runtime import DeviceRuntime
+
+INPUT_KEY = "image_b64"
+_EXAMPLE_SIZE = (320, 256)  # width, height: not square, so warmup runs the resize + crop path
+
+
+def resnet18_config() -> ResNetConfig:
+    """A transformers ``ResNetConfig`` shaped like ResNet-18 (11.2 M parameters, 512-d)."""
+    from transformers import ResNetConfig
+
+    return ResNetConfig(
+        num_channels=3,
+        embedding_size=64,
+        hidden_sizes=[64, 128, 256, 512],
+        depths=[2, 2, 2, 2],
+        layer_type="basic",
+        hidden_act="relu",
+    )
+
+
+def _model_name(cfg: ModelConfig, settings: Settings) -> str:
+    """The ``[models.<name>]`` key this config came from; its ``kind`` if not found."""
+    for name, candidate in settings.models.items():
+        if candidate is cfg:
+            return name
+    for name, candidate in settings.models.items():
+        if candidate == cfg:
+            return name
+    return cfg.kind
+
+
+@lru_cache(maxsize=64)
+def example_png(index: int = 0, size: tuple[int, int] = _EXAMPLE_SIZE) -> bytes:
+    """A deterministic RGB gradient encoded as PNG (for warmup; no files needed).
+
+    Args:
+        index: shifts the blue channel's diagonal pattern, so examples differ.
+        size: ``(width, height)`` in pixels.
+
+    Returns:
+        PNG file bytes (a few KiB for the default size).
+    """
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    red = x * 255.0 / max(width - 1, 1)
+    green = y * 255.0 / max(height - 1, 1)
+    blue = (x + y + 37.0 * index) % 256.0
+    rgb = np.stack([red, green, blue], axis=-1).round().astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb, mode="RGB").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+class ImageAdapter(ModelAdapter):
+    """Image embeddings from a ResNet's pooled output (L2-normalized float32).
+
+    Args:
+        cfg: the ``[models.<name>]`` entry; extra keys ``image_size`` (int, pixels, default
+            224), ``checkpoint`` (str, local folder, default "" = random weights), ``seed``
+            (int, default 0), ``jpeg_draft`` (bool, default True).
+        settings: fleet settings; uses ``limits.max_inline_bytes`` and
+            ``limits.max_image_pixels``.
+        runtime: the worker's started :class:`~workers.runtime.DeviceRuntime`.
+
+    Raises:
+        ValueError: ``image_size`` is not a positive integer.
+    """
+
+    modality = "image"
+
+    def __init__(self, cfg: ModelConfig, settings: Settings, runtime: DeviceRuntime) -> None:
+        super().__init__(cfg, settings, runtime)
+        self.image_size = int(getattr(cfg, "image_size", 224))
+        if self.image_size <= 0:
+            raise ValueError(f"image_size must be positive, got {self.image_size}")
+        self.checkpoint = str(getattr(cfg, "checkpoint", "") or "")
+        self.seed = int(getattr(cfg, "seed", 0))
+        self.jpeg_draft = bool(getattr(cfg, "jpeg_draft", True))
+        self.name = _model_name(cfg, settings)
+        self.bucket = str(self.image_size)
+        self.dim: int | None = None
+        self._model: ResNetModel | None = None
+
+    @property
+    def weights_source(self) -> str:
+        """``"random(seed=N)"`` or the checkpoint folder."""
+        return self.checkpoint if self.checkpoint else f"random(seed={self.seed})"
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def load(self) -> None:
+        """Build or load the model on ``runtime.device``, in eval mode, without gradients.
+
+        Random weights are drawn under ``torch.manual_seed(seed)`` inside a forked RNG (the
+        process's global RNG state is left as it was), so every process with the same seed,
+        torch and transformers versions builds bit-identical weights.
+
+        Raises:
+            ModelError: ``checkpoint`` is set but is not a non-empty local folder, or
+                transformers cannot load it.
+        """
+        from transformers import ResNetModel
+
+        if self.checkpoint:
+            path = Path(self.checkpoint).expanduser()
+            # Never fall back to random weights when a checkpoint was asked for: serving
+            # noise under a real model's name is worse than failing at startup.
+            if not path.is_dir() or not any(path.iterdir()):
+                raise ModelError(
+                    f"model {self.name!r}: checkpoint {self.checkpoint!r} is not a non-empty "
+                    "local folder"
+                )
+            try:
+                model = ResNetModel.from_pretrained(path, local_files_only=True)
+            except Exception as e:
+                raise ModelError(
+                    f"model {self.name!r}: cannot load checkpoint {self.checkpoint!r}: {e}"
+                ) from e
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                model = ResNetModel(resnet18_config())
+        model.eval().requires_grad_(False)
+        self._model = model.to(self.runtime.device)
+        self.dim = int(model.config.hidden_sizes[-1])
+
+    # -- per request ----------------------------------------------------------------------
+    def prepare(self, inputs: dict[str, Any]) -> Prepared:
+        """Validate ``{"image_b64": str}``, decode the base64, read the image header.
+
+        The header read (no pixel decoding, tens of microseconds) rejects non-images,
+        unsupported formats and decompression bombs here, before they take a batch slot.
+
+        Returns:
+            ``Prepared(bucket=str(image_size), length=1, nbytes=3*size*size*4,
+            payload=<file bytes>)``.
+
+        Raises:
+            InvalidInput: not a dict, unknown keys, ``image_b64`` missing, not a string,
+                empty or not valid standard base64 (padding required, no whitespace).
+            PayloadTooLarge: decoded bytes above ``limits.max_inline_bytes``, or pixels
+                above ``limits.max_image_pixels``.
+            ImageDecodeError: the bytes are not an image in a supported format.
+        """
+        if not isinstance(inputs, dict):
+            raise InvalidInput(f"image inputs must be an object, got {type(inputs).__name__}")
+        unknown = sorted(str(k) for k in inputs if k != INPUT_KEY)
+        if unknown:
+            raise InvalidInput(f"unknown image input keys {unknown}; expected only {INPUT_KEY!r}")
+        if INPUT_KEY not in inputs:
+            raise InvalidInput(f"image inputs need {INPUT_KEY!r} (base64 of the image file)")
+        b64 = inputs[INPUT_KEY]
+        if not isinstance(b64, str):
+            raise InvalidInput(f"{INPUT_KEY!r} must be a base64 string, got {type(b64).__name__}")
+        if not b64:
+            raise InvalidInput(f"{INPUT_KEY!r} is empty")
+        limit = self.settings.limits.max_inline_bytes
+        # Refuse before decoding: base64 of n bytes is 4 * ceil(n / 3) characters.
+        if len(b64) > 4 * -(-limit // 3):
+            raise PayloadTooLarge(
+                f"{INPUT_KEY!r} is {len(b64):,} base64 characters, over the inline limit of "
+                f"{limit:,} bytes"
+            )
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except ValueError as e:  # binascii.Error, or non-ASCII characters
+            raise InvalidInput(f"{INPUT_KEY!r} is not valid base64: {e}") from e
+        if len(raw) > limit:
+            raise PayloadTooLarge(
+                f"image is {len(raw):,} bytes, over the inline limit of {limit:,} bytes"
+            )
+        probe_image(raw, max_pixels=self.settings.limits.max_image_pixels)
+        size = self.image_size
+        return Prepared(bucket=self.bucket, length=1, nbytes=3 * size * size * 4, payload=raw)
+
+    def preprocess(self, prepared: Prepared) -> np.ndarray:
+        """Decode one prepared request.
+
+        Returns:
+            float32 array ``(3, image_size, image_size)``, ImageNet-normalized.
+
+        Raises:
+            ImageDecodeError: corrupt or truncated image data.
+            PayloadTooLarge: pixels above ``limits.max_image_pixels``.
+        """
+        return decode_image(
+            prepared.payload,
+            max_pixels=self.settings.limits.max_image_pixels,
+            size=self.image_size,
+            jpeg_draft=self.jpeg_draft,
+        )
+
+    def run_batch(self, samples: list[Any]) -> list[dict[str, Any]]:
+        """Embed a batch of preprocessed images.
+
+        Args:
+            samples: arrays from :meth:`preprocess`, each float32 ``(3, S, S)`` with
+                ``S == image_size``.
+
+        Returns:
+            One ``{"embedding": list[float] (dim values, L2 norm 1), "dim": int,
+            "model": str}`` per sample, in order.
+
+        Raises:
+            ModelError: called before :meth:`load`, or a sample of the wrong shape.
+        """
+        model = require_loaded(self._model, self.name)
+        if not samples:
+            return []
+        check_pixel_shapes(samples, (3, self.image_size, self.image_size))
+        batch = torch.from_numpy(np.stack(samples).astype(np.float32, copy=False))
+        (batch,) = self.runtime.stage([batch])
+        # The engine already runs this inside runtime.batch_context(); entering
+        # inference_mode again is a no-op there and keeps direct callers (tests, the bench's
+        # in-process limit) off autograd. batch_context itself is not re-entered: it would
+        # synchronize the stream a second time.
+        with torch.inference_mode():
+            pooled = model(pixel_values=batch).pooler_output.flatten(1)
+            emb = F.normalize(pooled.float(), dim=1).cpu().numpy()
+        dim = int(emb.shape[1])
+        return [{"embedding": row.tolist(), "dim": dim, "model": self.name} for row in emb]
+
+    # -- warmup and facts -----------------------------------------------------------------
+    def buckets(self) -> list[str]:
+        """One bucket: every image is resized to ``image_size``."""
+        return [self.bucket]
+
+    def example_inputs(self, batch_size: int, bucket: str | None = None) -> list[dict[str, Any]]:
+        """``batch_size`` distinct in-memory PNG gradients (320x256), base64-encoded.
+
+        Raises:
+            ValueError: ``bucket`` is not this adapter's bucket.
+        """
+        if bucket is not None and bucket != self.bucket:
+            raise ValueError(f"unknown image bucket {bucket!r}; this adapter has {self.bucket!r}")
+        return [
+            {INPUT_KEY: base64.b64encode(example_png(i)).decode("ascii")} for i in range(batch_size)
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        """Name, weights source, input size, embedding dim, parameters, device."""
+        out = super().describe()
+        out.update(
+            name=self.name,
+            weights=self.weights_source,
+            image_size=self.image_size,
+            bucket=self.bucket,
+            dim=self.dim,
+            params=None
+            if self._model is None
+            else sum(p.numel() for p in self._model.parameters()),
+            device=str(self.runtime.device),
+        )
+        return out

@@ -1,0 +1,378 @@
+"""The video modality's adapter: sampled frames through the image model, per-frame + clip.
+
+Request inputs (exactly one key):
+
+- ``{"video_ref": <TensorRef wire dict>}``: the encoded video file as a 1-D ``uint8`` tensor
+  in ``/dev/shm``, put there by the producer (``producer.client.video_inputs``). Preferred
+  for anything above a few tens of KB: the message stays small (< 1 KB) whatever the file
+  size. The worker maps the segment (zero-copy) and never writes or releases it: **the
+  producer owns it** and releases it once the request's final result is in
+  (``ResultHandle.get`` does); its TTL is the backstop.
+- ``{"video_b64": "<base64 of the file>"}``: small files inline (``limits.max_inline_bytes``
+  at most; keep it to a few tens of KB so the message stays under 64 KB).
+
+Containers: MP4/MOV, Matroska/WebM, AVI, MPEG-TS, with any codec FFmpeg (PyAV's bundled
+build) decodes. Frames are sampled at ``sample_fps`` up to ``max_frames``, centre-cropped and
+resized to ``image_size`` exactly as the image modality does, and embedded by the same
+ResNet-18-like model (same seed or checkpoint: a frame embeds like the same picture sent to
+the image worker) in mini-batches of ``frame_batch_size``; the adapter reports progress
+(frames embedded / frames sampled) as it goes, which the engine publishes as the task's
+``PROGRESS`` state and a ``task-progress`` event (Flower shows ``state: PROGRESS`` and
+``result: "done/total"``).
+
+Result per request::
+
+    {"clip_embedding": [dim floats, L2 norm 1],  # L2-normalized mean of the frame embeddings
+     "dim": 512, "model": "<models key>",
+     "frames": n,                                # frames sampled and embedded
+     "frame_embeddings": {"kind": "shm" | "inline", ...},  # float32 [n, dim], unit rows
+     "timestamps_s": [n floats],                 # seconds from the first frame
+     "sample_fps": 2.0, "fps": 25.0 | null,      # sampling rate; the source's frame rate
+     "duration_s": 13.0 | null,                  # declared by the header
+     "decoded_until_s": 13.0,                    # end of the last decoded frame
+     "width": 320, "height": 180, "codec": "h264", "container": "mov,mp4,...",
+     "partial": false, "partial_reason": null,   # see below
+     "capped": false}                            # max_frames reached before the end
+
+``frame_embeddings`` is a :class:`~shared.transport.TensorRef` (a detached segment that
+lives ``transport.default_ttl_s``; ``FleetClient.resolve`` / ``ResultHandle.get`` map it and
+release it) or, up to ``output_inline_max_bytes`` or without a shared host, an inline
+tensor object. Either way the stored result stays well under 64 KB.
+
+Bad videos: a file that cannot be opened (not a video, a disallowed container, an MP4 cut
+before its ``moov`` index) or from which no frame decodes fails with ``VIDEO_DECODE``; one
+that decodes for a while and then stops (a decode error, or data ending well before the
+declared duration) **succeeds with what decoded** and ``"partial": true`` plus a
+``partial_reason``. Limits (``PAYLOAD_TOO_LARGE``): ``max_video_bytes``, ``max_streams``,
+``max_video_pixels``, ``max_duration_s``; see :mod:`workers.models.videodecode`.
+
+Model config keys (``[models.<name>]``, kind ``"video"``): those of the image adapter
+(``image_size``, ``checkpoint``, ``seed``) plus ``sample_fps`` (2.0), ``max_frames`` (64),
+``frame_batch_size`` (8), ``decode_threads`` (1), ``max_video_bytes`` (256 MiB),
+``max_streams`` (16), ``max_video_pixels`` (3840*2160), ``max_duration_s`` (3600),
+``output_inline_max_bytes`` (16384).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from shared.errors import InvalidInput, ModelError, PayloadTooLarge, VideoDecodeError
+from shared.transport import TensorRef
+from workers.models.base import Prepared, option, require_loaded
+from workers.models.image import ImageAdapter
+from workers.models.tensors import DEFAULT_INLINE_MAX_BYTES, TensorIO
+from workers.models.videodecode import (
+    SampledVideo,
+    VideoInfo,
+    VideoLimits,
+    normalize_frames,
+    probe_video,
+    sample_frames,
+)
+
+if TYPE_CHECKING:
+    from shared.settings import ModelConfig, Settings
+    from workers.runtime import DeviceRuntime
+
+B64_KEY = "video_b64"
+REF_KEY = "video_ref"
+_EXAMPLE_SIZE = (96, 64)  # width, height of the synthetic warmup video
+
+
+@dataclass(frozen=True, slots=True)
+class VideoPayload:
+    """What ``prepare`` hands ``preprocess``: the encoded bytes (or a mapped view) + header."""
+
+    data: Any  # bytes, or a read-only uint8 numpy view of a shm segment
+    info: VideoInfo
+    source: str  # "inline" | "shm"
+
+
+@dataclass(frozen=True, slots=True)
+class VideoSample:
+    """What ``preprocess`` hands ``run_batch``: the sampled frames and decode facts."""
+
+    video: SampledVideo
+
+
+@lru_cache(maxsize=16)
+def example_video(index: int = 0, seconds: float = 2.0, fps: int = 10) -> bytes:
+    """A small synthetic MPEG-4 Part 2 video in an MP4 container (warmup; no files needed).
+
+    A moving gradient, ``96x64`` pixels, ``seconds`` long at ``fps``; ``index`` shifts the
+    pattern so examples differ. A few KB, encoded in milliseconds with PyAV's FFmpeg.
+    """
+    import av
+
+    width, height = _EXAMPLE_SIZE
+    n = max(1, round(seconds * fps))
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream = out.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(n):
+            rgb = np.stack(
+                [
+                    (x * 255.0 / (width - 1) + 8 * i) % 256,
+                    (y * 255.0 / (height - 1) + 37 * index) % 256,
+                    (x + y + 16 * i) % 256,
+                ],
+                axis=-1,
+            ).astype(np.uint8)
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+class VideoAdapter(ImageAdapter):
+    """Video clips -> per-frame and clip embeddings with the image modality's model.
+
+    Subclasses :class:`~workers.models.image.ImageAdapter` for its model (``load``: the
+    seeded ResNet-18-like network or a checkpoint) and replaces the per-request steps.
+
+    Args:
+        cfg: the ``[models.<name>]`` entry (see the module docstring for its keys).
+        settings: fleet settings (``limits.max_inline_bytes``, ``[transport]``).
+        runtime: the worker's :class:`~workers.runtime.DeviceRuntime`.
+
+    Raises:
+        ValueError: a config value of the wrong type or out of range.
+    """
+
+    modality = "video"
+
+    def __init__(self, cfg: ModelConfig, settings: Settings, runtime: DeviceRuntime) -> None:
+        super().__init__(cfg, settings, runtime)
+        self.sample_fps = option(cfg, "sample_fps", 2.0, float)
+        self.max_frames = option(cfg, "max_frames", 64, int)
+        self.frame_batch_size = option(cfg, "frame_batch_size", 8, int)
+        self.decode_threads = option(cfg, "decode_threads", 1, int)
+        self.limits = VideoLimits(
+            max_bytes=option(cfg, "max_video_bytes", VideoLimits.max_bytes, int),
+            max_streams=option(cfg, "max_streams", VideoLimits.max_streams, int),
+            max_pixels=option(cfg, "max_video_pixels", VideoLimits.max_pixels, int),
+            max_duration_s=option(cfg, "max_duration_s", VideoLimits.max_duration_s, float),
+        )
+        if not (math.isfinite(self.sample_fps) and self.sample_fps > 0):
+            raise ValueError(f"sample_fps must be positive, got {self.sample_fps}")
+        for key in ("max_frames", "frame_batch_size", "decode_threads"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        self.tensors = TensorIO(
+            settings, option(cfg, "output_inline_max_bytes", DEFAULT_INLINE_MAX_BYTES, int)
+        )
+        self.bucket = f"frames{self.image_size}"
+        self.last_timing: dict[str, float] = {}
+
+    # -- per request ----------------------------------------------------------------------
+    def prepare(self, inputs: dict[str, Any]) -> Prepared:
+        """Validate the inputs, get the bytes (decode base64 or map the segment), read the header.
+
+        Returns:
+            ``Prepared(bucket="frames<size>", length=<frames expected>, nbytes=<frame
+            staging bytes>, payload=VideoPayload)``.
+
+        Raises:
+            InvalidInput: not a dict, unknown keys, not exactly one of ``video_b64`` /
+                ``video_ref``, bad base64, a ref that is not a 1-D uint8 tensor.
+            TensorRefError: a malformed, unknown or expired ref.
+            PayloadTooLarge: over a size limit (see the module docstring).
+            VideoDecodeError: not a video in a supported container, or an unreadable header.
+        """
+        if not isinstance(inputs, dict):
+            raise InvalidInput(f"video inputs must be an object, got {type(inputs).__name__}")
+        unknown = sorted(str(k) for k in inputs if k not in (B64_KEY, REF_KEY))
+        if unknown:
+            raise InvalidInput(
+                f"unknown video input keys {unknown}; expected {B64_KEY!r} or {REF_KEY!r}"
+            )
+        present = [k for k in (B64_KEY, REF_KEY) if k in inputs]
+        if len(present) != 1:
+            raise InvalidInput(
+                f"video inputs need exactly one of {B64_KEY!r} (base64 of the file) or "
+                f"{REF_KEY!r} (a shared-memory tensor ref)"
+            )
+        if present[0] == B64_KEY:
+            data, source = self._inline_bytes(inputs[B64_KEY]), "inline"
+        else:
+            data, source = self._mapped_bytes(inputs[REF_KEY]), "shm"
+        info = probe_video(data, self.limits)
+        expected = self.max_frames
+        if info.duration_s is not None:
+            expected = max(1, min(self.max_frames, math.ceil(info.duration_s * self.sample_fps)))
+        size = self.image_size
+        # uint8 frames held until the batch runs, plus one float32 mini-batch of staging.
+        nbytes = expected * size * size * 3 + self.frame_batch_size * 3 * size * size * 4
+        return Prepared(self.bucket, expected, nbytes, VideoPayload(data, info, source))
+
+    def _inline_bytes(self, b64: Any) -> bytes:
+        if not isinstance(b64, str):
+            raise InvalidInput(f"{B64_KEY!r} must be a base64 string, got {type(b64).__name__}")
+        if not b64:
+            raise InvalidInput(f"{B64_KEY!r} is empty")
+        limit = self.settings.limits.max_inline_bytes  # max_video_bytes: probe_video checks
+        if len(b64) > 4 * -(-limit // 3):
+            raise PayloadTooLarge(
+                f"{B64_KEY!r} is {len(b64):,} base64 characters, over the inline limit of "
+                f"{limit:,} bytes; send large videos as {REF_KEY!r} (shared memory)"
+            )
+        try:
+            return base64.b64decode(b64, validate=True)
+        except ValueError as e:
+            raise InvalidInput(f"{B64_KEY!r} is not valid base64: {e}") from e
+
+    def _mapped_bytes(self, wire: Any) -> np.ndarray:
+        ref = TensorRef.from_dict(wire)  # TensorRefError on anything malformed
+        if ref.dtype != "uint8" or len(ref.shape) != 1:
+            raise InvalidInput(
+                f"{REF_KEY!r} must be a 1-D uint8 tensor of the file's bytes, got "
+                f"{ref.dtype} {list(ref.shape)}"
+            )
+        if ref.nbytes > self.limits.max_bytes:
+            raise PayloadTooLarge(
+                f"video is {ref.nbytes:,} bytes, above the limit of {self.limits.max_bytes:,}"
+            )
+        if ref.nbytes == 0:
+            raise VideoDecodeError("empty video data (0 bytes)")
+        return self.tensors.read(ref)
+
+    def preprocess(self, prepared: Prepared) -> VideoSample:
+        """Decode and sample the frames of one prepared request (inference thread).
+
+        Reports ``0/n`` progress once the ``n`` frames are sampled.
+
+        Raises:
+            VideoDecodeError: no frame decodes.
+            PayloadTooLarge: a limit the header did not reveal.
+        """
+        payload = prepared.payload
+        if not isinstance(payload, VideoPayload):
+            raise ModelError(f"video preprocess got {type(payload).__name__}")
+        video = sample_frames(
+            payload.data,
+            sample_fps=self.sample_fps,
+            max_frames=self.max_frames,
+            size=self.image_size,
+            limits=self.limits,
+            threads=self.decode_threads,
+        )
+        self.report_progress(0, 0, len(video.frames))
+        return VideoSample(video)
+
+    def run_batch(self, samples: list[Any]) -> list[dict[str, Any]]:
+        """Embed every sample's frames in mini-batches of ``frame_batch_size`` frames.
+
+        Frames of all samples are packed together (a mini-batch may span two videos), so a
+        batch of short clips fills the model as well as one long clip. After each
+        mini-batch, each sample it touched reports ``(frames embedded, frames sampled)``.
+
+        Returns:
+            One result dict per sample (see the module docstring), in order.
+
+        Raises:
+            ModelError: called before :meth:`load`, or a sample that is not a VideoSample.
+            ShmCapacityError: the output segments do not fit (none is left behind).
+        """
+        model = require_loaded(self._model, self.name)
+        if not samples:
+            return []
+        for i, s in enumerate(samples):
+            if not isinstance(s, VideoSample):
+                raise ModelError(f"sample {i} is a {type(s).__name__}, expected a VideoSample")
+        counts = [len(s.video.frames) for s in samples]
+        owner = np.repeat(np.arange(len(samples)), counts)  # sample index of each frame
+        frames = np.concatenate([s.video.frames for s in samples])
+        dim = int(model.config.hidden_sizes[-1])
+        emb = np.empty((len(frames), dim), dtype=np.float32)
+        done = [0] * len(samples)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for start in range(0, len(frames), self.frame_batch_size):
+                stop = min(start + self.frame_batch_size, len(frames))
+                # Through the runtime's staging arena; the .cpu() below waits for this
+                # mini-batch, so the next stage() cannot overwrite a buffer still in use.
+                (batch,) = self.runtime.stage(
+                    [torch.from_numpy(normalize_frames(frames[start:stop]))]
+                )
+                pooled = model(pixel_values=batch).pooler_output.flatten(1)
+                emb[start:stop] = F.normalize(pooled.float(), dim=1).cpu().numpy()
+                for i in np.unique(owner[start:stop]).tolist():
+                    done[i] += int(np.count_nonzero(owner[start:stop] == i))
+                    self.report_progress(i, done[i], counts[i])
+        self.last_timing = {"embed_s": time.perf_counter() - t0, "frames": float(len(frames))}
+        per_sample = np.split(emb, np.cumsum(counts)[:-1])
+        wires = self.tensors.pack_all(per_sample)
+        return [
+            self._result(s.video, e, w) for s, e, w in zip(samples, per_sample, wires, strict=True)
+        ]
+
+    def _result(self, v: SampledVideo, emb: np.ndarray, wire: dict[str, Any]) -> dict[str, Any]:
+        clip = emb.mean(axis=0)
+        clip = clip / max(float(np.linalg.norm(clip)), 1e-12)
+        info = v.info
+        return {
+            "clip_embedding": clip.astype(np.float32).tolist(),
+            "dim": int(emb.shape[1]),
+            "model": self.name,
+            "frames": int(emb.shape[0]),
+            "frame_embeddings": wire,
+            "timestamps_s": v.timestamps_s,
+            "sample_fps": self.sample_fps,
+            "fps": info.fps,
+            "duration_s": info.duration_s,
+            "decoded_until_s": v.decoded_until_s,
+            "width": info.width,
+            "height": info.height,
+            "codec": info.codec,
+            "container": info.format,
+            "partial": v.partial,
+            "partial_reason": v.partial_reason,
+            "capped": v.capped,
+        }
+
+    # -- warmup and facts -----------------------------------------------------------------
+    def buckets(self) -> list[str]:
+        """One bucket: every frame is resized to ``image_size``."""
+        return [self.bucket]
+
+    def example_inputs(self, batch_size: int, bucket: str | None = None) -> list[dict[str, Any]]:
+        """``batch_size`` distinct synthetic MP4 clips, inline, each long enough to fill one
+        frame mini-batch at ``sample_fps`` (at most ``max_frames``).
+
+        Raises:
+            ValueError: ``bucket`` is not this adapter's bucket.
+        """
+        if bucket is not None and bucket != self.bucket:
+            raise ValueError(f"unknown video bucket {bucket!r}; this adapter has {self.bucket!r}")
+        frames = min(self.frame_batch_size, self.max_frames)
+        seconds = max(frames / self.sample_fps, 0.2)
+        return [
+            {B64_KEY: base64.b64encode(example_video(i, round(seconds, 3))).decode("ascii")}
+            for i in range(batch_size)
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        """The image model's facts plus the sampling settings."""
+        out = super().describe()
+        out.update(
+            sample_fps=self.sample_fps,
+            max_frames=self.max_frames,
+            frame_batch_size=self.frame_batch_size,
+            decode_threads=self.decode_threads,
+        )
+        return out

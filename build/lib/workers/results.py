@@ -1,0 +1,164 @@
+"""Store a batch's final results, the first one of each request winning, in one round trip.
+
+Delivery is at-least-once (a lost ack, a lapsed lease, a duplicate publish), so a request may
+run twice; what a client observes must be one final result. Each final write is one small
+Lua script (``_WRITE_FIRST``): ``SET fleet:final:<id> NX`` and, only if that set it, the
+result's SETEX + PUBLISH, atomically. A later copy's write changes nothing (a SUCCESS is
+never overwritten by a redelivered copy's ``DEADLINE_EXCEEDED``). Celery's own
+``backend.store_result`` refuses only to overwrite a SUCCESS, and with a GET before the write
+(two round trips, not atomic). A batch of N costs one pipeline. ``PROGRESS`` states are not
+final: they are plain SETEX and never overwrite a final result (``_WRITE_PROGRESS``).
+
+The stored document is Celery's result meta, so ``AsyncResult``, Flower and clients in other
+languages read it unchanged::
+
+    {"status": "SUCCESS" | "FAILURE", "result": <value or exception dict>,
+     "traceback": null, "children": [], "date_done": "<ISO 8601 UTC>", "task_id": "<id>"}
+
+A failure's ``result`` is Celery's JSON exception encoding with the fleet's code added:
+``{"exc_type": "ImageDecodeError", "exc_message": ["<message>", "IMAGE_DECODE"],
+"exc_module": "shared.errors"}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from celery import Celery
+
+from shared import keys
+from shared.errors import FleetError
+
+# KEYS: final marker, result key. ARGV: encoded meta, ttl_s (0 = none), "1" to keep a
+# document already stored (Celery's own REVOKED, written by its revoke command). Returns 1
+# if written.
+_WRITE_FIRST = """
+local ttl = tonumber(ARGV[2])
+local set
+if ttl > 0 then
+  set = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ttl)
+else
+  set = redis.call('SET', KEYS[1], '1', 'NX')
+end
+if not set then return 0 end
+if ARGV[3] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if ttl > 0 then
+  redis.call('SETEX', KEYS[2], ttl, ARGV[1])
+else
+  redis.call('SET', KEYS[2], ARGV[1])
+end
+redis.call('PUBLISH', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: final marker, result key. ARGV: encoded meta, ttl_s. A progress write after the
+# final result (a slow copy reporting late) would hide it from pollers: refused.
+_WRITE_PROGRESS = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SETEX', KEYS[2], tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One request's final state: ``result`` on success, else ``error``."""
+
+    task_id: str
+    result: dict[str, Any] | None = None
+    error: FleetError | None = None
+    keep_existing: bool = False  # a stored document stands (Celery's REVOKED)
+
+    @property
+    def state(self) -> str:
+        return "SUCCESS" if self.error is None else "FAILURE"
+
+
+def exception_dict(err: FleetError) -> dict[str, Any]:
+    """Celery's JSON encoding of an exception (``exc_type``, ``exc_message``, ``exc_module``)."""
+    return {
+        "exc_type": type(err).__name__,
+        "exc_message": [err.message, err.code],
+        "exc_module": type(err).__module__,
+    }
+
+
+class ResultWriter:
+    """Writes :class:`Outcome` lists to Celery's Redis result backend in one pipeline."""
+
+    def __init__(self, app: Celery) -> None:
+        self.backend = app.backend
+        self.expires_s = int(self.backend.expires or 0)
+        self.failure_expires_s = int(getattr(self.backend, "failure_expires", 0) or self.expires_s)
+        self._scripts: tuple[Any, Any] | None = None
+        self.duplicates = 0  # final writes refused: the request had its final result already
+
+    def _script(self, i: int) -> Any:
+        if self._scripts is None:  # registered on first use: meta() needs no Redis
+            client = self.backend.client
+            self._scripts = (
+                client.register_script(_WRITE_FIRST),
+                client.register_script(_WRITE_PROGRESS),
+            )
+        return self._scripts[i]
+
+    def meta(self, o: Outcome) -> dict[str, Any]:
+        return {
+            "status": o.state,
+            "result": o.result if o.error is None else exception_dict(o.error),
+            "traceback": None,
+            "children": [],
+            "date_done": datetime.now(UTC).isoformat(),
+            "task_id": o.task_id,
+        }
+
+    def write_progress(self, task_id: str, progress: dict[str, Any]) -> None:
+        """Store a ``PROGRESS`` state whose ``result`` is ``progress`` (e.g. done/total)."""
+        meta = {
+            "status": "PROGRESS",
+            "result": progress,
+            "traceback": None,
+            "children": [],
+            "date_done": None,
+            "task_id": task_id,
+        }
+        key = self.backend.get_key_for_task(task_id)
+        self._script(1)(
+            keys=[keys.final_key(task_id), key],
+            args=[self.backend.encode(meta), self.expires_s or 86400],
+        )
+
+    def write(self, outcomes: Sequence[Outcome], also_delete: Sequence[str] = ()) -> list[bool]:
+        """Store every outcome whose request has no final result yet, in one round trip.
+
+        ``also_delete``: keys to delete in the same pipeline (the requests' in-flight
+        counters).
+
+        Returns:
+            For each outcome, whether it was stored (``False``: an earlier final result
+            stands and this one was dropped).
+
+        Raises:
+            redis.RedisError: the pipeline failed; nothing may be acked then.
+        """
+        if not outcomes:
+            return []
+        with self.backend.client.pipeline(transaction=False) as pipe:
+            for o in outcomes:
+                key = self.backend.get_key_for_task(o.task_id)
+                value = self.backend.encode(self.meta(o))
+                ttl = self.failure_expires_s if o.error is not None else self.expires_s
+                self._script(0)(
+                    keys=[keys.final_key(o.task_id), key],
+                    args=[value, ttl, "1" if o.keep_existing else "0"],
+                    client=pipe,
+                )
+            if also_delete:
+                pipe.delete(*also_delete)
+            replies = pipe.execute()
+        written = [bool(r) for r in replies[: len(outcomes)]]
+        self.duplicates += written.count(False)
+        return written
