@@ -37,6 +37,7 @@ from shared.errors import (
     error_from_code,
 )
 from shared.priority import Priority
+from shared.queue_stats import fleet_headers
 from shared.schema import TaskEnvelope
 from shared.settings import MODALITIES, Settings, load_settings
 
@@ -302,6 +303,7 @@ class FleetClient:
             reply_to=self.app.thread_oid,
             create_sent_event=self.app.conf.task_send_sent_event,
         )
+        message.headers.update(fleet_headers(env))
         with producer.connection._reraise_as_library_errors():
             amqp.send_task_message(producer, name, message, queue=queue, priority=celery_priority)
 

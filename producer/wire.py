@@ -30,6 +30,7 @@ from celery import Celery
 from kombu.utils.json import dumps
 
 from shared import keys
+from shared.queue_stats import fleet_headers
 from shared.schema import TaskEnvelope
 
 
@@ -59,6 +60,7 @@ def task_payload(
         argsrepr="()",
         kwargsrepr=kwargs_summary(env),
     )
+    m.headers.update(fleet_headers(env))
     body = base64.b64encode(dumps(m.body).encode()).decode("ascii")
     message = {
         "body": body,

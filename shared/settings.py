@@ -197,6 +197,9 @@ class TransportSettings(_Section):
 class MetricsSettings(_Section):
     host: str = "127.0.0.1"
     port_base: int = 9101  # worker ports: base + modality index; 0 turns metrics off
+    # `fleet exporter` (queue length, demand, age; producer.exporter), started by `fleet up`
+    exporter_host: str = "127.0.0.1"
+    exporter_port: int = Field(default=9100, ge=0, le=65535)  # 0: not started
 
 
 class EventSettings(_Section):

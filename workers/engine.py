@@ -220,7 +220,7 @@ class Engine:
         self._hub: Any = None
         self._draining = False
         self.stats = EngineStats()
-        self.metrics = FleetMetrics(modality)
+        self.metrics = FleetMetrics(modality, model=cfg.model)
         self._bind_gauges()
         self.ready = False
         # One lock, one condition per lane: an arrival wakes only the lane that will run it
@@ -425,6 +425,7 @@ class Engine:
         delivery in Redis (one round trip for every message of a fetch), so that a message
         whose decoding kills the worker is counted like one that kills it in a batch."""
         self.stats.received += 1
+        self.metrics.eco.received(self.metrics.eco.queue_of(req))
         worker_state.task_reserved(req)
         with self._lock:
             first = self._by_id.get(req.id)
@@ -635,6 +636,7 @@ class Engine:
         if not batch:
             return
         self._post_started(batch)
+        self.metrics.eco.started([self.metrics.eco.queue_of(w.req) for w in batch])
         done: list[_Done] = []
         ready: list[tuple[Work, Any]] = []
         for w in batch:
@@ -840,6 +842,7 @@ class Engine:
             if isinstance(item, _Progress):
                 self._progress(item)
             elif isinstance(item, _Retry):
+                self.metrics.eco.retried(self.metrics.eco.queue_of(item.work.req))
                 item.work.req.send_event("task-retried", exception=repr(item.error), traceback="")
             else:
                 self._started(item[1])
@@ -952,6 +955,8 @@ class Engine:
             "ok" if o.error is None else o.error.code,
             queued_ms / 1000.0 if w and w.started_s else None,
             (time.time() - w.env.submitted_ms / 1000.0) if w else None,
+            self.metrics.eco.queue_of(req),
+            d.run_ms / 1000.0 if w and w.started_s else None,
         )
         log.info(
             "request id=%s state=%s code=%s priority=%s queued_ms=%.1f run_ms=%.1f "
@@ -1003,6 +1008,7 @@ class Engine:
         m, metrics = self.modality, self.metrics
         metrics.held.labels(m).set_function(lambda: len(self.batcher))
         metrics.circuit_open.labels(m).set_function(lambda: float(self.breaker.state == "open"))
+        metrics.eco.bind(lambda: len(self._running), lambda: len(self.batcher))
         metrics.device_memory.labels(m).set_function(
             lambda: (self.runtime.stats().get("cuda_reserved_mb") or 0.0) * 2**20
         )
