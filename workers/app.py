@@ -154,6 +154,9 @@ def _stop_engine(**_: Any) -> None:
         _janitor.stop()
     with contextlib.suppress(RuntimeError):
         engine_registry.current().stop()
+    from shared import tracing
+
+    tracing.shutdown()  # flush the last spans (a no-op without tracing)
 
 
 @inspect_command()
