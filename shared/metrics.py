@@ -80,8 +80,8 @@ class FleetMetrics:
         self.eco.zero(list(ERROR_CLASSES))
 
     def observe_batch(self, size: int, run_s: float) -> None:
-        self.batch_size.labels(self.modality).observe(size)
-        self.inference.labels(self.modality).observe(run_s)
+        self.eco.child(self.batch_size, self.modality).observe(size)
+        self.eco.child(self.inference, self.modality).observe(run_s)
         self.eco.batch(size)
 
     def observe_request(
@@ -94,11 +94,12 @@ class FleetMetrics:
         run_s: float | None = None,
     ) -> None:
         """One request's final outcome (``"ok"`` or an error code); seconds throughout."""
-        self.requests.labels(self.modality, priority, outcome).inc()
+        c = self.eco.child
+        c(self.requests, self.modality, priority, outcome).inc()
         if queued_s is not None:
-            self.queue_wait.labels(self.modality, priority).observe(queued_s)
+            c(self.queue_wait, self.modality, priority).observe(queued_s)
         if e2e_s is not None:
-            self.e2e.labels(self.modality, priority).observe(e2e_s)
+            c(self.e2e, self.modality, priority).observe(e2e_s)
         self.eco.finished(queue, None if outcome == "ok" else outcome, run_s, queued_s, e2e_s)
 
 

@@ -24,6 +24,7 @@ Per request the cost is a few in-process counter and histogram updates: no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -84,7 +85,7 @@ class EcosystemMetrics:
         self.queue_s = self._hist("queue", "Window arrival to batch start", r)
         self.compute_s = self._hist("compute", "Run time of the request's batch", r)
         self.request_s = self._hist("request", "Submit (producer clock) to result stored", r)
-        self._children: dict[tuple[str, str], object] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._active: Callable[[], float] | None = None
         self.worker_up.labels(hostname).set(1)
 
@@ -104,13 +105,17 @@ class EcosystemMetrics:
         info = getattr(req, "delivery_info", None)
         return self.queue_label(info.get("routing_key") if isinstance(info, dict) else None)
 
-    def _task(self, event: str, queue: str) -> Counter:
-        key = (event, queue)
-        child = self._children.get(key)
-        if child is None:
-            child = self._task_counters[event].labels(self.task, self.hostname, queue)
-            self._children[key] = child
-        return child  # type: ignore[return-value]
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: ``labels()`` validates and locks each call,
+        the larger part of a request's metric cost."""
+        key = (metric, labels)
+        got = self._children.get(key)
+        if got is None:
+            got = self._children[key] = metric.labels(*labels)
+        return got
+
+    def _task(self, event: str, queue: str) -> Any:
+        return self.child(self._task_counters[event], self.task, self.hostname, queue)
 
     def zero(self, codes: list[str]) -> None:
         """Create every bounded counter series at 0 (see ``FleetMetrics._zero_counters``)."""
@@ -136,8 +141,8 @@ class EcosystemMetrics:
         self._task("retried", queue).inc()
 
     def batch(self, size: int) -> None:
-        self.inference_count.labels(self.model, self.modality).inc(size)
-        self.exec_count.labels(self.model, self.modality).inc()
+        self.child(self.inference_count, self.model, self.modality).inc(size)
+        self.child(self.exec_count, self.model, self.modality).inc()
 
     def finished(
         self,
@@ -148,20 +153,20 @@ class EcosystemMetrics:
         e2e_s: float | None,
     ) -> None:
         """One request's final outcome: ``code`` None for success, else its error code."""
-        m = (self.model, self.modality)
+        m, c = (self.model, self.modality), self.child
         if code is None:
             self._task("succeeded", queue).inc()
-            self.success.labels(*m).inc()
+            c(self.success, *m).inc()
         else:
             self._task("revoked" if code == REVOKED else "failed", queue).inc()
-            self.failure.labels(*m, code).inc()
+            c(self.failure, *m, code).inc()
         if run_s is not None:
-            self.runtime.labels(self.task, self.hostname, queue).observe(run_s)
-            self.compute_s.labels(*m).observe(run_s)
+            c(self.runtime, self.task, self.hostname, queue).observe(run_s)
+            c(self.compute_s, *m).observe(run_s)
         if queued_s is not None:
-            self.queue_s.labels(*m).observe(queued_s)
+            c(self.queue_s, *m).observe(queued_s)
         if e2e_s is not None:
-            self.request_s.labels(*m).observe(e2e_s)
+            c(self.request_s, *m).observe(e2e_s)
 
     def bind(self, active: Callable[[], float], pending: Callable[[], float]) -> None:
         """Gauges read at scrape time: requests running and requests held."""
