@@ -296,7 +296,11 @@ def test_every_dashboard_and_rule_expression_returns_data(obs: dict[str, Any]) -
     ref = store.put(np.zeros(int(SHM_BUDGET * 0.95) // 4, dtype=np.float32), ttl_s=600)
     # Demand with no consumer: video requests, and no video worker.
     video = [client.submit("video", {"video": "nothing"}, "bulk", 600)]
-    handles = []
+    # A transient fault, alone in its batch (bisecting a batch would be its second attempt):
+    # retried once, then a success.
+    flaky = client.submit("text", {"text": "flaky", "_inject": "transient:1"}, "high", 60)
+    assert flaky.get(30)["dim"] == 384
+    handles = [flaky]
     # Deadline misses: short deadlines behind a slow batch.
     handles.append(client.submit("text", {"text": "x", "_inject": "slow:3"}, "high", 60))
     time.sleep(0.5)
@@ -343,6 +347,13 @@ def test_every_dashboard_and_rule_expression_returns_data(obs: dict[str, Any]) -
             ("fleet.text", "text.realtime"),
         }
         assert prom.value("sum(celery_task_sent_total)") >= len(handles) + len(video)
+        # The same failures under both names; the transient fault was retried once.
+        invalid = 'sum(fleet_inference_request_failure_total{reason="INVALID_INPUT"})'
+        assert prom.value(invalid) == 15
+        failed = prom.value("sum(celery_task_failed_total)")
+        assert failed == prom.value("sum(fleet_inference_request_failure_total)") >= 20
+        assert prom.value("sum(celery_task_retried_total)") == 1
+        assert prom.value("sum(celery_task_received_total)") >= len(handles) + 31
         batches = prom.value("sum(fleet_inference_exec_count_total)")
         runs = prom.value("sum(fleet_inference_count_total)")
         assert batches and runs and runs >= batches  # mean batch size >= 1
