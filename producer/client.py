@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.result import AsyncResult
 
-from shared import keys
+from shared import keys, tracing
 from shared.celery_app import make_app
 from shared.errors import (
     FleetError,
@@ -37,6 +37,7 @@ from shared.errors import (
     error_from_code,
 )
 from shared.priority import Priority
+from shared.queue_stats import fleet_headers
 from shared.schema import TaskEnvelope
 from shared.settings import MODALITIES, Settings, load_settings
 
@@ -158,6 +159,7 @@ class FleetClient:
     ) -> None:
         self.settings = settings
         self.app = app or make_app(settings, name="fleet-producer", role=role)
+        tracing.configure(settings, "fleet-producer")  # off unless [tracing] says so
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> FleetClient:
@@ -343,7 +345,11 @@ class FleetClient:
             reply_to=self.app.thread_oid,
             create_sent_event=self.app.conf.task_send_sent_event,
         )
-        with producer.connection._reraise_as_library_errors():
+        message.headers.update(fleet_headers(env))
+        with (
+            tracing.producer_span(message.headers, env.modality, task_id),
+            producer.connection._reraise_as_library_errors(),
+        ):
             amqp.send_task_message(producer, name, message, queue=queue, priority=celery_priority)
 
     def poll(self, handles: Sequence[ResultHandle]) -> list[dict[str, Any] | None]:

@@ -295,6 +295,15 @@ class Stack:
         self._wait(ready, name, proc, timeout_s)
         return proc
 
+    # -- queue exporter -----------------------------------------------------------------
+    def start_exporter(self) -> Proc:
+        """Start ``fleet exporter`` (``producer.exporter``) and wait until it serves."""
+        from producer.exporter import exporter_ok
+
+        proc = self._spawn("exporter", [sys.executable, "-m", "producer.cli", "exporter"])
+        self._wait(lambda: exporter_ok(self.s), "exporter", proc, 30.0)
+        return proc
+
     # -- whole stack --------------------------------------------------------------------
     def up(
         self,
@@ -304,9 +313,10 @@ class Stack:
         gateway: bool = False,
         replicas: Mapping[str, int] | None = None,
     ) -> list[Proc]:
-        """Start Redis, workers, Flower and (``gateway``) the HTTP gateway; return when all
-        answer. ``replicas``: workers per modality (default 1 for each of ``modalities``;
-        a modality only named there is started too). Processes already alive are kept.
+        """Start Redis, workers, Flower, (``gateway``) the HTTP gateway and (``[metrics]
+        exporter_port`` not 0) the queue exporter; return when all answer. ``replicas``:
+        workers per modality (default 1 for each of ``modalities``; a modality only named
+        there is started too). Processes already alive are kept.
 
         Raises:
             PortInUse: a port to bind is taken (checked before anything starts).
@@ -330,6 +340,8 @@ class Stack:
                 started.append(self.start_flower())
             if gateway and not self.alive("gateway"):
                 started.append(self.start_gateway())
+            if self.s.metrics.exporter_port and not self.alive("exporter"):
+                started.append(self.start_exporter())
         except BaseException:
             self.down()
             raise
@@ -361,6 +373,10 @@ class Stack:
                 what = f"the metrics of {name} ([metrics] port_base + {port - s.metrics.port_base})"
                 setting = "FLEET_METRICS__PORT_BASE (0 turns metrics off)"
                 out.append((name, s.metrics.host, port, what, setting))
+        if s.metrics.exporter_port and not self.alive("exporter"):
+            m = s.metrics
+            what, setting = "the queue exporter", "FLEET_METRICS__EXPORTER_PORT (0: not started)"
+            out.append(("exporter", m.exporter_host, m.exporter_port, what, setting))
         if flower and not self.alive("flower"):
             out.append(("flower", s.flower.host, s.flower.port, "Flower", "FLEET_FLOWER__PORT"))
         if gateway and not self.alive("gateway"):
@@ -388,7 +404,12 @@ class Stack:
             "redis": {"host": s.redis.host, "port": s.redis.port, "db": s.redis.db},
             "flower": {"host": s.flower.host, "port": s.flower.port},
             "gateway": {"host": s.gateway.host, "port": s.gateway.port},
-            "metrics": {"host": s.metrics.host, "port_base": s.metrics.port_base},
+            "metrics": {
+                "host": s.metrics.host,
+                "port_base": s.metrics.port_base,
+                "exporter_host": s.metrics.exporter_host,
+                "exporter_port": s.metrics.exporter_port,
+            },
         }
         path = self.dir / STATE_FILE
         path.write_text(json.dumps(state, indent=1))

@@ -104,7 +104,8 @@ def free_port() -> int:
 @contextlib.contextmanager
 def isolated_environment(run_dir: Path, extra: dict[str, str] | None = None) -> Iterator[Settings]:
     """``FLEET_*`` variables for a stack of its own: run dir, free Redis and Flower ports,
-    metrics off (so it never collides with a ``make up`` stack on this host); ``extra`` wins.
+    metrics and the exporter off (so it never collides with a ``make up`` stack on this
+    host); ``extra`` wins.
     Yields the settings so built; restores the environment afterwards.
     """
     from shared.settings import load_settings
@@ -115,6 +116,7 @@ def isolated_environment(run_dir: Path, extra: dict[str, str] | None = None) -> 
         "FLEET_FLOWER__PORT": str(free_port()),
         "FLEET_GATEWAY__PORT": str(free_port()),
         "FLEET_METRICS__PORT_BASE": "0",
+        "FLEET_METRICS__EXPORTER_PORT": "0",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

@@ -29,7 +29,8 @@ import uuid
 from celery import Celery
 from kombu.utils.json import dumps
 
-from shared import keys
+from shared import keys, tracing
+from shared.queue_stats import fleet_headers
 from shared.schema import TaskEnvelope
 
 
@@ -59,6 +60,8 @@ def task_payload(
         argsrepr="()",
         kwargsrepr=kwargs_summary(env),
     )
+    m.headers.update(fleet_headers(env))
+    tracing.inject(m.headers, env.modality, task_id)  # traceparent, when tracing is on
     body = base64.b64encode(dumps(m.body).encode()).decode("ascii")
     message = {
         "body": body,

@@ -15,9 +15,11 @@ producer    enqueue (``LPUSH`` onto the modality queues, kombu's bindings), read
 worker      every key and channel, every command but Redis's ``@dangerous`` ones (``CONFIG``,
             ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, ``DEBUG``, ``ACL``, ``CLIENT KILL``...):
             workers run the fleet's Lua scripts (fetch, result writes, batch gate).
-operator    Flower, ``fleet status``, the bench's event tap: read everything, control
-            broadcasts (ping, inspect, revoke), ``INFO``, scripts (kombu's restore mutex is
-            one); no ``@dangerous``.
+operator    Flower, ``fleet status``, ``fleet exporter``, the bench's event tap: read
+            everything, control broadcasts (ping, inspect, revoke), ``INFO``, scripts
+            (kombu's restore mutex is one; the exporter's queue-stats read is another:
+            ``LLEN``/``LINDEX``/``HGETALL`` in ``EVALSHA``), event subscriptions; no
+            ``@dangerous``.
 admin       Redis's ``default`` user (``<run_dir>/redis.password``): everything. For
             ``fleet chaos`` (it injects faults with ``CLIENT KILL`` and ``ACL SETUSER``),
             the tests and the person on call; no fleet process runs as it.

@@ -3,25 +3,37 @@
 Each worker serves them on ``127.0.0.1:<metrics.port_base + modality index>`` (text +0,
 image +1, video +2, xmodal +3; ``port_base = 0`` turns the endpoint off). Latencies are in
 seconds, as Prometheus expects. Flower serves Celery's own task metrics at its ``/metrics``.
+The same events under Celery's and Triton's names: ``shared.metrics_ecosystem``.
 """
 
 from __future__ import annotations
 
+import socket
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from shared.errors import ERROR_CLASSES
+from shared.metrics_ecosystem import LATENCY_BUCKETS_S as _LATENCY_BUCKETS_S
+from shared.metrics_ecosystem import OTHER_QUEUE, EcosystemMetrics
+from shared.priority import Priority
 from shared.settings import MODALITIES, Settings
 
-_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
 
 
 class FleetMetrics:
-    """The metrics of one worker process, in a registry of its own."""
+    """The metrics of one worker process, in a registry of its own.
 
-    def __init__(self, modality: str) -> None:
+    ``eco`` holds the same events under Celery's and Triton's names
+    (``shared.metrics_ecosystem``); ``model`` and ``hostname`` label those.
+    """
+
+    def __init__(self, modality: str, model: str = "", hostname: str = "") -> None:
         self.modality = modality
         self.registry = CollectorRegistry()
         r = self.registry
+        node = hostname or f"{modality}@{socket.gethostname()}"
+        self.eco = EcosystemMetrics(r, modality, model or modality, node)
         self.requests = Counter(
             "fleet_requests", "Requests finished, by outcome (ok or an error code)",
             ["modality", "priority", "outcome"], registry=r,
@@ -55,18 +67,40 @@ class FleetMetrics:
             registry=r,
         )  # fmt: skip
 
+        self._zero_counters()
+
+    def _zero_counters(self) -> None:
+        """Every bounded label set at 0 from the start: ``rate()`` counts nothing of a
+        series until its second sample, so a burst of 10 failures that created the series
+        would never show as a failure rate."""
+        codes = ["ok", *ERROR_CLASSES]
+        for prio in (*(p.label for p in Priority), "unknown"):
+            for code in codes:
+                self.requests.labels(self.modality, prio, code)
+        self.eco.zero(list(ERROR_CLASSES))
+
     def observe_batch(self, size: int, run_s: float) -> None:
-        self.batch_size.labels(self.modality).observe(size)
-        self.inference.labels(self.modality).observe(run_s)
+        self.eco.child(self.batch_size, self.modality).observe(size)
+        self.eco.child(self.inference, self.modality).observe(run_s)
+        self.eco.batch(size)
 
     def observe_request(
-        self, priority: str, outcome: str, queued_s: float | None, e2e_s: float | None
+        self,
+        priority: str,
+        outcome: str,
+        queued_s: float | None,
+        e2e_s: float | None,
+        queue: str = OTHER_QUEUE,
+        run_s: float | None = None,
     ) -> None:
-        self.requests.labels(self.modality, priority, outcome).inc()
+        """One request's final outcome (``"ok"`` or an error code); seconds throughout."""
+        c = self.eco.child
+        c(self.requests, self.modality, priority, outcome).inc()
         if queued_s is not None:
-            self.queue_wait.labels(self.modality, priority).observe(queued_s)
+            c(self.queue_wait, self.modality, priority).observe(queued_s)
         if e2e_s is not None:
-            self.e2e.labels(self.modality, priority).observe(e2e_s)
+            c(self.e2e, self.modality, priority).observe(e2e_s)
+        self.eco.finished(queue, None if outcome == "ok" else outcome, run_s, queued_s, e2e_s)
 
 
 def metrics_port(settings: Settings, modality: str) -> int | None:

@@ -208,6 +208,17 @@ class TransportSettings(_Section):
 class MetricsSettings(_Section):
     host: str = "127.0.0.1"
     port_base: int = 9101  # worker ports: base + modality index; 0 turns metrics off
+    # `fleet exporter` (queue length, demand, age; producer.exporter), started by `fleet up`
+    exporter_host: str = "127.0.0.1"
+    exporter_port: int = Field(default=9100, ge=0, le=65535)  # 0: not started
+
+
+class TracingSettings(_Section):
+    """OpenTelemetry tracing (``shared.tracing``): on when an endpoint or a file is set."""
+
+    otlp_endpoint: str = ""  # e.g. http://127.0.0.1:4318/v1/traces (OTLP over HTTP)
+    file: str = ""  # one JSON span per line, appended (tests, offline reading)
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)  # traces sampled at their root
 
 
 class EventSettings(_Section):
@@ -262,6 +273,7 @@ class Settings(BaseSettings):
     events: EventSettings = Field(default_factory=EventSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 

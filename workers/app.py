@@ -77,6 +77,7 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
         # engine would still answer pings. SystemExit is not swallowed: refuse to start.
         log.exception("engine failed to start")
         raise SystemExit(f"fleet worker {modality}: engine failed to start: {exc}") from exc
+    engine.metrics.eco.set_hostname(getattr(sender, "hostname", "") or "")
     engine_registry.install(engine)
     if mode == "batch":
         app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"
@@ -153,6 +154,9 @@ def _stop_engine(**_: Any) -> None:
         _janitor.stop()
     with contextlib.suppress(RuntimeError):
         engine_registry.current().stop()
+    from shared import tracing
+
+    tracing.shutdown()  # flush the last spans (a no-op without tracing)
 
 
 @inspect_command()

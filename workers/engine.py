@@ -82,7 +82,7 @@ from shared.metrics import FleetMetrics
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
-from workers import broker
+from workers import broker, telemetry
 from workers.acks import ack_batch
 from workers.batcher import Batcher, Lane, Pending, Policy, Trigger
 from workers.circuit import CircuitBreaker
@@ -93,6 +93,7 @@ from workers.models import make_adapter
 from workers.models.base import Prepared
 from workers.results import Outcome, ResultWriter
 from workers.runtime import DeviceRuntime
+from workers.telemetry import Tracing
 from workers.tensor_lease import renew_inputs
 from workers.warmup import WarmQueue, WarmStep, split_plan, warm_plan
 
@@ -222,7 +223,9 @@ class Engine:
         self._hub: Any = None
         self._draining = False
         self.stats = EngineStats()
-        self.metrics = FleetMetrics(modality)
+        self.metrics = FleetMetrics(modality, model=cfg.model)
+        self.tracing = Tracing(settings, modality)
+        telemetry.install(self.tracing)
         self._bind_gauges()
         self.ready = False
         # One lock, one condition per lane: an arrival wakes only the lane that will run it
@@ -350,6 +353,7 @@ class Engine:
                 VirtualQoS.ack(qos, r.message.delivery_tag)  # forget it: frees the slot
             r.acknowledged = True  # nothing may ack it any more: another worker owns it
             worker_state.task_ready(r)
+            self.tracing.finished(r, None, outcome="given_back")
         self.stats.given_back += len(tags)
 
     def attach(self, hub: Any) -> None:
@@ -433,6 +437,8 @@ class Engine:
         delivery in Redis (one round trip for every message of a fetch), so that a message
         whose decoding kills the worker is counted like one that kills it in a batch."""
         self.stats.received += 1
+        self.metrics.eco.received(self.metrics.eco.queue_of(req))
+        self.tracing.arrived(req)
         worker_state.task_reserved(req)
         with self._lock:
             first = self._by_id.get(req.id)
@@ -509,7 +515,8 @@ class Engine:
             # Its /dev/shm inputs live while it may run: renewed before prepare maps them.
             renew_inputs(self._worker_store, inputs, req.id)
             self.faults.on_prepare(fault)
-            prepared = self.adapter.prepare(inputs)
+            with self.tracing.in_request(req):
+                prepared = self.adapter.prepare(inputs)
         except Exception as exc:  # an adapter bug must not kill the consumer either
             if not isinstance(exc, FleetError):
                 log.exception("prepare failed id=%s", req.id)
@@ -645,6 +652,10 @@ class Engine:
         self._post([_Done(p.item, p.item.req, Outcome(p.id, error=err)) for p in expired])
 
     def _run(self, batch: list[Work], trigger: Trigger | None) -> None:
+        with self.tracing.batch([w.req for w in batch]):
+            self._run_batch(batch, trigger)
+
+    def _run_batch(self, batch: list[Work], trigger: Trigger | None) -> None:
         batch_id = f"{self._host}-{os.getpid()}-{next(self._batch_seq)}"
         now = time.monotonic()
         for w in batch:
@@ -661,6 +672,7 @@ class Engine:
         if not batch:
             return
         self._post_started(batch)
+        self.metrics.eco.started([self.metrics.eco.queue_of(w.req) for w in batch])
         done: list[_Done] = []
         ready: list[tuple[Work, Any]] = []
         for w in batch:
@@ -760,7 +772,7 @@ class Engine:
         self._sink_to([w for w, _ in items])
         try:
             self.faults.before_batch([(w.req.id, w.fault) for w, _ in items])
-            with self.runtime.batch_context():
+            with self.runtime.batch_context(), self.tracing.span("model.forward", n=len(items)):
                 results = self.adapter.run_batch([s for _, s in items])
             return [
                 _Done(w, w.req, Outcome(w.req.id, result=r))
@@ -816,10 +828,11 @@ class Engine:
                 self.app.backend.client.delete(*[delivery_count_key(d.req.id) for d in done])
             return True
         try:
-            written = self.writer.write(
-                [d.outcome for d in todo],
-                also_delete=[delivery_count_key(d.req.id) for d in todo],
-            )
+            with self.tracing.result_write([d.req for d in todo]):
+                written = self.writer.write(
+                    [d.outcome for d in todo],
+                    also_delete=[delivery_count_key(d.req.id) for d in todo],
+                )
         except Exception as exc:
             # Not acked, still leased: retried with backoff (_settle_later).
             log.warning("storing %d results failed (%s); will retry", len(todo), exc)
@@ -866,6 +879,7 @@ class Engine:
             if isinstance(item, _Progress):
                 self._progress(item)
             elif isinstance(item, _Retry):
+                self.metrics.eco.retried(self.metrics.eco.queue_of(item.work.req))
                 item.work.req.send_event("task-retried", exception=repr(item.error), traceback="")
             else:
                 self._started(item[1])
@@ -971,6 +985,7 @@ class Engine:
             self.stats.errors[o.error.code] += 1
             req.send_event("task-failed", exception=repr(o.error), traceback="")
         worker_state.task_ready(req)
+        self.tracing.finished(req, o.error.code if o.error else None)
         self._progress_at.pop(req.id, None)
         queued_ms = (w.started_s - w.arrival_s) * 1000.0 if w and w.started_s else 0.0
         self.metrics.observe_request(
@@ -978,6 +993,8 @@ class Engine:
             "ok" if o.error is None else o.error.code,
             queued_ms / 1000.0 if w and w.started_s else None,
             (time.time() - w.env.submitted_ms / 1000.0) if w else None,
+            self.metrics.eco.queue_of(req),
+            d.run_ms / 1000.0 if w and w.started_s else None,
         )
         log.info(
             "request id=%s state=%s code=%s priority=%s queued_ms=%.1f run_ms=%.1f "
@@ -1029,6 +1046,7 @@ class Engine:
         m, metrics = self.modality, self.metrics
         metrics.held.labels(m).set_function(lambda: len(self.batcher))
         metrics.circuit_open.labels(m).set_function(lambda: float(self.breaker.state == "open"))
+        metrics.eco.bind(lambda: len(self._running), lambda: len(self.batcher))
         metrics.device_memory.labels(m).set_function(
             lambda: (self.runtime.stats().get("cuda_reserved_mb") or 0.0) * 2**20
         )

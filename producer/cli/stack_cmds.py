@@ -1,4 +1,4 @@
-"""``fleet worker|up|down|status|flower|gateway|demo``: the processes of a stack."""
+"""``fleet worker|up|down|status|flower|gateway|exporter|demo``: the processes of a stack."""
 
 from __future__ import annotations
 
@@ -224,6 +224,37 @@ def gateway_cmd(
     from producer.gateway.server import serve
 
     serve(settings, workers=workers, log_level=loglevel.lower())
+
+
+@app.command("exporter")
+def exporter_cmd(
+    host: Annotated[str, typer.Option(help="bind address (default: [metrics] exporter_host)")] = (
+        ""
+    ),
+    port: Annotated[int, typer.Option(help="port (default: [metrics] exporter_port)")] = 0,
+) -> None:
+    """Serve the queue-level Prometheus series (length, demand, oldest age per queue) in the
+    foreground; `fleet up` starts it on 127.0.0.1:9100 (FLEET_METRICS__EXPORTER_PORT)."""
+    import logging
+
+    from producer.exporter import serve_forever
+    from producer.stack import port_in_use
+
+    if host:
+        os.environ["FLEET_METRICS__EXPORTER_HOST"] = host
+    if port:
+        os.environ["FLEET_METRICS__EXPORTER_PORT"] = str(port)
+    settings = cli_settings()
+    m = settings.metrics
+    if not m.exporter_port:
+        raise CliProblem("the exporter is off ([metrics] exporter_port = 0); give --port")
+    if port_in_use(m.exporter_host, m.exporter_port):
+        raise CliProblem(
+            f"port {m.exporter_port} on {m.exporter_host} is already in use: choose another "
+            "with --port or FLEET_METRICS__EXPORTER_PORT"
+        )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    serve_forever(settings)
 
 
 @app.command()

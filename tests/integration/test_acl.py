@@ -78,6 +78,23 @@ def test_workers_and_operators_cannot_reconfigure_or_wipe_redis(stack: Any) -> N
     _as(stack.s, ADMIN).execute_command("ACL", "LOG", "RESET")
 
 
+def test_the_exporter_reads_queue_stats_as_operator_and_a_producer_cannot(stack: Any) -> None:
+    """``fleet exporter``'s script (priority lists and every queue's unacked entries) runs
+    under the operator's rules; the producer, whose rules keep other requests' payloads
+    from it, is refused."""
+    from producer.exporter import all_queues
+    from shared.queue_stats import QueueReader
+
+    admin = _as(stack.s, ADMIN)
+    admin.execute_command("ACL", "LOG", "RESET")
+    stats, _ = QueueReader(_as(stack.s, "operator"), all_queues()).read()
+    assert [st.queue for st in stats] == all_queues()
+    assert admin.execute_command("ACL", "LOG", "10") == []
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        QueueReader(_as(stack.s, "producer"), all_queues()).read()
+    admin.execute_command("ACL", "LOG", "RESET")  # that denial was on purpose
+
+
 def test_a_producer_does_its_whole_job_without_one_denied_command(
     stack: Any, client: FleetClient
 ) -> None:

@@ -38,7 +38,9 @@ HOST = socket.gethostname()
 def base_env(**extra: str) -> dict[str, str]:
     """The caller's environment without any FLEET_* variable, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("FLEET_")}
-    env.update({"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **extra})
+    # No queue exporter unless a test gives it a port (its default, 9100, is a user's).
+    env.update({"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+                "FLEET_METRICS__EXPORTER_PORT": "0", **extra})  # fmt: skip
     return env
 
 
@@ -81,6 +83,7 @@ def traps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traps]:
         FLEET_REDIS__PORT=str(free_port()),
         FLEET_FLOWER__PORT=str(free_port()),
         FLEET_METRICS__PORT_BASE=str(free_port_block(8)),
+        FLEET_METRICS__EXPORTER_PORT=str(free_port()),
         FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE="16",  # a shorter warmup
     )
     t = Traps(run_dir, shm_root, up_env)
@@ -114,8 +117,8 @@ def test_replicas_have_their_own_node_names_logs_and_metrics_ports(traps: Traps)
     st = fleet("status", env=traps.env)
     assert st.returncode == 0, st.stderr
     status = json.loads(st.stdout)
-    assert status["processes"] == {"flower": True, "redis": True, "worker-text": True,
-                                   "worker-text-1": True}  # fmt: skip
+    assert status["processes"] == {"exporter": True, "flower": True, "redis": True,
+                                   "worker-text": True, "worker-text-1": True}  # fmt: skip
     assert status["live_workers"] == {"text": sorted([f"text@{HOST}", f"text-1@{HOST}"])}
     logs = traps.run_dir / "logs"
     assert "ready" in (logs / "worker-text.log").read_text()

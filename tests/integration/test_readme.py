@@ -75,6 +75,7 @@ def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
         FLEET_FLOWER__PORT=str(free_port()),
         FLEET_GATEWAY__PORT=str(free_port()),
         FLEET_METRICS__PORT_BASE=str(free_port_block(8)),
+        FLEET_METRICS__EXPORTER_PORT=str(free_port()),
         FLEET_TRANSPORT__SHM_ROOT=str(shm_root),
         FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE="16",  # a shorter warmup
         FLEET_MODALITIES__IMAGE__BATCHING__MAX_BATCH_SIZE="4",

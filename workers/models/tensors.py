@@ -26,6 +26,7 @@ import numpy as np
 
 from shared.errors import ShmCapacityError
 from shared.transport import ShmStore, TensorRef, encode_inline, process_store
+from workers import telemetry
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -65,7 +66,8 @@ class TensorIO:
         Raises:
             TensorRefError: malformed, unknown, expired or mismatching ref.
         """
-        return self.store.get(ref)
+        with telemetry.span("shm.get"):
+            return self.store.get(ref)
 
     def pack(self, array: np.ndarray) -> dict[str, Any]:
         """One output array as a wire object (shm ref or inline), see the module docstring.
@@ -84,7 +86,8 @@ class TensorIO:
         if array.nbytes <= self.inline_max_bytes or not t.shared_host:
             return encode_inline(array, max_inline)
         try:
-            ref = self.store.put(array, ttl_s=t.default_ttl_s, detach=True)
+            with telemetry.span("shm.put", bytes=int(array.nbytes)):
+                ref = self.store.put(array, ttl_s=t.default_ttl_s, detach=True)
         except ShmCapacityError:
             if array.nbytes > max_inline:
                 raise

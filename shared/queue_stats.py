@@ -1,0 +1,177 @@
+"""Queue depth and demand, read from Redis in one atomic step (for ``fleet exporter``).
+
+A queue's requests are in one of two places until they finish:
+
+- **waiting**: in one of the queue's priority lists (``shared.keys.priority_list_key``);
+  ``LLEN`` of one list (what Celery's tools chart) misses the other nine.
+- **reserved**: delivered to a worker and recorded in kombu's ``unacked`` hash until the
+  worker acks it, which a batching worker does only after the result is stored. That covers
+  the prefetch window, what the batcher holds and what runs; and the messages of a dead
+  worker until its leases lapse. The hash holds every queue's messages: each entry is
+  ``[payload, exchange, routing_key]`` and is attributed to its queue by the routing key.
+
+``demand = waiting + reserved`` is therefore never below the number of submitted but
+unfinished requests (it may be above it by the requests whose result is stored and whose ack
+is on its way). ``LLEN`` alone drops by a whole prefetch window as soon as a worker takes it.
+
+The age of the oldest request comes from the ``fleet_submitted_ms`` message header (epoch
+ms, set by ``producer.client.FleetClient.publish``): of the two ends of every priority list
+(FIFO within a list; restored messages go to the other end) and of every reserved message.
+Messages without the header (plain Celery producers) count in demand but not in the age.
+
+The script reads whole unacked entries, so its cost grows with the reserved messages and
+their payload sizes (inline payloads; tensors travel as refs); it runs once per scrape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import keys
+
+SUBMITTED_HEADER = "fleet_submitted_ms"
+
+
+def fleet_headers(env: Any) -> dict[str, Any]:
+    """Message headers the fleet adds to Celery's for one request (a ``TaskEnvelope``):
+    ``fleet_submitted_ms``, its submit time (epoch ms), which the queue age is read from."""
+    return {SUBMITTED_HEADER: env.submitted_ms}
+
+
+# KEYS: every queue's priority lists (steps in order, queue after queue), then the unacked
+# hash. ARGV: number of queues, number of steps, then the queue names.
+# Returns one row per queue: waiting per step..., reserved, oldest submit ms (-1: none);
+# then a last row: {reserved messages of other queues}.
+_SCRIPT = """
+local nq, ns = tonumber(ARGV[1]), tonumber(ARGV[2])
+local hash = KEYS[#KEYS]
+local function sent_ms(item)
+  local tail = string.sub(item, -8192)
+  local last = nil
+  for v in string.gmatch(tail, '"fleet_submitted_ms"%s*:%s*([%d%.eE%+%-]+)') do last = v end
+  return last and tonumber(last) or nil
+end
+local rows, oldest, index = {}, {}, {}
+for q = 1, nq do
+  index[ARGV[2 + q]] = q
+  local row = {}
+  for s = 1, ns do
+    local key = KEYS[(q - 1) * ns + s]
+    local n = redis.call('LLEN', key)
+    row[s] = n
+    if n > 0 then
+      for _, at in ipairs({-1, 0}) do
+        local item = redis.call('LINDEX', key, at)
+        local t = item and sent_ms(item)
+        if t and (oldest[q] == nil or t < oldest[q]) then oldest[q] = t end
+      end
+    end
+  end
+  row[ns + 1] = 0
+  rows[q] = row
+end
+local other = 0
+local all = redis.call('HGETALL', hash)
+for i = 2, #all, 2 do
+  local v = all[i]
+  local rk = string.match(string.sub(v, -512), ',%s*"([^"]*)"%s*%]%s*$')
+  local q = rk and index[rk]
+  if q then
+    rows[q][ns + 1] = rows[q][ns + 1] + 1
+    local t = sent_ms(v)
+    if t and (oldest[q] == nil or t < oldest[q]) then oldest[q] = t end
+  else
+    other = other + 1
+  end
+end
+for q = 1, nq do
+  rows[q][ns + 2] = oldest[q] and math.floor(oldest[q]) or -1
+end
+rows[nq + 1] = {other}
+return rows
+"""
+
+
+@dataclass
+class QueueStats:
+    """One queue's state at one instant.
+
+    ``waiting``: messages per Celery priority step (0..9) in Redis; ``reserved``: messages
+    delivered and not acked; ``oldest_submitted_ms``: epoch ms of the oldest request with a
+    ``fleet_submitted_ms`` header, ``None`` when it has none.
+    """
+
+    queue: str
+    waiting: dict[int, int] = field(default_factory=dict)
+    reserved: int = 0
+    oldest_submitted_ms: float | None = None
+
+    @property
+    def waiting_total(self) -> int:
+        return sum(self.waiting.values())
+
+    @property
+    def demand(self) -> int:
+        """Waiting + reserved: never below the submitted-but-unfinished requests."""
+        return self.waiting_total + self.reserved
+
+    def oldest_age_s(self, now_s: float | None = None) -> float:
+        """Seconds since the oldest request was submitted; 0 when the queue is empty."""
+        if self.oldest_submitted_ms is None:
+            return 0.0
+        now = time.time() if now_s is None else now_s
+        return max(0.0, now - self.oldest_submitted_ms / 1000.0)
+
+
+def parse_rows(queues: Sequence[str], rows: Sequence[Any]) -> tuple[list[QueueStats], int]:
+    """The script's reply as :class:`QueueStats` per queue and the count of reserved
+    messages of other queues.
+
+    Raises:
+        ValueError: a reply of the wrong shape (a script of another version).
+    """
+    steps = keys.PRIORITY_STEPS
+    if len(rows) != len(queues) + 1:
+        raise ValueError(f"queue stats: {len(rows)} rows for {len(queues)} queues")
+    out = []
+    for q, row in zip(queues, rows, strict=False):
+        if len(row) != len(steps) + 2:
+            raise ValueError(f"queue stats: row of {len(row)} values for {q!r}")
+        oldest = int(row[-1])
+        out.append(
+            QueueStats(
+                queue=q,
+                waiting={s: int(n) for s, n in zip(steps, row, strict=False)},
+                reserved=int(row[len(steps)]),
+                oldest_submitted_ms=None if oldest < 0 else float(oldest),
+            )
+        )
+    return out, int(rows[-1][0])
+
+
+class QueueReader:
+    """Reads :class:`QueueStats` of ``queues`` with one script call.
+
+    Args:
+        client: a ``redis.Redis`` (the ``operator`` role may run it: reads and ``EVALSHA``).
+        queues: queue names (``shared.keys.queue_name`` / ``realtime_queue_name``).
+    """
+
+    def __init__(self, client: Any, queues: Sequence[str]) -> None:
+        self.queues = list(queues)
+        self._keys = [
+            keys.priority_list_key(q, s) for q in self.queues for s in keys.PRIORITY_STEPS
+        ] + [keys.UNACKED_KEY]
+        self._script = client.register_script(_SCRIPT)
+
+    def read(self) -> tuple[list[QueueStats], int]:
+        """Every queue's stats and the reserved messages of queues not listed.
+
+        Raises:
+            redis.RedisError: Redis is unreachable or refused the script.
+        """
+        args = [len(self.queues), len(keys.PRIORITY_STEPS), *self.queues]
+        return parse_rows(self.queues, self._script(keys=self._keys, args=args))

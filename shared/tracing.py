@@ -1,0 +1,158 @@
+"""OpenTelemetry tracing of the fleet: off by default, on with one setting.
+
+``[tracing] otlp_endpoint = "http://collector:4318/v1/traces"`` (OTLP over HTTP; Jaeger and
+the OpenTelemetry Collector accept it) or ``[tracing] file = "/path/spans.jsonl"`` (one JSON
+span per line, for tests and offline reading) turns it on in every process that reads the
+settings; ``sample_ratio`` (default 1.0) samples traces at their root, and a request carries
+its producer's decision to the worker (parent-based sampling).
+
+Spans: the producer's ``fleet.submit`` (kind PRODUCER) around the publish, whose context
+travels as the W3C ``traceparent`` message header (producers in other languages set the same
+header: ``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``); on the worker, one
+``fleet.request`` (CONSUMER, child of ``fleet.submit``) from the window arrival to the
+final outcome; one ``fleet.batch`` per batch, child of its first member's request span and
+linked to every member's; under it ``model.forward``, ``shm.get`` / ``shm.put`` and
+``result.write``.
+
+With tracing off nothing here imports OpenTelemetry and every hook is one attribute test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from shared.settings import Settings
+
+log = logging.getLogger("fleet.tracing")
+
+TRACEPARENT = "traceparent"
+_lock = threading.Lock()
+_provider: Any = None  # this process's TracerProvider, once configured
+
+
+def enabled(settings: Settings) -> bool:
+    t = settings.tracing
+    return bool(t.otlp_endpoint or t.file)
+
+
+class _FileExporter:
+    """A SpanExporter writing one JSON object per span and line (append, flushed per batch)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        lines = "".join(s.to_json(indent=None) + "\n" for s in spans)  # one line each
+        with self._lock, self.path.open("a") as f:
+            f.write(lines)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def configure(settings: Settings, service: str, exporter: Any = None) -> Any:
+    """This process's tracer provider (once per process; later calls return it).
+
+    Args:
+        service: the ``service.name`` resource (``fleet-producer``, ``fleet-worker-text``).
+        exporter: a SpanExporter to use instead of the settings' (tests: the SDK's
+            ``InMemorySpanExporter``, exported synchronously).
+
+    Returns:
+        The provider, or ``None`` when tracing is off and no exporter is given.
+    """
+    global _provider
+    with _lock:
+        if _provider is not None:
+            return _provider
+        if exporter is None and not enabled(settings):
+            return None
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        t = settings.tracing
+        provider = TracerProvider(
+            resource=Resource.create({"service.name": service}),
+            sampler=ParentBased(TraceIdRatioBased(t.sample_ratio)),
+        )
+        if exporter is not None:
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+        else:
+            if t.otlp_endpoint:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+
+                provider.add_span_processor(
+                    BatchSpanProcessor(OTLPSpanExporter(endpoint=t.otlp_endpoint))
+                )
+            if t.file:
+                provider.add_span_processor(
+                    BatchSpanProcessor(_FileExporter(Path(t.file)), schedule_delay_millis=500)
+                )
+        # Not made OpenTelemetry's global provider: the fleet's spans come from this one,
+        # and a host application's own setup stays its own.
+        _provider = provider
+        return provider
+
+
+def tracer(name: str = "mmfleet") -> Any:
+    """A tracer of this process's provider (call :func:`configure` first)."""
+    if _provider is None:
+        raise RuntimeError("tracing is not configured in this process")
+    return _provider.get_tracer(name)
+
+
+def reset() -> None:
+    """Shut down and forget this process's provider (tests that configure their own)."""
+    global _provider
+    with _lock:
+        if _provider is not None:
+            _provider.shutdown()
+        _provider = None
+
+
+def inject(headers: MutableMapping[str, Any], modality: str, task_id: str) -> None:
+    """A ``fleet.submit`` span for a message published later (the gateway's raw push): its
+    context goes into ``headers``. A no-op when this process has no provider."""
+    with producer_span(headers, modality, task_id):
+        pass
+
+
+def shutdown() -> None:
+    """Flush and stop this process's exporters (a worker's shutdown)."""
+    if _provider is not None:
+        _provider.shutdown()
+
+
+@contextlib.contextmanager
+def producer_span(headers: MutableMapping[str, Any], modality: str, task_id: str) -> Iterator[None]:
+    """Around one publish: a ``fleet.submit`` span whose context goes into ``headers`` as
+    ``traceparent``. A no-op when this process has no provider."""
+    if _provider is None:
+        yield
+        return
+    from opentelemetry.propagate import inject
+    from opentelemetry.trace import SpanKind
+
+    with tracer().start_as_current_span(
+        "fleet.submit",
+        kind=SpanKind.PRODUCER,
+        attributes={"fleet.modality": modality, "messaging.message.id": task_id},
+    ):
+        inject(headers)
+        yield
