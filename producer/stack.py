@@ -419,6 +419,17 @@ class Stack:
             return {}
         return {p.stem: self.alive(p.stem) for p in sorted(self.pids.glob("*.pid"))}
 
+    def dead_worker_nodes(self) -> set[str]:
+        """Node names (``text-1@<this host>``) of the workers this run dir started whose
+        process is gone (a pidfile left, its pid not running): their heartbeat in
+        ``fleet:live:*`` may still look fresh for up to ``lease_s``."""
+        host = socket.gethostname()
+        return {
+            f"{name.removeprefix('worker-')}@{host}"
+            for name, ok in self.status().items()
+            if name.startswith("worker-") and not ok
+        }
+
     def alive(self, name: str) -> bool:
         pid = self._read_pid(self.pids / f"{name}.pid")
         return pid is not None and _alive(pid)

@@ -133,7 +133,10 @@ def down() -> None:
 @app.command()
 def status() -> None:
     """The stack's processes, Redis and live workers (replicas included) as JSON. Exit 0
-    when everything started is alive and Redis answers, 3 otherwise (the cause on stderr)."""
+    when everything started is alive and Redis answers, 3 otherwise (the cause on stderr).
+
+    live_workers: nodes with a fresh heartbeat, less the workers of this run dir whose
+    process is gone (listed under dead_workers at once, not after lease_s)."""
     from producer.cli.diagnose import broker_problem
     from producer.stack import Stack
 
@@ -142,12 +145,17 @@ def status() -> None:
     procs = stack.status()
     redis_problem = broker_problem(settings, "operator")
     live: dict[str, list[str]] = {}
+    dead_nodes = stack.dead_worker_nodes()
     if redis_problem is None:
         from producer.client import FleetClient
 
         client = FleetClient(settings, role="operator")
         try:
-            live = {m: client.live_workers(m) for m in MODALITIES}
+            # A local replica whose process is gone is dead now, whatever its heartbeat says
+            # (it stays fresh for up to lease_s); remote workers have only the heartbeat.
+            live = {
+                m: [n for n in client.live_workers(m) if n not in dead_nodes] for m in MODALITIES
+            }
         finally:
             client.close()
     emit(
@@ -157,6 +165,7 @@ def status() -> None:
             "processes": procs,
             "redis": "ok" if redis_problem is None else redis_problem.splitlines()[0],
             "live_workers": {m: n for m, n in live.items() if n},
+            "dead_workers": sorted(dead_nodes),
         }
     )
     dead = [n for n, ok in procs.items() if not ok]
