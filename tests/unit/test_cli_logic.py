@@ -179,9 +179,9 @@ def test_exit_code_for(code: str, exit_code: int) -> None:
 
 
 def test_exit_codes_are_the_documented_ones() -> None:
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4]
     readme = (REPO / "README.md").read_text()
-    for line in ("| 0 |", "| 1 |", "| 2 |", "| 3 |"):
+    for line in ("| 0 |", "| 1 |", "| 2 |", "| 3 |", "| 4 |"):
         assert line in readme
 
 
@@ -233,3 +233,75 @@ def test_log_tail_starts_at_this_start(tmp_path: Path) -> None:
         time.sleep(0.02)
     st.stop("probe")
     assert st.log_tail("probe") == "fresh line"
+
+
+# -- where a request is (fleet result / watch of an id without a result) ----------------------
+def kombu_message(task_id: str, text: str = "hello") -> dict[str, object]:
+    import base64
+    import json
+
+    body = base64.b64encode(json.dumps([[], {"inputs": {"text": text}}, {}]).encode()).decode()
+    return {"body": body, "headers": {"id": task_id, "task": "fleet.text"},
+            "properties": {"delivery_tag": "t-1"}}  # fmt: skip
+
+
+def test_a_message_matches_on_its_header_id_not_on_an_input_holding_the_id() -> None:
+    import json
+
+    from producer.cli.locate import message_id, unacked_entry_match
+
+    wanted = "5b0e5c0e-0000-4000-8000-000000000001"
+    other = kombu_message("5b0e5c0e-0000-4000-8000-000000000002", text=f"see {wanted}")
+    assert message_id(json.dumps(kombu_message(wanted)).encode()) == wanted
+    assert message_id(json.dumps(other)) != wanted
+    assert message_id(b"not json") is None and message_id({"headers": "x"}) is None
+    entry = json.dumps([kombu_message(wanted), "", "text.realtime"]).encode()
+    assert unacked_entry_match(entry, wanted) == "text.realtime"
+    other_entry = json.dumps([other, "", "text"]).encode()
+    assert unacked_entry_match(other_entry, wanted) is None  # the id is only in its input
+    assert unacked_entry_match(b"[broken", wanted) is None
+
+
+def test_queue_position_counts_earlier_steps_and_the_messages_nearer_the_tail() -> None:
+    from producer.cli.locate import queue_position
+
+    # Workers take step 0 first, each list from its tail (the oldest message).
+    assert queue_position([0, 0, 3], step=2, index_from_head=2) == 1  # at the tail: next
+    assert queue_position([0, 0, 3], step=2, index_from_head=0) == 3  # newest: last
+    assert queue_position([2, 0, 3], step=2, index_from_head=2) == 3  # 2 of step 0 first
+
+
+def test_location_words_and_json() -> None:
+    from producer.cli.locate import HELD, QUEUED, UNSURE, Location
+
+    q = Location(QUEUED, "video", position=2, queued=5)
+    assert q.to_dict() == {"where": "queued", "queue": "video", "position": 2, "queued": 5}
+    assert q.words() == "queued, position 2 of 5 in queue 'video'"
+    assert Location(HELD, "text").to_dict() == {"where": "held", "queue": "text"}
+    assert "cannot read queues" in Location(UNSURE).words()
+
+
+def test_negative_or_infinite_seconds_are_refused_in_one_line() -> None:
+    from producer.cli.base import CliProblem, check_seconds
+
+    check_seconds("--wait-s", 0.0)
+    for value, positive in ((-1.0, False), (float("inf"), False), (0.0, True)):
+        with pytest.raises(CliProblem) as info:
+            check_seconds("--wait-s", value, positive=positive)
+        assert info.value.exit_code == ExitCode.REFUSED
+        assert info.value.message.startswith("--wait-s must be ")
+        assert "\n" not in info.value.message
+
+
+def test_dead_worker_nodes_are_the_local_workers_whose_pid_is_gone(tmp_path: Path) -> None:
+    import socket
+
+    s = load_settings(stack={"run_dir": str(tmp_path / "run")})
+    stack = Stack(s)
+    stack.pids.mkdir(parents=True, exist_ok=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (stack.pids / "worker-text-1.pid").write_text(str(gone.pid))
+    (stack.pids / "worker-text.pid").write_text(str(os.getpid()))  # alive
+    (stack.pids / "redis.pid").write_text(str(gone.pid))  # not a worker
+    assert stack.dead_worker_nodes() == {f"text-1@{socket.gethostname()}"}
