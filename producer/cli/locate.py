@@ -72,7 +72,7 @@ class Location:
         if self.where == SUBMITTED:
             return "accepted by the gateway, not found in a queue or a worker"
         if self.where == UNSURE:
-            return "queued, or an unknown or expired id (these credentials cannot read queues)"
+            return "queued, or an unknown or expired id: these credentials cannot read the queues"
         return "unknown"
 
 

@@ -286,6 +286,18 @@ def test_result_and_watch_tell_a_queued_request_from_an_unknown_id(traps: Traps)
         )
 
 
+def test_a_producer_users_credentials_cannot_read_the_queues_and_say_so(traps: Traps) -> None:
+    """The producer ACL user may not read queued messages (LRANGE, the unacked hash): with
+    its credentials an id found nowhere is "not final yet", never called unknown."""
+    password = (traps.run_dir / "redis-producer.password").read_text().strip()
+    env = {**traps.env, "FLEET_REDIS__USER": "producer", "FLEET_REDIS__PASSWORD": password}
+    res = fleet("result", str(uuid.uuid4()), env=env)
+    assert res.returncode == 1, res.stderr
+    assert json.loads(res.stdout)["where"] == "unsure"
+    assert "these credentials cannot read the queues" in res.stderr
+    assert_short(res, 1)
+
+
 # -- 8: results later -------------------------------------------------------------------------
 def test_result_and_watch_read_a_request_later(traps: Traps) -> None:
     sub = fleet("submit", "text", "--text", "A man is playing a guitar.", "--wait-s", "0",

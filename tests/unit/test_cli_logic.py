@@ -278,7 +278,7 @@ def test_location_words_and_json() -> None:
     assert q.to_dict() == {"where": "queued", "queue": "video", "position": 2, "queued": 5}
     assert q.words() == "queued, position 2 of 5 in queue 'video'"
     assert Location(HELD, "text").to_dict() == {"where": "held", "queue": "text"}
-    assert "cannot read queues" in Location(UNSURE).words()
+    assert "cannot read the queues" in Location(UNSURE).words()
 
 
 def test_negative_or_infinite_seconds_are_refused_in_one_line() -> None:
