@@ -200,7 +200,7 @@ def watch(
 ) -> None:
     """Follow a request: one JSON line per change of state, of where it is (queued, held by
     a worker) or of progress (a video's done/total frames) until its final result, printed
-    as `fleet result` does, with the same exit codes; every --report-s a `still queued:
+    as `fleet result` does, with the same exit codes; every --report-s a `still queued,
     position N of M` line on stderr; 4 at once for an id the fleet does not know; 1 with
     WAIT_TIMEOUT when it is not final within --timeout-s."""
     from producer.cli.diagnose import broker_errors, broker_lost

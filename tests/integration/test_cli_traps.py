@@ -192,7 +192,10 @@ def test_unreachable_redis_says_connection_refused_at_once(traps: Traps) -> None
         assert proc.returncode == 3, (args, proc.stderr)
         assert "connection refused" in proc.stderr and "FLEET_REDIS__PORT" in proc.stderr
         assert_short(proc)
-        assert took - base < 1.0, (args, took, base)  # redis-py's retries took 2.6-5.2 s
+        # The refused connection itself is immediate (no retries); what remains over the
+        # blank-text refusal is importing redis, up to a second on a loaded 2-core machine.
+        # redis-py's default retries took 3-5 s more.
+        assert took - base < 2.0, (args, took, base)
 
 
 # -- a negative --wait-s ------------------------------------------------------------------------

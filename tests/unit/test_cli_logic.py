@@ -305,3 +305,13 @@ def test_dead_worker_nodes_are_the_local_workers_whose_pid_is_gone(tmp_path: Pat
     (stack.pids / "worker-text.pid").write_text(str(os.getpid()))  # alive
     (stack.pids / "redis.pid").write_text(str(gone.pid))  # not a worker
     assert stack.dead_worker_nodes() == {f"text-1@{socket.gethostname()}"}
+
+
+def test_cli_probes_do_not_retry_and_connect_with_a_short_timeout() -> None:
+    from producer.cli.diagnose import probe_client
+
+    client = probe_client(load_settings(), None, "x")
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["socket_connect_timeout"] < 1.0
+    assert client.get_retry().get_retries() == 0  # redis-py's default retries for seconds
+    client.close()
