@@ -20,7 +20,6 @@ will bind are free and names the setting that moves a taken one (:class:`PortInU
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -45,6 +44,8 @@ from producer.stack_ports import (  # noqa: F401 - part of this module's interfa
     replica_metrics_base,
     replica_metrics_port,
 )
+from producer.stack_procs import alive as _alive
+from producer.stack_procs import signal_group as _signal_group
 from shared.acl import ADMIN, ROLES, password_hash, server_version, user_lines
 from shared.acl import rules as acl_rules
 from shared.settings import MODALITIES, Settings, ensure_secret
@@ -117,7 +118,13 @@ class Stack:
             ensure_secret(self.dir / "flower.password")
 
     def env(self) -> dict[str, str]:
+        """The environment of the processes this stack starts: the caller's, the run dir, and
+        the addresses of ``stack.json`` (``recorded``) as ``FLEET_*`` variables where the
+        caller's environment lacks them, so a worker added later by a plain ``fleet up``
+        finds the Redis the stack was started on, as the command itself does."""
         env = dict(os.environ)
+        for name, value in self.recorded_env().items():
+            env.setdefault(name, value)
         env["FLEET_STACK__RUN_DIR"] = str(self.dir)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.setdefault("HF_HUB_OFFLINE", "1")
@@ -367,17 +374,28 @@ class Stack:
             raise PortInUse(problem)
 
     # -- the state file -----------------------------------------------------------------
-    def write_state(self) -> None:
-        """Record the addresses this stack was started with in ``stack.json``."""
+    def recorded(self) -> dict[str, dict[str, Any]]:
+        """The addresses ``stack.json`` records, from these settings."""
         s = self.s
-        state = {
+        return {
             "redis": {"host": s.redis.host, "port": s.redis.port, "db": s.redis.db},
             "flower": {"host": s.flower.host, "port": s.flower.port},
             "gateway": {"host": s.gateway.host, "port": s.gateway.port},
             "metrics": {"host": s.metrics.host, "port_base": s.metrics.port_base},
         }
+
+    def recorded_env(self) -> dict[str, str]:
+        """:meth:`recorded` as ``FLEET_<SECTION>__<KEY>`` variables."""
+        return {
+            f"FLEET_{section.upper()}__{key.upper()}": str(value)
+            for section, values in self.recorded().items()
+            for key, value in values.items()
+        }
+
+    def write_state(self) -> None:
+        """Record the addresses this stack was started with in ``stack.json``."""
         path = self.dir / STATE_FILE
-        path.write_text(json.dumps(state, indent=1))
+        path.write_text(json.dumps(self.recorded(), indent=1))
 
     def read_state(self) -> dict[str, Any] | None:
         """The recorded addresses of the running stack; ``None`` when no stack process of
@@ -485,34 +503,3 @@ class Stack:
             return int(path.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); reap it if it is ours.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return _not_zombie(pid)
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)

@@ -67,6 +67,22 @@ def unknown_exit(task_id: str, settings: Settings) -> None:
     raise typer.Exit(ExitCode.UNKNOWN_ID)
 
 
+def no_worker_hint(settings: Settings, client: Any, where: loc.Location | None) -> str:
+    """``"; no live worker consumes queue 'video' (...)"`` for a queued request whose queue
+    nobody reads (one round trip), else ``""``."""
+    from producer.cli.diagnose import live_nodes
+
+    if where is None or where.where != loc.QUEUED:
+        return ""
+    modality = where.queue.split(".", 1)[0]
+    if live_nodes(settings, client, modality):
+        return ""
+    return (
+        f"; no live worker consumes queue {where.queue!r}: start one with "
+        f"`fleet up --modalities {modality}`"
+    )
+
+
 class Prober:
     """Looks for requests without a result document (:mod:`producer.cli.locate`) over one
     connection of its own: the operator role's when this run dir has its password (it may
@@ -173,6 +189,7 @@ def result(
         if full and meta is not None and meta.get("status") == "SUCCESS":
             meta = {**meta, "result": client.resolve(meta["result"], release=False)}
         out, code = report(task_id, meta, full, where)
+        hint = no_worker_hint(settings, client, where) if meta is None else ""
     except broker_errors() as exc:
         raise broker_lost(settings, exc) from None
     finally:
@@ -183,7 +200,7 @@ def result(
         words = where.words() if meta is None and where else STATE_WORDS.get(out["state"], "")
         typer.echo(
             f"no final result yet: {out['state']} ({words}); wait with --wait-s, or follow it "
-            f"with `fleet watch {task_id}`",
+            f"with `fleet watch {task_id}`{hint}",
             err=True,
         )
     raise typer.Exit(code)
@@ -224,7 +241,8 @@ def watch(
                 if where.where == loc.UNKNOWN:
                     unknown_exit(task_id, settings)
                 if where.where != loc.FINAL and last is not None:
-                    typer.echo(f"still {where.words()} (after {now - start:.0f} s)", err=True)
+                    hint = no_worker_hint(settings, client, where)
+                    typer.echo(f"still {where.words()} (after {now - start:.0f} s){hint}", err=True)
             out, code = report(task_id, meta, full=False, where=where if meta is None else None)
             if out["state"] in FINAL:
                 emit(out)

@@ -246,6 +246,10 @@ def test_queue_anyway_warns_and_result_and_shm_gc_explain_the_waiting_request(
     assert first["where"] == "queued" and first["queue"] == "video"
     assert 1 <= first["position"] <= first["queued"]
     assert "no final result yet: PENDING (queued, position" in res.stderr
+    assert (
+        "no live worker consumes queue 'video': start one with `fleet up --modalities video`"
+        in (res.stderr)
+    )
     gc = fleet("shm", "gc", env=traps.env)
     assert gc.returncode == 0, gc.stderr
     assert gc.stdout.startswith("removed 0 segment(s)")
@@ -274,6 +278,7 @@ def test_result_and_watch_tell_a_queued_request_from_an_unknown_id(traps: Traps)
     assert lines[-1]["error"]["code"] == "WAIT_TIMEOUT"
     still = [ln for ln in watch.stderr.splitlines() if ln.startswith("still queued, position")]
     assert still and f"of {where[1]['queued']} in queue 'video'" in still[0], watch.stderr
+    assert "no live worker consumes queue 'video'" in still[0]
 
     for unknown in (str(uuid.uuid4()), ids[1][:-1] + ("0" if ids[1][-1] != "0" else "1")):
         res = fleet("result", unknown, "--wait-s", "30", env=traps.env)
@@ -456,3 +461,13 @@ def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
     assert status["dead_workers"] == [f"text-1@{HOST}"]
     assert proc.stderr.startswith("down: worker-text-1 ")
     assert_short(proc, 1)
+    # The README's fix, from a shell with only the run dir: the restarted replica finds the
+    # stack's Redis through stack.json (it tried the default port before, and never answered).
+    up = fleet("up", "--modalities", "text,image", "--replicas", "text=2", "--no-gateway",
+               env=traps.env, timeout=400)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    assert "started worker-text-1" in up.stdout
+    st = fleet("status", env=traps.env)
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["live_workers"]["text"] == sorted([f"text@{HOST}",
+                                                                    f"text-1@{HOST}"])  # fmt: skip

@@ -122,7 +122,8 @@ def test_parse_replicas() -> None:
     assert parse_replicas("text=2,image=1") == {"text": 2, "image": 1}
     assert parse_replicas("video") == {"video": 1}
     assert parse_replicas("") == {}
-    for bad, msg in (("audio=2", "unknown modality"), ("text=x", "integer"),
+    unknown = "unknown modality 'audio' in --replicas; expected <modality>=<count> with a mod"
+    for bad, msg in (("audio=2", unknown), ("text=x", "integer"),
                      ("text=0", "1 to 16"), ("text=1,text=2", "twice")):  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             parse_replicas(bad)
@@ -315,3 +316,17 @@ def test_cli_probes_do_not_retry_and_connect_with_a_short_timeout() -> None:
     assert kwargs["socket_connect_timeout"] < 1.0
     assert client.get_retry().get_retries() == 0  # redis-py's default retries for seconds
     client.close()
+
+
+def test_processes_a_stack_starts_get_its_recorded_addresses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker added by a later `fleet up` from a shell without the stack's FLEET_* values
+    # must reach the stack's Redis, not the default port.
+    s = load_settings(stack={"run_dir": str(tmp_path)}, redis={"port": 6401},
+                      flower={"port": 5601})  # fmt: skip
+    env = Stack(s).env()
+    assert env["FLEET_REDIS__PORT"] == "6401" and env["FLEET_FLOWER__PORT"] == "5601"
+    assert env["FLEET_STACK__RUN_DIR"] == str(tmp_path)
+    monkeypatch.setenv("FLEET_REDIS__PORT", "7000")  # the caller's own setting wins
+    assert Stack(s).env()["FLEET_REDIS__PORT"] == "7000"
