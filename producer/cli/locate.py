@@ -66,7 +66,7 @@ class Location:
         if self.where == QUEUED:
             return f"queued, position {self.position} of {self.queued} in queue {self.queue!r}"
         if self.where == HELD:
-            return f"taken by a worker of queue {self.queue!r} (its prefetch window or batch)"
+            return f"taken by a worker of queue {self.queue!r}: in its prefetch window or batch"
         if self.where == FINAL:
             return "final"
         if self.where == SUBMITTED:
