@@ -165,6 +165,7 @@ def result(
     from producer.cli.diagnose import broker_errors, broker_lost
 
     check_seconds("--wait-s", wait_s)
+    task_id = task_id.strip()  # a pasted id often brings a space or a newline
     settings, client, prober = _client()
     try:
         deadline = time.monotonic() + wait_s
@@ -225,6 +226,7 @@ def watch(
     check_seconds("--timeout-s", timeout_s)
     check_seconds("--interval-s", interval_s, positive=True)
     check_seconds("--report-s", report_s, positive=True)
+    task_id = task_id.strip()
     settings, client, prober = _client()
     last: dict[str, Any] | None = None
     where: loc.Location | None = None

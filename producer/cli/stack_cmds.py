@@ -114,6 +114,9 @@ def up(
         raise CliProblem(f"fleet up failed: {exc.summary}{log}", ExitCode.STACK) from None
     for p in started:
         typer.echo(f"started {p.name} pid={p.pid}")
+    if not started:
+        running = ", ".join(n for n, ok in stack.status().items() if ok)
+        typer.echo(f"nothing to start: already running: {running}")
     typer.echo(f"stack up; run dir {stack.dir} ({settings.run_dir_source}); logs in {stack.logs}")
 
 
