@@ -268,6 +268,8 @@ def test_result_and_watch_tell_a_queued_request_from_an_unknown_id(traps: Traps)
     assert first.returncode == 0 and second.returncode == 0, second.stderr
     ids = [json.loads(p.stdout)["id"] for p in (first, second)]
     where = [json.loads(fleet("result", i, env=traps.env).stdout) for i in ids]
+    pasted = fleet("result", f" {ids[1]}\n", env=traps.env)  # copied with blanks around it
+    assert pasted.returncode == 1 and json.loads(pasted.stdout)["id"] == ids[1], pasted.stderr
     assert where[1]["position"] == where[0]["position"] + 1
     assert where[1]["queued"] == where[0]["queued"] >= 2
 
@@ -471,3 +473,7 @@ def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
     assert st.returncode == 0, st.stderr
     assert json.loads(st.stdout)["live_workers"]["text"] == sorted([f"text@{HOST}",
                                                                     f"text-1@{HOST}"])  # fmt: skip
+    again = fleet("up", "--modalities", "text,image", "--replicas", "text=2", "--no-gateway",
+                  env=traps.env)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "nothing to start: already running: flower, redis, worker-image" in again.stdout
