@@ -30,7 +30,7 @@ import sys
 import time
 import urllib.request
 from base64 import b64encode
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -304,10 +304,12 @@ class Stack:
         Raises:
             PortInUse: a port to bind is taken (checked before anything starts).
             StackError: a process exited or did not answer in time (its log tail is in
-                the message); what was started is stopped again.
+                the message); what this call started is stopped again, and processes that
+                were running before it keep running.
         """
         workers = self.planned_workers(modalities, replicas)
         self.check_ports(workers, flower=flower, gateway=gateway)
+        kept = {name for name, ok in self.status().items() if ok}
         self.prepare()
         # Before any process starts: the workers' own `fleet worker` reads it, and a record
         # left by a stack that died without `down` must not outlive it.
@@ -324,7 +326,7 @@ class Stack:
             if gateway and not self.alive("gateway"):
                 started.append(self.start_gateway())
         except BaseException:
-            self.down()
+            self.down(keep=kept)
             raise
         self.write_state()
         return started
@@ -409,13 +411,16 @@ class Stack:
             return None
         return state if isinstance(state, dict) else None
 
-    def down(self, timeout_s: float = 20.0) -> list[str]:
-        """Stop every process with a pidfile here (Redis last); return their names."""
+    def down(self, timeout_s: float = 20.0, keep: Set[str] = frozenset()) -> list[str]:
+        """Stop every process with a pidfile here (Redis last) but those named in ``keep``;
+        return their names."""
         names = sorted(p.stem for p in self.pids.glob("*.pid")) if self.pids.exists() else []
+        names = [n for n in names if n not in keep]
         order = [n for n in names if n != "redis"] + [n for n in names if n == "redis"]
         for name in order:
             self.stop(name, timeout_s)
-        (self.dir / STATE_FILE).unlink(missing_ok=True)
+        if not keep:
+            (self.dir / STATE_FILE).unlink(missing_ok=True)
         return order
 
     def stop(self, name: str, timeout_s: float = 20.0) -> None:

@@ -447,6 +447,24 @@ def test_the_demo_runs_on_its_own_stack_and_leaves_the_users_running(traps: Trap
     assert res.returncode == 0 and json.loads(res.stdout)["state"] == "SUCCESS", res.stdout
 
 
+# -- a failed start beside a running stack -----------------------------------------------------
+def test_a_worker_that_fails_to_start_leaves_the_running_stack_up(
+    traps: Traps, tmp_path: Path
+) -> None:
+    """`fleet up --modalities video` with a bad checkpoint on the user's running stack: the
+    video worker's failure is reported, and only what this command started is stopped (all
+    of the stack was, before)."""
+    before = {p.stem: int(p.read_text()) for p in (traps.run_dir / "pids").glob("*.pid")}
+    env = {**traps.env, "FLEET_MODELS__VIDEO_RESNET18__CHECKPOINT": str(tmp_path / "none")}
+    up = fleet("up", "--modalities", "video", "--no-gateway", env=env, timeout=400)
+    assert up.returncode == 3, up.stderr
+    assert "worker video exited during start-up" in up.stderr
+    after = {p.stem: int(p.read_text()) for p in (traps.run_dir / "pids").glob("*.pid")}
+    assert after == before and all(_alive(pid) for pid in before.values())
+    st = fleet("status", env=traps.env)
+    assert st.returncode == 0, st.stderr
+
+
 # -- 2b: a part down --------------------------------------------------------------------------
 def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
     # Last in this module: kills this module's own replica (its pid from our pidfile).
