@@ -105,6 +105,7 @@ def up(
         )
     settings = cli_settings()
     stack = Stack(settings)
+    running = {n for n, ok in stack.status().items() if ok and n.startswith("worker-")}
     try:
         started = stack.up(mods, flower=flower, gateway=gateway, replicas=counts)
     except PortInUse as exc:
@@ -115,8 +116,19 @@ def up(
     for p in started:
         typer.echo(f"started {p.name} pid={p.pid}")
     if not started:
-        running = ", ".join(n for n, ok in stack.status().items() if ok)
-        typer.echo(f"nothing to start: already running: {running}")
+        alive = ", ".join(n for n, ok in stack.status().items() if ok)
+        typer.echo(f"nothing to start: already running: {alive}")
+    overrides = sorted(
+        k for k in os.environ if k.upper().startswith(("FLEET_MODELS__", "FLEET_MODALITIES__"))
+    )
+    if running and overrides:
+        typer.echo(
+            "warning: running workers keep the configuration they started with "
+            f"({', '.join(sorted(running))}); {', '.join(overrides)} applies to workers "
+            "started now only "
+            "(to apply it: `fleet down`, then `fleet up` again)",
+            err=True,
+        )
     typer.echo(f"stack up; run dir {stack.dir} ({settings.run_dir_source}); logs in {stack.logs}")
 
 

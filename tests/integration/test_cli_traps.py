@@ -495,3 +495,10 @@ def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
                   env=traps.env)  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert "nothing to start: already running: flower, redis, worker-image" in again.stdout
+    # A model override for workers that already run does not reach them: said, not silent.
+    override = {**traps.env, "FLEET_MODELS__MINILM__CHECKPOINT": "/weights/minilm"}
+    kept = fleet("up", "--modalities", "text", "--no-gateway", "--no-flower", env=override)
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stderr.startswith("warning: running workers keep the configuration they started "
+                                  "with (worker-image, worker-text, worker-text-1)")  # fmt: skip
+    assert "FLEET_MODELS__MINILM__CHECKPOINT applies to workers started now only" in kept.stderr
