@@ -20,7 +20,6 @@ will bind are free and names the setting that moves a taken one (:class:`PortInU
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ import sys
 import time
 import urllib.request
 from base64 import b64encode
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,8 @@ from producer.stack_ports import (  # noqa: F401 - part of this module's interfa
     replica_metrics_base,
     replica_metrics_port,
 )
+from producer.stack_procs import alive as _alive
+from producer.stack_procs import signal_group as _signal_group
 from shared.acl import ADMIN, ROLES, password_hash, server_version, user_lines
 from shared.acl import rules as acl_rules
 from shared.settings import MODALITIES, Settings, ensure_secret
@@ -117,7 +118,13 @@ class Stack:
             ensure_secret(self.dir / "flower.password")
 
     def env(self) -> dict[str, str]:
+        """The environment of the processes this stack starts: the caller's, the run dir, and
+        the addresses of ``stack.json`` (``recorded``) as ``FLEET_*`` variables where the
+        caller's environment lacks them, so a worker added later by a plain ``fleet up``
+        finds the Redis the stack was started on, as the command itself does."""
         env = dict(os.environ)
+        for name, value in self.recorded_env().items():
+            env.setdefault(name, value)
         env["FLEET_STACK__RUN_DIR"] = str(self.dir)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.setdefault("HF_HUB_OFFLINE", "1")
@@ -321,10 +328,12 @@ class Stack:
         Raises:
             PortInUse: a port to bind is taken (checked before anything starts).
             StackError: a process exited or did not answer in time (its log tail is in
-                the message); what was started is stopped again.
+                the message); what this call started is stopped again, and processes that
+                were running before it keep running.
         """
         workers = self.planned_workers(modalities, replicas)
         self.check_ports(workers, flower=flower, gateway=gateway)
+        kept = {name for name, ok in self.status().items() if ok}
         self.prepare()
         # Before any process starts: the workers' own `fleet worker` reads it, and a record
         # left by a stack that died without `down` must not outlive it.
@@ -343,7 +352,7 @@ class Stack:
             if self.s.metrics.exporter_port and not self.alive("exporter"):
                 started.append(self.start_exporter())
         except BaseException:
-            self.down()
+            self.down(keep=kept)
             raise
         self.write_state()
         return started
@@ -397,10 +406,10 @@ class Stack:
             raise PortInUse(problem)
 
     # -- the state file -----------------------------------------------------------------
-    def write_state(self) -> None:
-        """Record the addresses this stack was started with in ``stack.json``."""
+    def recorded(self) -> dict[str, dict[str, Any]]:
+        """The addresses ``stack.json`` records, from these settings."""
         s = self.s
-        state = {
+        return {
             "redis": {"host": s.redis.host, "port": s.redis.port, "db": s.redis.db},
             "flower": {"host": s.flower.host, "port": s.flower.port},
             "gateway": {"host": s.gateway.host, "port": s.gateway.port},
@@ -411,8 +420,19 @@ class Stack:
                 "exporter_port": s.metrics.exporter_port,
             },
         }
+
+    def recorded_env(self) -> dict[str, str]:
+        """:meth:`recorded` as ``FLEET_<SECTION>__<KEY>`` variables."""
+        return {
+            f"FLEET_{section.upper()}__{key.upper()}": str(value)
+            for section, values in self.recorded().items()
+            for key, value in values.items()
+        }
+
+    def write_state(self) -> None:
+        """Record the addresses this stack was started with in ``stack.json``."""
         path = self.dir / STATE_FILE
-        path.write_text(json.dumps(state, indent=1))
+        path.write_text(json.dumps(self.recorded(), indent=1))
 
     def read_state(self) -> dict[str, Any] | None:
         """The recorded addresses of the running stack; ``None`` when no stack process of
@@ -426,13 +446,16 @@ class Stack:
             return None
         return state if isinstance(state, dict) else None
 
-    def down(self, timeout_s: float = 20.0) -> list[str]:
-        """Stop every process with a pidfile here (Redis last); return their names."""
+    def down(self, timeout_s: float = 20.0, keep: Set[str] = frozenset()) -> list[str]:
+        """Stop every process with a pidfile here (Redis last) but those named in ``keep``;
+        return their names."""
         names = sorted(p.stem for p in self.pids.glob("*.pid")) if self.pids.exists() else []
+        names = [n for n in names if n not in keep]
         order = [n for n in names if n != "redis"] + [n for n in names if n == "redis"]
         for name in order:
             self.stop(name, timeout_s)
-        (self.dir / STATE_FILE).unlink(missing_ok=True)
+        if not keep:
+            (self.dir / STATE_FILE).unlink(missing_ok=True)
         return order
 
     def stop(self, name: str, timeout_s: float = 20.0) -> None:
@@ -453,6 +476,17 @@ class Stack:
         if not self.pids.exists():
             return {}
         return {p.stem: self.alive(p.stem) for p in sorted(self.pids.glob("*.pid"))}
+
+    def dead_worker_nodes(self) -> set[str]:
+        """Node names (``text-1@<this host>``) of the workers this run dir started whose
+        process is gone (a pidfile left, its pid not running): their heartbeat in
+        ``fleet:live:*`` may still look fresh for up to ``lease_s``."""
+        host = socket.gethostname()
+        return {
+            f"{name.removeprefix('worker-')}@{host}"
+            for name, ok in self.status().items()
+            if name.startswith("worker-") and not ok
+        }
 
     def alive(self, name: str) -> bool:
         pid = self._read_pid(self.pids / f"{name}.pid")
@@ -509,34 +543,3 @@ class Stack:
             return int(path.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); reap it if it is ours.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return _not_zombie(pid)
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)

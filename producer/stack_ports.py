@@ -32,7 +32,10 @@ def parse_replicas(spec: str) -> dict[str, int]:
         name, _, count = part.partition("=")
         name = name.strip()
         if name not in MODALITIES:
-            raise ValueError(f"unknown modality {name!r} in --replicas; expected {MODALITIES}")
+            raise ValueError(
+                f"unknown modality {name!r} in --replicas; expected <modality>=<count> with "
+                f"a modality of {', '.join(MODALITIES)} (e.g. text=2,image=1)"
+            )
         if name in out:
             raise ValueError(f"{name!r} is named twice in --replicas")
         try:

@@ -12,6 +12,9 @@ Exit codes (documented in the README, *Exit codes*):
 - 3: the stack or the broker is not usable: not started, Redis unreachable or refusing the
   credentials, a port taken, a process down, no live worker for the modality
   (``NO_READY_WORKER``).
+- 4: ``fleet result`` / ``fleet watch`` of an id the fleet does not know: not queued, not
+  held by a worker, no result (mistyped, or its result expired after
+  ``[redis] result_expires_s``).
 
 Expected conditions print one or two lines on stderr (cause and fix), never a traceback.
 Request outcomes (``submit``, ``result``, ``watch``) are JSON on stdout.
@@ -37,6 +40,7 @@ class ExitCode(IntEnum):
     FAILED = 1  # the request failed or timed out
     REFUSED = 2  # refused input (or configuration)
     STACK = 3  # the stack or broker is not usable
+    UNKNOWN_ID = 4  # `fleet result` / `fleet watch` of an id the fleet does not know
 
 
 STACK_CODES = frozenset({"NO_READY_WORKER"})
@@ -118,7 +122,8 @@ def config_message(exc: Any) -> str:
 app = typer.Typer(
     cls=FleetGroup,
     help="Multimodal inference worker fleet on Celery + Redis. Exit codes: 0 ok, 1 the "
-    "request failed or timed out, 2 refused input, 3 the stack or broker is not usable.",
+    "request failed or timed out, 2 refused input, 3 the stack or broker is not usable, 4 an "
+    "unknown request id (fleet result/watch).",
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
@@ -127,6 +132,20 @@ submit_app = typer.Typer(help="Submit one request and print its result as JSON."
 app.add_typer(submit_app, name="submit")
 shm_app = typer.Typer(help="Inspect and clean the /dev/shm tensor segments of this host.")
 app.add_typer(shm_app, name="shm")
+
+
+def check_seconds(option: str, value: float, *, positive: bool = False) -> None:
+    """A duration option: at least 0 (``positive``: above 0), and finite.
+
+    Raises:
+        CliProblem: one line naming the option and its value (exit 2).
+    """
+    import math
+
+    bad = not math.isfinite(value) or value < 0 or (positive and value == 0)
+    if bad:
+        need = "above 0" if positive else "0 or more"
+        raise CliProblem(f"{option} must be {need} seconds, not {value:g}", ExitCode.REFUSED)
 
 
 # -- output ---------------------------------------------------------------------------------

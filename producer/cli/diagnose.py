@@ -1,9 +1,11 @@
 """Why the stack or broker is not usable, in one or two lines with the fix (exit 3).
 
-:func:`broker_problem` connects once (2 s timeouts) with the credentials a command would
-use and tells apart: no stack started in the run dir (no password file), nothing
-listening (connection refused), credentials refused (authentication), no answer (timeout).
-The wording is :func:`broker_message`'s, pure logic, unit-tested.
+:func:`broker_problem` connects once (:func:`probe_client`: a 0.5 s connect timeout, 2 s
+for an answer, no retries, so an unreachable Redis is reported at once) with the
+credentials a command would use and tells apart: no stack started in the run dir (no
+password file), nothing listening (connection refused), credentials refused
+(authentication), no answer (timeout). The wording is :func:`broker_message`'s, pure
+logic, unit-tested.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def broker_message(
         )
     if kind == TIMEOUT:
         return (
-            f"Redis at {address} did not answer within 2 s ({detail}).\n"
+            f"Redis at {address} did not answer in time ({detail}).\n"
             "  is it stopped (SIGSTOP) or overloaded? `fleet status` shows the stack's processes"
         )
     return f"Redis at {address} is not usable: {detail}\n  `fleet status` shows the stack"
@@ -90,10 +92,31 @@ def classify(exc: BaseException) -> str:
     return OTHER
 
 
+CONNECT_TIMEOUT_S = 0.5  # loopback or LAN: a connection takes milliseconds
+ANSWER_TIMEOUT_S = 2.0
+
+
+def probe_client(settings: Settings, user: str | None, password: str) -> Any:
+    """A redis-py client for one-shot CLI probes: short timeouts and no retries (redis-py's
+    default retries a refused connection with backoff for seconds)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis(
+        host=settings.redis.host,
+        port=settings.redis.port,
+        db=settings.redis.db,
+        username=user,
+        password=password,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=ANSWER_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
 def broker_problem(settings: Settings, role: str = "producer") -> str | None:
     """Connect once as ``role`` and PING; ``None`` when Redis answers, else the message."""
-    import redis
-
     from producer.stack import Stack
 
     facts: dict[str, Any] = {
@@ -106,15 +129,7 @@ def broker_problem(settings: Settings, role: str = "producer") -> str | None:
         user, password = settings.redis_credentials(role)
     except FileNotFoundError:
         return broker_message(NOT_STARTED, **facts)
-    client = redis.Redis(
-        host=settings.redis.host,
-        port=settings.redis.port,
-        db=settings.redis.db,
-        username=user,
-        password=password,
-        socket_connect_timeout=2.0,
-        socket_timeout=2.0,
-    )
+    client = probe_client(settings, user, password)
     try:
         client.ping()
         return None
@@ -170,6 +185,15 @@ def no_worker_message(modality: str, live: dict[str, list[str]], queued: bool) -
     )
 
 
-def live_summary(client: Any) -> dict[str, list[str]]:
-    """Live worker node names per modality (one round trip each)."""
-    return {m: client.live_workers(m) for m in MODALITIES}
+def live_nodes(settings: Settings, client: Any, modality: str) -> list[str]:
+    """``modality``'s live worker nodes (fresh heartbeat), less those this run dir started
+    whose process is gone (``Stack.dead_worker_nodes``). One round trip."""
+    from producer.stack import Stack
+
+    dead = Stack(settings).dead_worker_nodes()
+    return [n for n in client.live_workers(modality) if n not in dead]
+
+
+def live_summary(settings: Settings, client: Any) -> dict[str, list[str]]:
+    """Live worker node names per modality (one round trip each), as :func:`live_nodes`."""
+    return {m: live_nodes(settings, client, m) for m in MODALITIES}

@@ -105,6 +105,7 @@ def up(
         )
     settings = cli_settings()
     stack = Stack(settings)
+    running = {n for n, ok in stack.status().items() if ok and n.startswith("worker-")}
     try:
         started = stack.up(mods, flower=flower, gateway=gateway, replicas=counts)
     except PortInUse as exc:
@@ -114,6 +115,20 @@ def up(
         raise CliProblem(f"fleet up failed: {exc.summary}{log}", ExitCode.STACK) from None
     for p in started:
         typer.echo(f"started {p.name} pid={p.pid}")
+    if not started:
+        alive = ", ".join(n for n, ok in stack.status().items() if ok)
+        typer.echo(f"nothing to start: already running: {alive}")
+    overrides = sorted(
+        k for k in os.environ if k.upper().startswith(("FLEET_MODELS__", "FLEET_MODALITIES__"))
+    )
+    if running and overrides:
+        typer.echo(
+            "warning: running workers keep the configuration they started with "
+            f"({', '.join(sorted(running))}); {', '.join(overrides)} applies to workers "
+            "started now only "
+            "(to apply it: `fleet down`, then `fleet up` again)",
+            err=True,
+        )
     typer.echo(f"stack up; run dir {stack.dir} ({settings.run_dir_source}); logs in {stack.logs}")
 
 
@@ -133,7 +148,10 @@ def down() -> None:
 @app.command()
 def status() -> None:
     """The stack's processes, Redis and live workers (replicas included) as JSON. Exit 0
-    when everything started is alive and Redis answers, 3 otherwise (the cause on stderr)."""
+    when everything started is alive and Redis answers, 3 otherwise (the cause on stderr).
+
+    live_workers: nodes with a fresh heartbeat, less the workers of this run dir whose
+    process is gone (listed under dead_workers at once, not after lease_s)."""
     from producer.cli.diagnose import broker_problem
     from producer.stack import Stack
 
@@ -142,12 +160,17 @@ def status() -> None:
     procs = stack.status()
     redis_problem = broker_problem(settings, "operator")
     live: dict[str, list[str]] = {}
+    dead_nodes = stack.dead_worker_nodes()
     if redis_problem is None:
         from producer.client import FleetClient
 
         client = FleetClient(settings, role="operator")
         try:
-            live = {m: client.live_workers(m) for m in MODALITIES}
+            # A local replica whose process is gone is dead now, whatever its heartbeat says
+            # (it stays fresh for up to lease_s); remote workers have only the heartbeat.
+            live = {
+                m: [n for n in client.live_workers(m) if n not in dead_nodes] for m in MODALITIES
+            }
         finally:
             client.close()
     emit(
@@ -157,6 +180,7 @@ def status() -> None:
             "processes": procs,
             "redis": "ok" if redis_problem is None else redis_problem.splitlines()[0],
             "live_workers": {m: n for m, n in live.items() if n},
+            "dead_workers": sorted(dead_nodes),
         }
     )
     dead = [n for n, ok in procs.items() if not ok]

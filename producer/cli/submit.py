@@ -16,7 +16,14 @@ from typing import Annotated, Any
 
 import typer
 
-from producer.cli.base import WaitTimeout, cli_settings, emit, fail, submit_app
+from producer.cli.base import (
+    WaitTimeout,
+    check_seconds,
+    cli_settings,
+    emit,
+    fail,
+    submit_app,
+)
 from producer.cli.output import jsonable
 from shared.errors import FleetError, InvalidInput, NoReadyWorker, PayloadTooLarge
 from shared.settings import MODALITIES, Settings
@@ -109,17 +116,19 @@ def run_submit(
 
     Raises:
         typer.Exit: with the exit code of the outcome (see ``producer.cli.base``).
-        CliProblem: the stack is not usable (exit 3).
+        CliProblem: the stack is not usable (exit 3), or ``wait_s`` is negative (exit 2).
     """
     from producer.cli.diagnose import (
         broker_errors,
         broker_lost,
+        live_nodes,
         live_summary,
         no_worker_message,
         require_broker,
     )
     from producer.client import FleetClient, ResultHandle
 
+    check_seconds("--wait-s", wait_s)
     settings = cli_settings()
     handle: ResultHandle | None = None
     client: FleetClient | None = None
@@ -129,9 +138,9 @@ def run_submit(
         require_broker(settings)
         client = FleetClient(settings)
         client.envelope(modality, {}, priority, timeout_s)  # modality, priority, timeout
-        if modality in MODALITIES and not client.live_workers(modality):
+        if modality in MODALITIES and not live_nodes(settings, client, modality):
             waiting = wait_s > 0 and not queue_anyway
-            msg = no_worker_message(modality, live_summary(client), queued=not waiting)
+            msg = no_worker_message(modality, live_summary(settings, client), queued=not waiting)
             if waiting:
                 fail(NoReadyWorker(msg.splitlines()[0]), hint=msg.splitlines()[1].strip())
             typer.echo(f"warning: {msg}", err=True)

@@ -85,10 +85,11 @@ def traps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traps]:
         FLEET_METRICS__PORT_BASE=str(free_port_block(8)),
         FLEET_METRICS__EXPORTER_PORT=str(free_port()),
         FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE="16",  # a shorter warmup
+        FLEET_MODALITIES__IMAGE__BATCHING__MAX_BATCH_SIZE="4",
     )
     t = Traps(run_dir, shm_root, up_env)
     up = fleet(
-        "up", "--modalities", "text", "--replicas", "text=2", "--no-gateway",
+        "up", "--modalities", "text,image", "--replicas", "text=2", "--no-gateway",
         env=up_env, timeout=400,
     )  # fmt: skip
     try:
@@ -118,8 +119,11 @@ def test_replicas_have_their_own_node_names_logs_and_metrics_ports(traps: Traps)
     assert st.returncode == 0, st.stderr
     status = json.loads(st.stdout)
     assert status["processes"] == {"exporter": True, "flower": True, "redis": True,
-                                   "worker-text": True, "worker-text-1": True}  # fmt: skip
-    assert status["live_workers"] == {"text": sorted([f"text@{HOST}", f"text-1@{HOST}"])}
+                                   "worker-image": True, "worker-text": True,
+                                   "worker-text-1": True}  # fmt: skip
+    texts = sorted([f"text@{HOST}", f"text-1@{HOST}"])
+    assert status["live_workers"] == {"image": [f"image@{HOST}"], "text": texts}
+    assert status["dead_workers"] == []
     logs = traps.run_dir / "logs"
     assert "ready" in (logs / "worker-text.log").read_text()
     assert "ready" in (logs / "worker-text-1.log").read_text()
@@ -177,12 +181,37 @@ def test_wrong_password_is_reported_as_authentication_at_once(traps: Traps) -> N
     assert st.returncode == 3 and "authentication failed" in st.stderr
 
 
-def test_unreachable_redis_says_connection_refused(traps: Traps) -> None:
+def timed(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.monotonic()
+    proc = fleet(*args, env=env)
+    return proc, time.monotonic() - t0
+
+
+def test_unreachable_redis_says_connection_refused_at_once(traps: Traps) -> None:
     env = {**traps.env, "FLEET_REDIS__PORT": str(free_port())}
-    proc = fleet("submit", "text", "--text", "hello", env=env)
-    assert proc.returncode == 3
-    assert "connection refused" in proc.stderr and "FLEET_REDIS__PORT" in proc.stderr
-    assert_short(proc)
+    # Against a refusal before any connection (a blank text), so the start-up cancels out.
+    base = min(timed("submit", "text", "--text", " ", env=env)[1] for _ in range(2))
+    for args in (["submit", "text", "--text", "hello"], ["status"], ["result", "some-id"]):
+        proc, took = timed(*args, env=env)
+        assert proc.returncode == 3, (args, proc.stderr)
+        assert "connection refused" in proc.stderr and "FLEET_REDIS__PORT" in proc.stderr
+        assert_short(proc)
+        # The refused connection itself is immediate (no retries); what remains over the
+        # blank-text refusal is importing redis, up to a second on a loaded 2-core machine.
+        # redis-py's default retries took 3-5 s more.
+        assert took - base < 2.0, (args, took, base)
+
+
+# -- a negative --wait-s ------------------------------------------------------------------------
+def test_negative_wait_is_refused_in_one_line(traps: Traps) -> None:
+    for args in (["submit", "text", "--text", "hello", "--wait-s", "-1"],
+                 ["result", "some-id", "--wait-s", "-0.5"],
+                 ["watch", "some-id", "--timeout-s", "-3"]):  # fmt: skip
+        proc = fleet(*args, env=traps.env)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.startswith(f"{args[-2]} must be 0 or more seconds, not "), proc.stderr
+        assert_short(proc, 1)
+        assert proc.stdout == ""  # nothing submitted, no result printed
 
 
 # -- 1: a modality without a live worker ------------------------------------------------------
@@ -216,14 +245,71 @@ def test_queue_anyway_warns_and_result_and_shm_gc_explain_the_waiting_request(
     task_id = json.loads(proc.stdout)["id"]
     res = fleet("result", task_id, env=traps.env)
     assert res.returncode == 1
-    assert json.loads(res.stdout) == {"id": task_id, "state": "PENDING"}
-    assert "no final result yet: PENDING" in res.stderr
+    first = json.loads(res.stdout)
+    assert first["id"] == task_id and first["state"] == "PENDING"
+    assert first["where"] == "queued" and first["queue"] == "video"
+    assert 1 <= first["position"] <= first["queued"]
+    assert "no final result yet: PENDING (queued, position" in res.stderr
+    assert (
+        "no live worker consumes queue 'video': start one with `fleet up --modalities video`"
+        in (res.stderr)
+    )
     gc = fleet("shm", "gc", env=traps.env)
     assert gc.returncode == 0, gc.stderr
     assert gc.stdout.startswith("removed 0 segment(s)")
     kept = [line for line in gc.stdout.splitlines() if line.startswith("kept t")]
     # bound to its request: kept while that request may still run (shared.transport.lifetime)
     assert len(kept) == 1 and f"the input of request {task_id}: renewed" in kept[0], kept
+
+
+def test_result_and_watch_tell_a_queued_request_from_an_unknown_id(traps: Traps) -> None:
+    """A second request queued behind the first on the video queue (no video worker) has the
+    position after it; ``fleet watch`` says where it is every --report-s; an id the fleet
+    never saw (a fresh UUID, or a mistyped one) exits 4 at once."""
+    first = fleet("submit", "raw", "video", "--inputs", '{"video_b64": "AAAA"}', "--wait-s",
+                  "0", env=traps.env)  # fmt: skip
+    second = fleet("submit", "raw", "video", "--inputs", '{"video_b64": "AAAA"}', "--wait-s",
+                   "0", env=traps.env)  # fmt: skip
+    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    ids = [json.loads(p.stdout)["id"] for p in (first, second)]
+    where = [json.loads(fleet("result", i, env=traps.env).stdout) for i in ids]
+    pasted = fleet("result", f" {ids[1]}\n", env=traps.env)  # copied with blanks around it
+    assert pasted.returncode == 1 and json.loads(pasted.stdout)["id"] == ids[1], pasted.stderr
+    assert where[1]["position"] == where[0]["position"] + 1
+    assert where[1]["queued"] == where[0]["queued"] >= 2
+
+    watch = fleet("watch", ids[1], "--timeout-s", "2.5", "--report-s", "1", env=traps.env)
+    assert watch.returncode == 1, watch.stderr
+    lines = [json.loads(ln) for ln in watch.stdout.splitlines()]
+    assert lines[0]["where"] == "queued" and lines[0]["position"] == where[1]["position"]
+    assert lines[-1]["error"]["code"] == "WAIT_TIMEOUT"
+    still = [ln for ln in watch.stderr.splitlines() if ln.startswith("still queued, position")]
+    assert still and f"of {where[1]['queued']} in queue 'video'" in still[0], watch.stderr
+    assert "no live worker consumes queue 'video'" in still[0]
+
+    for unknown in (str(uuid.uuid4()), ids[1][:-1] + ("0" if ids[1][-1] != "0" else "1")):
+        res = fleet("result", unknown, "--wait-s", "30", env=traps.env)
+        assert res.returncode == 4, res.stderr
+        assert json.loads(res.stdout)["error"]["code"] == "UNKNOWN_REQUEST"
+        assert res.stderr.startswith(f"unknown request id {unknown!r}: not queued")
+        assert_short(res, 1)
+        w, took = timed("watch", unknown, "--timeout-s", "60", env=traps.env)
+        assert w.returncode == 4 and took < 30, (w.stderr, took)  # not the 60 s timeout
+        assert w.stderr.startswith("unknown request id") and json.loads(w.stdout)["state"] == (
+            "UNKNOWN"
+        )
+
+
+def test_a_producer_users_credentials_cannot_read_the_queues_and_say_so(traps: Traps) -> None:
+    """The producer ACL user may not read queued messages (LRANGE, the unacked hash): with
+    its credentials an id found nowhere is "not final yet", never called unknown."""
+    password = (traps.run_dir / "redis-producer.password").read_text().strip()
+    env = {**traps.env, "FLEET_REDIS__USER": "producer", "FLEET_REDIS__PASSWORD": password}
+    res = fleet("result", str(uuid.uuid4()), env=env)
+    assert res.returncode == 1, res.stderr
+    assert json.loads(res.stdout)["where"] == "unsure"
+    assert "these credentials cannot read the queues" in res.stderr
+    assert_short(res, 1)
 
 
 # -- 8: results later -------------------------------------------------------------------------
@@ -267,6 +353,31 @@ def test_inputs_are_checked_before_anything_is_sent(traps: Traps, tmp_path: Path
     assert big.returncode == 2
     err = json.loads(big.stdout)["error"]
     assert err["code"] == "PAYLOAD_TOO_LARGE" and "max_text_chars" in err["message"]
+
+
+def test_a_decompression_bomb_names_our_setting_and_the_worker_keeps_serving(
+    traps: Traps, tmp_path: Path
+) -> None:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("P", (1, 1)).save(buf, "GIF")
+    data = bytearray(buf.getvalue())
+    data[6:10] = (20000).to_bytes(2, "little") * 2  # the header claims 20000x20000
+    bomb = tmp_path / "bomb.gif"
+    bomb.write_bytes(bytes(data))
+    proc = fleet("submit", "image", "--file", str(bomb), env=traps.env)
+    assert proc.returncode == 2, proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert err["code"] == "PAYLOAD_TOO_LARGE"
+    assert "400,000,000 pixels" in err["message"]
+    assert "[limits] max_image_pixels = 40,000,000" in err["message"]
+    assert str(2 * Image.MAX_IMAGE_PIXELS) not in err["message"].replace(",", "")
+    ok = fleet("submit", "image", "--file", str(DATA / "images" / "skimage_coffee.png"),
+               env=traps.env)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_shm_help_is_plain_text() -> None:
@@ -341,6 +452,24 @@ def test_the_demo_runs_on_its_own_stack_and_leaves_the_users_running(traps: Trap
     assert res.returncode == 0 and json.loads(res.stdout)["state"] == "SUCCESS", res.stdout
 
 
+# -- a failed start beside a running stack -----------------------------------------------------
+def test_a_worker_that_fails_to_start_leaves_the_running_stack_up(
+    traps: Traps, tmp_path: Path
+) -> None:
+    """`fleet up --modalities video` with a bad checkpoint on the user's running stack: the
+    video worker's failure is reported, and only what this command started is stopped (all
+    of the stack was, before)."""
+    before = {p.stem: int(p.read_text()) for p in (traps.run_dir / "pids").glob("*.pid")}
+    env = {**traps.env, "FLEET_MODELS__VIDEO_RESNET18__CHECKPOINT": str(tmp_path / "none")}
+    up = fleet("up", "--modalities", "video", "--no-gateway", env=env, timeout=400)
+    assert up.returncode == 3, up.stderr
+    assert "worker video exited during start-up" in up.stderr
+    after = {p.stem: int(p.read_text()) for p in (traps.run_dir / "pids").glob("*.pid")}
+    assert after == before and all(_alive(pid) for pid in before.values())
+    st = fleet("status", env=traps.env)
+    assert st.returncode == 0, st.stderr
+
+
 # -- 2b: a part down --------------------------------------------------------------------------
 def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
     # Last in this module: kills this module's own replica (its pid from our pidfile).
@@ -350,6 +479,31 @@ def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
         time.sleep(0.1)
     proc = fleet("status", env=traps.env)
     assert proc.returncode == 3
-    assert json.loads(proc.stdout)["processes"]["worker-text-1"] is False
+    status = json.loads(proc.stdout)
+    assert status["processes"]["worker-text-1"] is False
+    # At once, not once its heartbeat is older than lease_s: the process is gone.
+    assert status["live_workers"]["text"] == [f"text@{HOST}"]
+    assert status["dead_workers"] == [f"text-1@{HOST}"]
     assert proc.stderr.startswith("down: worker-text-1 ")
     assert_short(proc, 1)
+    # The README's fix, from a shell with only the run dir: the restarted replica finds the
+    # stack's Redis through stack.json (it tried the default port before, and never answered).
+    up = fleet("up", "--modalities", "text,image", "--replicas", "text=2", "--no-gateway",
+               env=traps.env, timeout=400)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    assert "started worker-text-1" in up.stdout
+    st = fleet("status", env=traps.env)
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["live_workers"]["text"] == sorted([f"text@{HOST}",
+                                                                    f"text-1@{HOST}"])  # fmt: skip
+    again = fleet("up", "--modalities", "text,image", "--replicas", "text=2", "--no-gateway",
+                  env=traps.env)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "nothing to start: already running: flower, redis, worker-image" in again.stdout
+    # A model override for workers that already run does not reach them: said, not silent.
+    override = {**traps.env, "FLEET_MODELS__MINILM__CHECKPOINT": "/weights/minilm"}
+    kept = fleet("up", "--modalities", "text", "--no-gateway", "--no-flower", env=override)
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stderr.startswith("warning: running workers keep the configuration they started "
+                                  "with (worker-image, worker-text, worker-text-1)")  # fmt: skip
+    assert "FLEET_MODELS__MINILM__CHECKPOINT applies to workers started now only" in kept.stderr

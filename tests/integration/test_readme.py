@@ -1,13 +1,20 @@
-"""The README's first-hour commands and its Python snippet, run exactly as written.
+"""The README's commands and snippets, run exactly as written.
 
 Blocks marked ``<!-- doctest: NAME -->`` in README.md run in order on one stack: the quick
 start (``make up``, ``fleet status``, two submits), *Running the stack by hand* (a second text
-replica, results read later, ``fleet watch``), *From Python*, then ``make down``. Each shell
-block runs under ``bash -e`` from the repository root, so any command exiting non-zero fails
-it. Only the environment differs from a user's shell: the stack's run dir, ports and /dev/shm
-root are this test's own (``FLEET_*`` variables the README's commands honour), so a user's
-``make up`` stack is never touched; and ``make`` is told the venv is installed already
-(``-o .venv/.installed``: rebuilding the venv under test is ``make venv``'s job).
+replica, results read later, ``fleet watch``; then a video worker and a video), *From
+Python*, the gateway's curl examples (health, metadata, a sync text, a binary image, an async
+video polled, streamed and cancelled), then ``make down``; then *Real weights* (a folder saved
+with ``save_pretrained``, served by an image worker of a new stack) and ``make down`` again.
+Each shell block runs under ``bash -e`` from the repository root, so any command exiting
+non-zero fails it. Only the environment differs from a user's shell: the stack's run dir,
+ports and /dev/shm root are this test's own (``FLEET_*`` variables the README's commands
+honour, the gateway's port in ``G`` included), so a user's ``make up`` stack is never
+touched; and ``make`` is told the venv is installed already (``-o .venv/.installed``:
+rebuilding the venv under test is ``make venv``'s job).
+
+Not run here: ``make demo`` and ``make test`` (CI runs ``make test`` itself, and
+``test_cli_traps`` runs the demo's ``fleet demo``).
 """
 
 from __future__ import annotations
@@ -93,7 +100,9 @@ def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
 
 
 def test_readme_marks_the_blocks_this_test_runs() -> None:
-    assert list(BLOCKS) == ["quick-start", "down", "by-hand", "python"]
+    assert list(BLOCKS) == [
+        "quick-start", "down", "by-hand", "video", "python", "real-weights", "gateway",
+    ]  # fmt: skip
 
 
 def test_readme_first_hour_runs_as_written(shell: Shell) -> None:
@@ -113,11 +122,81 @@ def test_readme_first_hour_runs_as_written(shell: Shell) -> None:
     assert len(finals) == 2 and finals[0]["id"] == finals[1]["id"]  # watch, then result
     assert "url:" in by_hand.stdout  # make flower
 
+    video = shell.run("video")
+    assert "started worker-video" in video.stdout
+    out = json.loads(video.stdout.splitlines()[-1])["result"]
+    assert len(out["clip_embedding"]) == 512 and out["partial"] is False
+    assert out["frame_embeddings"] == {"shape": [out["frames"], 512], "dtype": "float32"}
+
     py = shell.run("python")
     dim_text, dim_image, live = py.stdout.splitlines()
     assert (dim_text, dim_image) == ("384", "512")
     assert f"text-1@{HOST}" in live
 
+    check_gateway_block(shell)
+
     shell.run("down")
     run_dir = Path(shell.env["FLEET_STACK__RUN_DIR"])
     assert not list((run_dir / "pids").glob("*.pid"))
+
+
+def json_docs(text: str) -> list[object]:
+    """The JSON documents of ``text``, written back to back (whitespace between allowed)."""
+    decoder, docs, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        doc, i = decoder.raw_decode(text, i)
+        docs.append(doc)
+    return docs
+
+
+def check_gateway_block(shell: Shell) -> None:
+    """The curl block's outputs, in its order: health (empty body), the model's metadata, a
+    sync text's inference response, the binary image (to /tmp/embedding.bin), then the async
+    video: 202 with its Location, its job, its event stream to the end, and the cancel that
+    comes after it is final (409)."""
+    saved = Path("/tmp/embedding.bin")
+    existed = saved.exists()
+    try:
+        out = shell.run("gateway").stdout
+        head, _, rest = out.partition("HTTP/1.1 202")
+        live, meta, text = json_docs(head)  # curl prints bodies back to back
+        assert live == {"live": True}
+        assert meta["name"] == "minilm"
+        assert text["id"] == "t-1" and text["outputs"][0]["shape"] == [1, 384]
+        # the binary reply: its JSON header, then 512 float32 (2048 bytes)
+        assert saved.stat().st_size > 2048 and saved.read_bytes().startswith(b"{")
+        assert re.search(r"^location: /v2/jobs/v-1", rest, re.M | re.I), rest[:500]
+        assert "event: state" in rest and "event: final" in rest
+        final = json.loads(rest.split("event: final\ndata: ", 1)[1].splitlines()[0])
+        assert final["id"] == "v-1" and final["state"] == "SUCCESS"
+        assert rest.rstrip().splitlines()[-1].startswith("{"), rest[-300:]  # the DELETE's body
+        assert "ALREADY_FINAL" in rest.rstrip().splitlines()[-1]
+    finally:
+        if not existed:
+            saved.unlink(missing_ok=True)
+
+
+def test_readme_real_weights_example_runs_offline(shell: Shell) -> None:
+    """*Real weights*: a model saved with ``save_pretrained`` (no download), served by the
+    image worker of a new stack, whose ready line names the folder."""
+    folder = Path("/tmp/my-resnet")
+    existed = folder.exists()
+    try:
+        shell.run("real-weights")
+        run_dir = Path(shell.env["FLEET_STACK__RUN_DIR"])
+        log = (run_dir / "logs" / "worker-image.log").read_text()
+        ready = [ln for ln in log.splitlines() if "fleet worker ready" in ln]
+        assert ready and "'weights': '/tmp/my-resnet'" in ready[-1], ready[-1:]
+        ok = subprocess.run(
+            [str(REPO / ".venv/bin/fleet"), "submit", "image", "--file",
+             "data/images/skimage_coffee.png"],
+            capture_output=True, text=True, cwd=REPO, env=shell.env, timeout=120,
+        )  # fmt: skip
+        assert ok.returncode == 0, ok.stderr
+    finally:
+        shell.run("down")
+        if not existed:
+            shutil.rmtree(folder, ignore_errors=True)

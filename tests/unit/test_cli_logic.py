@@ -122,7 +122,8 @@ def test_parse_replicas() -> None:
     assert parse_replicas("text=2,image=1") == {"text": 2, "image": 1}
     assert parse_replicas("video") == {"video": 1}
     assert parse_replicas("") == {}
-    for bad, msg in (("audio=2", "unknown modality"), ("text=x", "integer"),
+    unknown = "unknown modality 'audio' in --replicas; expected <modality>=<count> with a mod"
+    for bad, msg in (("audio=2", unknown), ("text=x", "integer"),
                      ("text=0", "1 to 16"), ("text=1,text=2", "twice")):  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             parse_replicas(bad)
@@ -179,9 +180,9 @@ def test_exit_code_for(code: str, exit_code: int) -> None:
 
 
 def test_exit_codes_are_the_documented_ones() -> None:
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4]
     readme = (REPO / "README.md").read_text()
-    for line in ("| 0 |", "| 1 |", "| 2 |", "| 3 |"):
+    for line in ("| 0 |", "| 1 |", "| 2 |", "| 3 |", "| 4 |"):
         assert line in readme
 
 
@@ -233,3 +234,99 @@ def test_log_tail_starts_at_this_start(tmp_path: Path) -> None:
         time.sleep(0.02)
     st.stop("probe")
     assert st.log_tail("probe") == "fresh line"
+
+
+# -- where a request is (fleet result / watch of an id without a result) ----------------------
+def kombu_message(task_id: str, text: str = "hello") -> dict[str, object]:
+    import base64
+    import json
+
+    body = base64.b64encode(json.dumps([[], {"inputs": {"text": text}}, {}]).encode()).decode()
+    return {"body": body, "headers": {"id": task_id, "task": "fleet.text"},
+            "properties": {"delivery_tag": "t-1"}}  # fmt: skip
+
+
+def test_a_message_matches_on_its_header_id_not_on_an_input_holding_the_id() -> None:
+    import json
+
+    from producer.cli.locate import message_id, unacked_entry_match
+
+    wanted = "5b0e5c0e-0000-4000-8000-000000000001"
+    other = kombu_message("5b0e5c0e-0000-4000-8000-000000000002", text=f"see {wanted}")
+    assert message_id(json.dumps(kombu_message(wanted)).encode()) == wanted
+    assert message_id(json.dumps(other)) != wanted
+    assert message_id(b"not json") is None and message_id({"headers": "x"}) is None
+    entry = json.dumps([kombu_message(wanted), "", "text.realtime"]).encode()
+    assert unacked_entry_match(entry, wanted) == "text.realtime"
+    other_entry = json.dumps([other, "", "text"]).encode()
+    assert unacked_entry_match(other_entry, wanted) is None  # the id is only in its input
+    assert unacked_entry_match(b"[broken", wanted) is None
+
+
+def test_queue_position_counts_earlier_steps_and_the_messages_nearer_the_tail() -> None:
+    from producer.cli.locate import queue_position
+
+    # Workers take step 0 first, each list from its tail (the oldest message).
+    assert queue_position([0, 0, 3], step=2, index_from_head=2) == 1  # at the tail: next
+    assert queue_position([0, 0, 3], step=2, index_from_head=0) == 3  # newest: last
+    assert queue_position([2, 0, 3], step=2, index_from_head=2) == 3  # 2 of step 0 first
+
+
+def test_location_words_and_json() -> None:
+    from producer.cli.locate import HELD, QUEUED, UNSURE, Location
+
+    q = Location(QUEUED, "video", position=2, queued=5)
+    assert q.to_dict() == {"where": "queued", "queue": "video", "position": 2, "queued": 5}
+    assert q.words() == "queued, position 2 of 5 in queue 'video'"
+    assert Location(HELD, "text").to_dict() == {"where": "held", "queue": "text"}
+    assert "cannot read the queues" in Location(UNSURE).words()
+
+
+def test_negative_or_infinite_seconds_are_refused_in_one_line() -> None:
+    from producer.cli.base import CliProblem, check_seconds
+
+    check_seconds("--wait-s", 0.0)
+    for value, positive in ((-1.0, False), (float("inf"), False), (0.0, True)):
+        with pytest.raises(CliProblem) as info:
+            check_seconds("--wait-s", value, positive=positive)
+        assert info.value.exit_code == ExitCode.REFUSED
+        assert info.value.message.startswith("--wait-s must be ")
+        assert "\n" not in info.value.message
+
+
+def test_dead_worker_nodes_are_the_local_workers_whose_pid_is_gone(tmp_path: Path) -> None:
+    import socket
+
+    s = load_settings(stack={"run_dir": str(tmp_path / "run")})
+    stack = Stack(s)
+    stack.pids.mkdir(parents=True, exist_ok=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (stack.pids / "worker-text-1.pid").write_text(str(gone.pid))
+    (stack.pids / "worker-text.pid").write_text(str(os.getpid()))  # alive
+    (stack.pids / "redis.pid").write_text(str(gone.pid))  # not a worker
+    assert stack.dead_worker_nodes() == {f"text-1@{socket.gethostname()}"}
+
+
+def test_cli_probes_do_not_retry_and_connect_with_a_short_timeout() -> None:
+    from producer.cli.diagnose import probe_client
+
+    client = probe_client(load_settings(), None, "x")
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["socket_connect_timeout"] < 1.0
+    assert client.get_retry().get_retries() == 0  # redis-py's default retries for seconds
+    client.close()
+
+
+def test_processes_a_stack_starts_get_its_recorded_addresses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker added by a later `fleet up` from a shell without the stack's FLEET_* values
+    # must reach the stack's Redis, not the default port.
+    s = load_settings(stack={"run_dir": str(tmp_path)}, redis={"port": 6401},
+                      flower={"port": 5601})  # fmt: skip
+    env = Stack(s).env()
+    assert env["FLEET_REDIS__PORT"] == "6401" and env["FLEET_FLOWER__PORT"] == "5601"
+    assert env["FLEET_STACK__RUN_DIR"] == str(tmp_path)
+    monkeypatch.setenv("FLEET_REDIS__PORT", "7000")  # the caller's own setting wins
+    assert Stack(s).env()["FLEET_REDIS__PORT"] == "7000"

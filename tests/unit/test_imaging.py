@@ -275,3 +275,21 @@ def test_formats_outside_the_allow_list_are_refused() -> None:
         ppm = encode(im, "PPM")
     with pytest.raises(ImageDecodeError, match="cannot identify"):
         decode_image(ppm, max_pixels=LIMIT)
+
+
+def test_pillows_own_bomb_refusal_names_our_setting_and_its_value() -> None:
+    # 400 M pixels: above twice Image.MAX_IMAGE_PIXELS, so Pillow refuses in Image.open,
+    # before our header check; the message must still speak of [limits] max_image_pixels.
+    data = gif_claiming(20000, 20000)
+    with pytest.raises(PayloadTooLarge) as info:
+        decode_image(data, max_pixels=LIMIT)
+    msg = info.value.message
+    assert "400,000,000 pixels" in msg
+    assert f"[limits] max_image_pixels = {LIMIT:,}" in msg
+    assert str(2 * Image.MAX_IMAGE_PIXELS) not in msg.replace(",", "")  # not Pillow's limit
+
+
+def test_our_header_check_names_the_setting_and_its_value() -> None:
+    with pytest.raises(PayloadTooLarge) as info:
+        decode_image(gif_claiming(8000, 8000), max_pixels=LIMIT)
+    assert f"[limits] max_image_pixels = {LIMIT:,}" in info.value.message

@@ -63,6 +63,26 @@ def _detail(exc: BaseException) -> str:
     return text if len(text) <= _MAX_DETAIL else text[:_MAX_DETAIL] + "..."
 
 
+def bomb_message(exc: BaseException, max_pixels: int) -> str:
+    """The message for Pillow's decompression-bomb refusal, in our terms: the image's pixel
+    count (from Pillow's text, when it gives one) against ``[limits] max_image_pixels``.
+    Pillow refuses on its own above twice ``Image.MAX_IMAGE_PIXELS``, before our header
+    check can run, and its text names only its own limit."""
+    import re
+
+    found = re.search(r"\((\d+) pixels\)", str(exc))
+    pixels = int(found.group(1)) if found else None
+    size = f"{pixels:,} pixels" if pixels is not None else "too many pixels"
+    setting = f"[limits] max_image_pixels = {max_pixels:,}"
+    if pixels is not None and pixels <= max_pixels:
+        # A setting above Pillow's own refusal level cannot let such an image through.
+        return (
+            f"image rejected as a decompression bomb: {size}, within {setting} but above "
+            f"Pillow's own limit ({2 * (Image.MAX_IMAGE_PIXELS or 0):,}), which applies too"
+        )
+    return f"image rejected as a decompression bomb: {size}, above the limit ({setting})"
+
+
 def _open(data: bytes, max_pixels: int) -> ImageFile.ImageFile:
     """Open lazily (header only) and enforce the pixel limit.
 
@@ -77,7 +97,7 @@ def _open(data: bytes, max_pixels: int) -> ImageFile.ImageFile:
         img = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         # The warning is only raised when warnings are turned into errors (python -W error).
-        raise PayloadTooLarge(f"image rejected as a decompression bomb: {_detail(e)}") from e
+        raise PayloadTooLarge(bomb_message(e, max_pixels)) from e
     except Image.UnidentifiedImageError as e:
         raise ImageDecodeError(
             f"cannot identify an image (supported: {', '.join(SUPPORTED_FORMATS)}); "
@@ -95,7 +115,7 @@ def _open(data: bytes, max_pixels: int) -> ImageFile.ImageFile:
         img.close()
         raise PayloadTooLarge(
             f"image is {width}x{height} = {width * height:,} pixels, "
-            f"above the limit of {max_pixels:,}"
+            f"above the limit ([limits] max_image_pixels = {max_pixels:,})"
         )
     return img
 
@@ -211,7 +231,7 @@ def decode_image(
     except FleetError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise PayloadTooLarge(f"image rejected as a decompression bomb: {_detail(e)}") from e
+        raise PayloadTooLarge(bomb_message(e, max_pixels)) from e
     except Exception as e:
         # Truncated data ("image file is truncated"), corrupt streams, bad EXIF, modes
         # Pillow cannot convert: all the caller's input problem, none retryable.
