@@ -7,10 +7,12 @@ temporary run directory, with its own ports: a developer's ``make up`` stack is 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,12 @@ from producer.stack import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
+
+# Traced encoders cached for this session only (workers/models/trace_cache.py): the first
+# text worker traces and stores, later ones (every test stack) load; ~/.cache is untouched.
+_TRACE_CACHE = tempfile.mkdtemp(prefix="mmfleet-trace-cache-")
+os.environ.setdefault("FLEET_TRACE_CACHE_DIR", _TRACE_CACHE)
+atexit.register(shutil.rmtree, _TRACE_CACHE, True)
 
 
 def free_port_block(n: int) -> int:

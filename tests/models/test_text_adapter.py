@@ -19,8 +19,9 @@ def sentences() -> list[str]:
 
 
 def test_traced_encoder_gives_the_eager_embeddings(
-    settings: Settings, runtime: DeviceRuntime
+    settings: Settings, runtime: DeviceRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("FLEET_TRACE_CACHE", "0")  # trace here, beside the eager model
     adapter = make_adapter("text", settings, runtime)
     adapter.load()
     assert adapter.traced is not None and adapter.describe()["torchscript"] is True

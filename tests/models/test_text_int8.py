@@ -35,7 +35,10 @@ def _adapter(shm_root: Path, runtime: DeviceRuntime, precision: str) -> object:
     return a
 
 
-def test_int8_embeddings_stay_close_to_fp32(shm_root: Path, runtime: DeviceRuntime) -> None:
+def test_int8_embeddings_stay_close_to_fp32(
+    shm_root: Path, runtime: DeviceRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_TRACE_CACHE", "0")  # traced here, beside the eager int8 model
     texts = _texts()
     fp32 = _adapter(shm_root, runtime, "fp32")
     int8 = _adapter(shm_root, runtime, "int8")

@@ -9,6 +9,7 @@ output for this model (its ``modules.json``: Transformer -> Pooling(mean) -> Nor
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from shared.errors import InvalidInput, PayloadTooLarge
+from workers.models import trace_cache
 from workers.models.base import ModelAdapter, Prepared, option
 from workers.models.precision import DEFAULT_SMOOTH_ALPHA, apply_precision, parse_precision
 
@@ -41,31 +43,75 @@ class TextAdapter(ModelAdapter):
     modality = "text"
 
     def load(self) -> None:
-        from transformers import AutoModel, AutoTokenizer
+        """Tokenizer, then the traced encoder from the trace cache (``trace_cache``: no
+        eager model is built then), else the eager model (in ``precision``) and its trace,
+        which is stored for the next start."""
+        from transformers import AutoTokenizer
 
         path = getattr(self.cfg, "checkpoint", "") or _packaged_path()
         self.name = "all-MiniLM-L6-v2"
         self.path = str(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.model = AutoModel.from_pretrained(path, local_files_only=True)
-        self.model.eval().requires_grad_(False).to(self.runtime.device)
         self.precision = parse_precision(
             getattr(self.cfg, "precision", "fp32"), self.runtime.device
         )
-        if self.precision != "fp32":
-            calibration = self._calibration() if self.precision == "int8" else None
-            alpha = option(self.cfg, "int8_alpha", DEFAULT_SMOOTH_ALPHA, float)
-            keep = option(self.cfg, "int8_keep_fp32", INT8_KEEP_FP32, str)
-            self.model = apply_precision(self.model, self.precision, calibration, alpha, keep)
         self.max_length = int(getattr(self.cfg, "max_length", 256))
-        self.dim = int(self.model.config.hidden_size)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         buckets = self.settings.modalities["text"].batching.length_buckets or [self.max_length]
         short = sorted(b for b in buckets if b < self.max_length)
         self.length_buckets = [*short, self.max_length]
         self.traced = None
-        if option(self.cfg, "torchscript", True, bool):
+        self.model = None
+        self.trace_cache = "off"
+        torchscript = option(self.cfg, "torchscript", True, bool)
+        if torchscript:
+            parts = self._trace_parts(path)
+            key = trace_cache.cache_key(parts)
+            self.traced = trace_cache.load(key, self.runtime.device)
+            if self.traced is not None:
+                self.trace_cache = "hit"
+                config = json.loads((Path(path) / "config.json").read_text())
+                self.dim = int(config["hidden_size"])
+                return
+        self._load_eager(path)
+        if torchscript:
             self.traced = self._trace()
+            if self.traced is not None and trace_cache.save(key, self.traced, parts):
+                self.trace_cache = "stored"
+
+    def _load_eager(self, path: str) -> None:
+        from transformers import AutoModel
+
+        self.model = AutoModel.from_pretrained(path, local_files_only=True)
+        self.model.eval().requires_grad_(False).to(self.runtime.device)
+        if self.precision != "fp32":
+            calibration = self._calibration() if self.precision == "int8" else None
+            alpha = option(self.cfg, "int8_alpha", DEFAULT_SMOOTH_ALPHA, float)
+            keep = option(self.cfg, "int8_keep_fp32", INT8_KEEP_FP32, str)
+            self.model = apply_precision(self.model, self.precision, calibration, alpha, keep)
+        self.dim = int(self.model.config.hidden_size)
+
+    def _trace_parts(self, path: str) -> dict[str, Any]:
+        """Everything the traced encoder depends on (the trace cache's key)."""
+        from importlib.metadata import version
+
+        parts: dict[str, Any] = {
+            "adapter": "minilm-encoder",
+            "weights": str(Path(path).resolve()),
+            "files": trace_cache.folder_fingerprint(path),
+            "torch": torch.__version__,
+            "transformers": version("transformers"),
+            "device": self.runtime.device.type,
+            "precision": self.precision,
+        }
+        if self.precision == "int8":
+            calib = CALIBRATION_DIR / "tinyshakespeare_256.txt"
+            parts["int8"] = {
+                "alpha": option(self.cfg, "int8_alpha", DEFAULT_SMOOTH_ALPHA, float),
+                "keep_fp32": option(self.cfg, "int8_keep_fp32", INT8_KEEP_FP32, str),
+                "calibration": trace_cache.folder_fingerprint(calib.parent),
+            }
+        return parts
 
     def _calibration(self, batch_size: int = 32) -> list[Any]:
         """Batches of the packaged calibration texts (``calibration/SOURCES.md``) as callables
@@ -199,6 +245,7 @@ class TextAdapter(ModelAdapter):
             "weights": self.path,
             "torchscript": self.traced is not None,
             "precision": self.precision,
+            "trace_cache": self.trace_cache,
         }
 
 
