@@ -1,5 +1,0 @@
-"""``python -m producer.cli``: the ``fleet`` command."""
-
-from producer.cli import app
-
-app()
