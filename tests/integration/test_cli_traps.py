@@ -499,7 +499,8 @@ def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
     again = fleet("up", "--modalities", "text,image", "--replicas", "text=2", "--no-gateway",
                   env=traps.env)  # fmt: skip
     assert again.returncode == 0, again.stderr
-    assert "nothing to start: already running: exporter, flower, redis, worker-image" in again.stdout
+    running = "nothing to start: already running: exporter, flower, redis, worker-image"
+    assert running in again.stdout, again.stdout
     # A model override for workers that already run does not reach them: said, not silent.
     override = {**traps.env, "FLEET_MODELS__MINILM__CHECKPOINT": "/weights/minilm"}
     kept = fleet("up", "--modalities", "text", "--no-gateway", "--no-flower", env=override)
