@@ -24,8 +24,9 @@ from producer.stack import free_port
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
 
-# Traced encoders cached for this session only (workers/models/trace_cache.py): the first
-# text worker traces and stores, later ones (every test stack) load; ~/.cache is untouched.
+# Traced encoders cached for this session (workers/models/trace_cache.py): the first text
+# worker traces and stores, later test stacks load. Tests that start processes without the
+# FLEET_* environment (the bench smoke, the README's blocks) use the user's cache instead.
 _TRACE_CACHE = tempfile.mkdtemp(prefix="mmfleet-trace-cache-")
 os.environ.setdefault("FLEET_TRACE_CACHE_DIR", _TRACE_CACHE)
 atexit.register(shutil.rmtree, _TRACE_CACHE, True)
