@@ -114,11 +114,12 @@ def save(key: str, module: torch.jit.ScriptModule, parts: Mapping[str, Any]) -> 
     root = cache_dir()
     if root is None:
         return False
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-", suffix=".pt")
-    os.close(fd)
-    fd, record = tempfile.mkstemp(dir=root, prefix=".tmp-", suffix=".json")
-    os.close(fd)
+    tmp = record = ""
     try:
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-", suffix=".pt")
+        os.close(fd)
+        fd, record = tempfile.mkstemp(dir=root, prefix=".tmp-", suffix=".json")
+        os.close(fd)
         torch.jit.save(module, tmp)
         os.chmod(tmp, 0o600)
         meta = {"sha256": _sha256(Path(tmp)), "parts": dict(parts), "format": FORMAT}
@@ -131,4 +132,5 @@ def save(key: str, module: torch.jit.ScriptModule, parts: Mapping[str, Any]) -> 
         return False
     finally:
         for leftover in (tmp, record):
-            Path(leftover).unlink(missing_ok=True)
+            if leftover:
+                Path(leftover).unlink(missing_ok=True)
