@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from collections import defaultdict
@@ -356,8 +357,13 @@ def main() -> int:
         Stack(load_settings(stack={"run_dir": run_dir})).down()  # a demo interrupted earlier
     for sub in ("redis", "logs"):  # no requests replayed from an earlier demo's AOF
         shutil.rmtree(run_dir / sub, ignore_errors=True)
-    with isolated_environment(run_dir) as settings:
-        return _run_demo(settings)
+    # Its own /dev/shm root, removed afterwards: the default root is a user's stack's.
+    shm_root = Path(f"/dev/shm/mmfleet-{os.getuid()}-demo-{os.getpid()}")
+    try:
+        with isolated_environment(run_dir, {"FLEET_TRANSPORT__SHM_ROOT": str(shm_root)}) as s:
+            return _run_demo(s)
+    finally:
+        shutil.rmtree(shm_root, ignore_errors=True)
 
 
 def _run_demo(settings: Any) -> int:
