@@ -118,9 +118,15 @@ class BenchResult:
 
 @contextlib.contextmanager
 def bench_environment(workload: Workload, run_dir: Path) -> Iterator[Settings]:
-    """The bench's own stack environment plus the workload's ``FLEET_*`` overrides."""
-    with isolated_environment(run_dir, workload.env_overrides()) as settings:
-        yield settings
+    """The bench's own stack environment plus the workload's ``FLEET_*`` overrides, with a
+    /dev/shm root of its own (removed afterwards: the default root is a user's stack's)."""
+    shm_root = Path(f"/dev/shm/mmfleet-{os.getuid()}-benchrun-{os.getpid()}")
+    env = {"FLEET_TRANSPORT__SHM_ROOT": str(shm_root), **workload.env_overrides()}
+    try:
+        with isolated_environment(run_dir, env) as settings:
+            yield settings
+    finally:
+        shutil.rmtree(shm_root, ignore_errors=True)
 
 
 class Bench:
