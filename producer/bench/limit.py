@@ -67,16 +67,22 @@ def default_batch_sizes(max_batch_size: int, preferred: Sequence[int]) -> list[i
     return sorted({1, max_batch_size, *(b for b in preferred if 1 <= b <= max_batch_size)})
 
 
-class LimitRunner:
-    """One modality's adapter, loaded in this process, timed over lists of inputs."""
+class LoadedAdapter:
+    """One modality's adapter and device runtime, loaded in this process (the worker's own
+    code: ``make_adapter`` + ``load`` on a started ``DeviceRuntime``).
 
-    def __init__(self, modality: str) -> None:
+    Args:
+        modality: ``text``, ``image``, ...
+        settings: fleet settings (default: from the environment, ``FLEET_*``).
+    """
+
+    def __init__(self, modality: str, settings: Any = None) -> None:
         from shared.settings import load_settings
         from workers.models import make_adapter
         from workers.runtime import DeviceRuntime
 
         self.modality = modality
-        self.settings = load_settings()
+        self.settings = settings or load_settings()
         self.cfg = self.settings.modality(modality)
         self.runtime = DeviceRuntime(self.cfg.device)
         self.runtime.start()
@@ -84,6 +90,10 @@ class LimitRunner:
         self.adapter = make_adapter(modality, self.settings, self.runtime)
         self.adapter.load()
         self.load_s = time.perf_counter() - t0
+
+
+class LimitRunner(LoadedAdapter):
+    """One modality's adapter, loaded in this process, timed over lists of inputs."""
 
     def timed_pass(
         self,

@@ -11,10 +11,10 @@ Runs inside a peer's process (the peer venv, ``make peers``), never in the bench
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from producer.bench.limit import LoadedAdapter
 from shared.errors import DeadlineExceeded, FleetError, ModelError
 from shared.schema import TaskEnvelope
 
@@ -33,8 +33,9 @@ class Outcome:
         return {"result": self.result}
 
 
-class BatchModel:
-    """One modality's adapter and device runtime, loaded and warmed in this process.
+class BatchModel(LoadedAdapter):
+    """One modality's adapter and device runtime, loaded (as the bench's limit loads it)
+    and warmed in this process.
 
     Args:
         modality: ``text``, ``image``, ...
@@ -43,19 +44,7 @@ class BatchModel:
     """
 
     def __init__(self, modality: str, settings: Any = None) -> None:
-        from shared.settings import load_settings
-        from workers.models import make_adapter
-        from workers.runtime import DeviceRuntime
-
-        self.modality = modality
-        self.settings = settings or load_settings()
-        self.cfg = self.settings.modality(modality)
-        self.runtime = DeviceRuntime(self.cfg.device)
-        self.runtime.start()
-        t0 = time.perf_counter()
-        self.adapter = make_adapter(modality, self.settings, self.runtime)
-        self.adapter.load()
-        self.load_s = time.perf_counter() - t0
+        super().__init__(modality, settings)
         self.warmup_s = self.runtime.warmup(self._warmup)
 
     def _warmup(self) -> None:
