@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 WORKLOAD = """
 name = "peers-smoke"
-description = "text only: a few realtime and bulk requests, and one empty text"
+description = "text only: realtime, bulk, edge-case texts and HIGH requests that expire"
 repetitions = 1
 seed = 3
 warmup_s = 0.5
@@ -31,6 +31,9 @@ drain_timeout_s = 60.0
 
 [overrides]
 "modalities.text.batching.max_batch_size" = 8
+# HIGH requests expire before any worker takes them: each server must store that coded
+# failure and still answer the expired request's batch-mates.
+"priorities.high.timeout_s" = 0.001
 
 [sources.text]
 kind = "lines"
@@ -59,6 +62,10 @@ weight = 2
 [[phases.mix]]
 source = "edge"
 priority = "normal"
+weight = 1
+[[phases.mix]]
+source = "text"
+priority = "high"
 weight = 1
 """
 
@@ -90,6 +97,7 @@ def test_peers_run_beside_the_fleet(tmp_path: Path) -> None:
         assert out["ok"] + sum(out["errors"].values()) == out["sent"], (mode, out)
         assert "NO_RESULT" not in out["errors"] and "SEND_FAILED" not in out["errors"], out
         assert set(out["errors"]) <= {"INVALID_INPUT", "DEADLINE_EXCEEDED"}, (mode, out)
+        assert out["errors"].get("DEADLINE_EXCEEDED", 0) > 0, (mode, out)
         assert "realtime" in r["latency_ms"][mode]["text"]
     for peer in PEER_MODES:
         ratio = r["ratios"]["text"][f"fleet_over_{peer}"]

@@ -51,7 +51,9 @@ def infer(requests: list[Any]) -> None:
     envelopes = [r.kwargs.get("request") for r in requests]
     for req, outcome in zip(requests, _model.run(envelopes), strict=True):
         if outcome.error is not None:
-            app.backend.mark_as_failure(req.id, outcome.error, request=req)
+            # celery-batches' SimpleRequest has no ``errbacks``: Celery's default
+            # call_errbacks=True raises on it and the flush loses the rest of its batch.
+            app.backend.mark_as_failure(req.id, outcome.error, request=req, call_errbacks=False)
         else:
             app.backend.mark_as_done(req.id, outcome.result, request=req)
 
