@@ -15,20 +15,16 @@ the overhead is the median of the paired differences.
 
 from __future__ import annotations
 
-import http.client
 import json
 import statistics
-import threading
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from producer.bench.generator import Sender
+from producer.bench.http_sender import HttpSender
 from producer.bench.records import SEND_FAILED, Record
 from producer.bench.schedule import Planned
 from producer.client import FleetClient
@@ -53,13 +49,10 @@ def oip_body(
     return {"id": task_id, "parameters": params, "inputs": [tensor]}
 
 
-class GatewaySender(Sender):
-    """A :class:`Sender` that POSTs to the gateway instead of publishing.
-
-    ``send`` hands each request to one of ``POST_THREADS`` threads, each with a keep-alive
-    ``http.client`` connection (stdlib: a fraction of httpx's CPU per request, on the cores the
-    workers need), and returns at once: like a fleet of HTTP clients, not one client waiting
-    for each answer. A refusal or a failed POST completes its record from that thread.
+class GatewaySender(HttpSender):
+    """An :class:`~producer.bench.http_sender.HttpSender` that POSTs to the gateway instead
+    of publishing, from ``POST_THREADS`` threads. A refusal completes its record at once
+    with the gateway's code; an accepted request completes when its result reaches Redis.
 
     Args:
         url: the gateway's base URL; token: its bearer token.
@@ -68,67 +61,30 @@ class GatewaySender(Sender):
     POST_THREADS = 8
 
     def __init__(self, *args: Any, url: str, token: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         parts = urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.headers = {
-            "Authorization": f"Bearer {token}",
-            "Prefer": "respond-async",
-            "Content-Type": "application/json",
-        }
+        super().__init__(
+            *args,
+            addresses={"": (parts.hostname or "127.0.0.1", parts.port or 80)},
+            threads=self.POST_THREADS,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Prefer": "respond-async",
+                "Content-Type": "application/json",
+            },
+            timeout_s=60.0,
+            **kwargs,
+        )
         self.models = {m: c.model for m, c in self.client.settings.modalities.items()}
-        self._local = threading.local()
-        self._pool = ThreadPoolExecutor(self.POST_THREADS, thread_name_prefix="bench-post")
-        self._lock = threading.Lock()
 
-    def close(self) -> None:
-        """Let the posts in flight finish; stop the threads."""
-        self._pool.shutdown(wait=True)
+    def request(self, planned: Planned, rec: Record, inputs: Any) -> tuple[str, str, bytes]:
+        body = oip_body(planned.modality, inputs, rec.id, planned.priority, rec.timeout_s)
+        path = f"/v2/models/{self.models[planned.modality]}/infer"
+        return "", path, json.dumps(body).encode()
 
-    def _conn(self) -> http.client.HTTPConnection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-        return conn
-
-    def _post(self, rec: Record, path: str, body: bytes) -> None:
-        try:
-            try:
-                status, data = self._roundtrip(path, body)
-            except (http.client.HTTPException, OSError):  # a connection closed under us
-                self._local.conn = None
-                status, data = self._roundtrip(path, body)
-        except (http.client.HTTPException, OSError):
-            self.table.complete(rec.id, self.tb.now_ms(), False, SEND_FAILED)
-            return
+    def answered(self, rec: Record, status: int, data: bytes) -> None:
         if status >= 400:  # refused up front: the caller sees the code at once
             code = json.loads(data).get("code", SEND_FAILED) if data else SEND_FAILED
             self.table.complete(rec.id, self.tb.now_ms(), False, code)
-            return
-        with self._lock:
-            self.sent += 1
-
-    def _roundtrip(self, path: str, body: bytes) -> tuple[int, bytes]:
-        conn = self._conn()
-        conn.request("POST", path, body, self.headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-
-    def send(
-        self,
-        items: list[tuple[Planned, float]],
-        producer: object,
-        on_done: Callable[[Record], None] | None = None,
-    ) -> list[Record]:
-        out: list[Record] = []
-        for planned, sched_s in items:
-            rec = self.record(planned, sched_s, on_done)
-            out.append(rec)
-            inputs = self.catalog.get(planned.source, planned.input_index)
-            body = oip_body(planned.modality, inputs, rec.id, planned.priority, rec.timeout_s)
-            path = f"/v2/models/{self.models[planned.modality]}/infer"
-            self._pool.submit(self._post, rec, path, json.dumps(body).encode())
-        return out
 
 
 def measure_overhead(client: FleetClient, url: str, token: str, texts: list[str]) -> dict[str, Any]:
@@ -138,6 +94,7 @@ def measure_overhead(client: FleetClient, url: str, token: str, texts: list[str]
     the median of per-pair differences (gateway minus direct, same text, back to back).
     """
     model = client.settings.modalities["text"].model
+    timeout_s = 30.0  # a latency probe, not a deadline test: HIGH's 1 s would refuse a slow one
     direct: list[float] = []
     gateway: list[float] = []
     with httpx.Client(
@@ -146,9 +103,9 @@ def measure_overhead(client: FleetClient, url: str, token: str, texts: list[str]
         for i in range(OVERHEAD_PROBES + 3):
             text = texts[i % len(texts)]
             t0 = time.perf_counter()
-            client.submit("text", {"text": text}, "high").get(30)
+            client.submit("text", {"text": text}, "high", timeout_s).get(timeout_s)
             d = (time.perf_counter() - t0) * 1000.0
-            body = oip_body("text", {"text": text}, f"ovh-{uuid.uuid4().hex}", "high", None)
+            body = oip_body("text", {"text": text}, f"ovh-{uuid.uuid4().hex}", "high", timeout_s)
             t0 = time.perf_counter()
             r = h.post(f"/v2/models/{model}/infer", json=body)
             g = (time.perf_counter() - t0) * 1000.0

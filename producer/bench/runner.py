@@ -407,10 +407,17 @@ class Bench:
         """The stack's name of the process serving ``modality`` in ``mode`` (log, pidfile)."""
         return self._peers[modality].name if mode in PEER_MODES else f"worker-{modality}"
 
-    def _text_inputs(self) -> list[tuple[str, int]]:
-        """(source, index) of the workload's first text inputs (the overhead probes)."""
+    def _text_inputs(self, n: int = 8) -> list[tuple[str, int]]:
+        """(source, index) of the workload's first ``n`` non-blank texts (the overhead
+        probes must succeed: a workload may also send edge cases that are refused)."""
         srcs = [k for k in used_sources(self.w) if self.catalog.modality(k) == "text"]
-        return [(srcs[0], i) for i in range(8)] if srcs else []
+        out = [
+            (src, i)
+            for src in srcs
+            for i in range(self.catalog.size(src))
+            if str(self.catalog.get(src, i).get("text", "")).strip()
+        ]
+        return out[:n]
 
     def _wait_generators(
         self, gens: list[Any], table: RecordTable, progress: Progress, task: Any

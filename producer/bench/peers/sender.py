@@ -10,25 +10,22 @@ their scheduled time as everywhere in the bench.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
-from producer.bench.generator import Sender
-from producer.bench.records import SEND_FAILED, Record
+from producer.bench.http_sender import HttpSender
+from producer.bench.records import Record
 from producer.bench.schedule import Planned
 from shared.errors import FleetError
 
 DEFAULT_CONNECTIONS = 64
 
 
-class RaySender(Sender):
-    """A :class:`Sender` that POSTs ``{"request": envelope}`` to the Ray Serve peer.
+class RaySender(HttpSender):
+    """An :class:`~producer.bench.http_sender.HttpSender` that POSTs ``{"request": envelope}``
+    to the Ray Serve peer and completes each record from its answer.
 
     Args:
         urls: the peer's base URL (``PeerProcess.url``) per modality; the route is ``/infer``.
@@ -39,54 +36,30 @@ class RaySender(Sender):
     def __init__(
         self, *args: Any, urls: dict[str, str], connections: int | None = None, **kw: Any
     ) -> None:
-        super().__init__(*args, **kw)
-        self.addresses = {}
+        addresses = {}
         for modality, url in urls.items():
             parts = urlsplit(url)
-            self.addresses[modality] = (parts.hostname or "127.0.0.1", parts.port or 80)
+            addresses[modality] = (parts.hostname or "127.0.0.1", parts.port or 80)
         n = connections or int(os.environ.get("FLEET_BENCH_RAY_CONNECTIONS", DEFAULT_CONNECTIONS))
-        self._local = threading.local()
-        self._pool = ThreadPoolExecutor(n, thread_name_prefix="bench-ray")
-        self._lock = threading.Lock()
+        super().__init__(
+            *args,
+            addresses=addresses,
+            threads=n,
+            headers={"Content-Type": "application/json"},
+            timeout_s=120.0,
+            **kw,
+        )
 
-    def close(self) -> None:
-        """Let the requests in flight finish; stop the threads."""
-        self._pool.shutdown(wait=True)
-
-    def send(
-        self,
-        items: list[tuple[Planned, float]],
-        producer: object,
-        on_done: Callable[[Record], None] | None = None,
-    ) -> list[Record]:
-        out: list[Record] = []
-        for planned, sched_s in items:
-            rec = self.record(planned, sched_s, on_done)
-            out.append(rec)
-            inputs = self.catalog.get(planned.source, planned.input_index)
-            try:
-                env = self.client.envelope(
-                    planned.modality, inputs, planned.priority, rec.timeout_s
-                )
-            except FleetError as exc:
-                self.table.complete(rec.id, self.tb.now_ms(), False, exc.code)
-                continue
-            body = json.dumps({"request": env.model_dump(mode="json")}).encode()
-            self._pool.submit(self._post, rec, planned.modality, body)
-        return out
-
-    def _post(self, rec: Record, modality: str, body: bytes) -> None:
-        with self._lock:
-            self.sent += 1
+    def request(self, planned: Planned, rec: Record, inputs: Any) -> tuple[str, str, bytes] | None:
         try:
-            try:
-                status, data = self._roundtrip(modality, body)
-            except (http.client.HTTPException, OSError):  # a keep-alive connection closed
-                self._conns().pop(modality, None)
-                status, data = self._roundtrip(modality, body)
-        except (http.client.HTTPException, OSError):
-            self.table.complete(rec.id, self.tb.now_ms(), False, SEND_FAILED)
-            return
+            env = self.client.envelope(planned.modality, inputs, planned.priority, rec.timeout_s)
+        except FleetError as exc:
+            self.table.complete(rec.id, self.tb.now_ms(), False, exc.code)
+            return None
+        body = json.dumps({"request": env.model_dump(mode="json")}).encode()
+        return planned.modality, "/infer", body
+
+    def answered(self, rec: Record, status: int, data: bytes) -> None:
         done_ms = self.tb.now_ms()
         try:
             answer = json.loads(data) if status == 200 else {}
@@ -97,19 +70,3 @@ class RaySender(Sender):
         else:
             code = (answer.get("error") or {}).get("code") or f"HTTP_{status}"
             self.table.complete(rec.id, done_ms, False, str(code))
-
-    def _conns(self) -> dict[str, http.client.HTTPConnection]:
-        conns = getattr(self._local, "conns", None)
-        if conns is None:
-            conns = self._local.conns = {}
-        return conns
-
-    def _roundtrip(self, modality: str, body: bytes) -> tuple[int, bytes]:
-        conns = self._conns()
-        conn = conns.get(modality)
-        if conn is None:
-            host, port = self.addresses[modality]
-            conn = conns[modality] = http.client.HTTPConnection(host, port, timeout=120)
-        conn.request("POST", "/infer", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        return resp.status, resp.read()
