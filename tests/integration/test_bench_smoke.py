@@ -62,3 +62,27 @@ def test_bench_smoke_report(tmp_path: Path) -> None:
         assert "NO_RESULT" not in out["errors"] and "SEND_FAILED" not in out["errors"]
         assert all(re.fullmatch(r"[A-Z_]+", code) for code in out["errors"])
         assert out["errors"].get("INVALID_INPUT", 0) > 0  # the edge-case inputs
+
+
+@pytest.mark.timeout(600)
+def test_bench_gateway_mode(tmp_path: Path) -> None:
+    """``--modes gateway``: the smoke schedule POSTed through ``fleet gateway``. The smoke
+    workload's refused edge cases and its first texts must not break the idle-overhead probes
+    (they once took an empty text and a 1 s HIGH deadline and aborted the run)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_") or k == "FLEET_CONFIG"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "bench", "smoke", "--modes", "gateway",
+         "--repetitions", "1", "--no-plot", "--out-dir", str(tmp_path),
+         "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=540, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((tmp_path / "latest.json").read_text())
+    idle = r["gateway"]["idle_overhead"]
+    assert idle["n"] == 40 and idle["gateway_p50_ms"] > 0 and idle["direct_p50_ms"] > 0
+    out = r["outcomes"]["gateway"]
+    assert out["sent"] > 0 and out["ok"] > 0
+    assert out["ok"] + sum(out["errors"].values()) == out["sent"], out
+    assert "NO_RESULT" not in out["errors"] and "SEND_FAILED" not in out["errors"], out
+    # smoke's edge cases reach the gateway and are refused there with the schema's code
+    assert out["errors"].get("INVALID_INPUT", 0) > 0, out
