@@ -40,6 +40,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from shared.model_options import AnyModelOptions
+
 MODALITIES: tuple[str, ...] = ("text", "image", "video", "xmodal")
 PRIORITY_NAMES: tuple[str, ...] = ("realtime", "high", "normal", "bulk")
 # A poison message is refused on its 4th delivery (workers.inflight.MAX_DELIVERIES + 1).
@@ -249,13 +251,6 @@ class ModalityConfig(_Section):
     device: DeviceConfig = Field(default_factory=DeviceConfig)
 
 
-class ModelConfig(BaseModel):
-    """One model entry; ``kind`` picks the adapter, other keys are the adapter's own."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    kind: str
-
-
 class Settings(BaseSettings):
     """All fleet settings. Build with :func:`load_settings`."""
 
@@ -275,7 +270,8 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
-    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    # One table per model; its ``kind`` picks its typed options (shared.model_options).
+    models: dict[str, AnyModelOptions] = Field(default_factory=dict)
 
     @field_validator("models", mode="before")
     @classmethod

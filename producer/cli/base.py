@@ -105,10 +105,11 @@ class FleetGroup(TyperGroup):
 
 def config_message(exc: Any) -> str:
     """One line per configuration error: which key, what is wrong, where to fix it."""
+    from shared.model_options import config_key_path
     from shared.settings import config_paths
 
     errs = exc.errors()[:3]
-    parts = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in errs]
+    parts = [f"{config_key_path(e['loc'])}: {e['msg']}" for e in errs]
     try:
         files = ":".join(str(p) for p in config_paths())
     except FileNotFoundError as fnf:

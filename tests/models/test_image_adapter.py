@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from shared.errors import ImageDecodeError, InvalidInput, ModelError, PayloadTooLarge
-from shared.settings import ModelConfig, Settings, load_settings
+from shared.model_options import ModelOptions, parse_model_options
+from shared.settings import Settings, load_settings
 from workers.models.image import ImageAdapter
 from workers.runtime import DeviceRuntime
 
@@ -45,9 +46,9 @@ def embed(adapter: ImageAdapter, names: list[str]) -> np.ndarray:
     return np.asarray([r["embedding"] for r in out], dtype=np.float32)
 
 
-def with_model(settings: Settings, **extra: Any) -> ModelConfig:
+def with_model(settings: Settings, **extra: Any) -> ModelOptions:
     base = settings.models[MODEL].model_dump()
-    return ModelConfig(**{**base, **extra})
+    return parse_model_options({**base, **extra})
 
 
 # -- prepare --------------------------------------------------------------------------------

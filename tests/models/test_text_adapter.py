@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shared.model_options import parse_model_options
 from shared.settings import Settings
 from tests.conftest import DATA
 from workers.models import make_adapter
-from workers.models.base import option
 from workers.runtime import DeviceRuntime
 
 
@@ -45,7 +45,8 @@ def test_traced_encoder_gives_the_eager_embeddings(
 def test_torchscript_off_runs_eagerly_with_yield_points(
     settings: Settings, runtime: DeviceRuntime
 ) -> None:
-    cfg = settings.models["minilm"].model_copy(update={"torchscript": "false"})
+    # as FLEET_MODELS__MINILM__TORCHSCRIPT=false arrives: a string, read as a bool
+    cfg = parse_model_options({**settings.models["minilm"].model_dump(), "torchscript": "false"})
     s = settings.model_copy(update={"models": {**settings.models, "minilm": cfg}})
     adapter = make_adapter("text", s, runtime)
     adapter.load()
@@ -53,25 +54,20 @@ def test_torchscript_off_runs_eagerly_with_yield_points(
 
 
 @pytest.mark.parametrize(
-    ("raw", "want"), [("true", True), ("OFF", False), ("1", True), (False, False)]
+    ("raw", "want"),
+    [("true", True), ("False", False), ("yes", True), ("off", False), ("1", True), ("0", False)],
 )
-def test_option_reads_booleans_from_strings(raw: object, want: bool) -> None:
-    class Cfg:
-        flag = raw
-
-    assert option(Cfg(), "flag", True, bool) is want
-    assert option(Cfg(), "absent", 7, int) == 7
+def test_torchscript_reads_booleans_from_strings(raw: str, want: bool) -> None:
+    assert parse_model_options({"kind": "minilm", "torchscript": raw}).torchscript is want  # type: ignore[attr-defined]
 
 
-def test_option_refuses_what_it_cannot_read() -> None:
-    class Cfg:
-        flag = "maybe"
-        size = "big"
+def test_options_refuse_what_they_cannot_read() -> None:
+    from pydantic import ValidationError
 
-    with pytest.raises(ValueError, match="boolean"):
-        option(Cfg(), "flag", True, bool)
-    with pytest.raises(ValueError, match="int"):
-        option(Cfg(), "size", 1, int)
+    with pytest.raises(ValidationError, match="torchscript"):
+        parse_model_options({"kind": "minilm", "torchscript": "maybe"})
+    with pytest.raises(ValidationError, match="max_length"):
+        parse_model_options({"kind": "minilm", "max_length": "big"})
 
 
 def test_unknown_input_keys_are_refused(settings: Settings, runtime: DeviceRuntime) -> None:

@@ -24,7 +24,8 @@ from shared.errors import (
     TensorRefError,
     VideoDecodeError,
 )
-from shared.settings import ModelConfig, Settings, load_settings
+from shared.model_options import parse_model_options
+from shared.settings import Settings, load_settings
 from shared.transport import ShmStore, decode_inline
 from workers.models import make_adapter
 from workers.models.image import ImageAdapter
@@ -68,7 +69,7 @@ def adapter(settings: Settings, runtime: DeviceRuntime) -> VideoAdapter:
 def variant(adapter: VideoAdapter, settings: Settings | None = None, **extra: Any) -> VideoAdapter:
     """Another config around the same loaded model (no second load)."""
     s = settings or adapter.settings
-    cfg = ModelConfig(**{**s.models[MODEL].model_dump(), **extra})
+    cfg = parse_model_options({**s.models[MODEL].model_dump(), **extra})
     v = VideoAdapter(cfg, s, adapter.runtime)
     v._model, v.dim = adapter._model, adapter.dim
     return v

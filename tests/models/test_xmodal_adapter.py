@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from shared.errors import ImageDecodeError, InvalidInput, ModelError, PayloadTooLarge
-from shared.settings import ModelConfig, Settings
+from shared.model_options import ModelOptions, parse_model_options
+from shared.settings import Settings
 from shared.transport import ShmStore, decode_inline
 from workers.models import make_adapter
 from workers.models.xmodal import XModalAdapter, XModalSample
@@ -55,8 +56,8 @@ def adapter(settings: Settings, runtime: DeviceRuntime) -> XModalAdapter:
     return a
 
 
-def with_model(settings: Settings, **extra: Any) -> ModelConfig:
-    return ModelConfig(**{**settings.models[MODEL].model_dump(), **extra})
+def with_model(settings: Settings, **extra: Any) -> ModelOptions:
+    return parse_model_options({**settings.models[MODEL].model_dump(), **extra})
 
 
 def run(adapter: XModalAdapter, *inputs: dict[str, Any]) -> list[dict[str, Any]]:

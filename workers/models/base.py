@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shared.settings import ModelConfig, Settings
+    from shared.model_options import ModelOptions
+    from shared.settings import Settings
     from workers.runtime import DeviceRuntime
 
 
@@ -46,29 +47,6 @@ class Prepared:
     length: int
     nbytes: int
     payload: Any = field(repr=False)
-
-
-def option(cfg: Any, key: str, default: Any, cast: Any) -> Any:
-    """A ``[models.<name>]`` key as ``cast``, or ``default`` when it is absent.
-
-    ``bool`` accepts true/false, yes/no, on/off, 1/0 (any case) from strings (environment
-    overrides arrive as strings; ``bool("false")`` would be True).
-
-    Raises:
-        ValueError: the value cannot be read as ``cast``.
-    """
-    value = getattr(cfg, key, default)
-    if cast is bool and isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"model config {key!r} must be a boolean, got {value!r}")
-    try:
-        return cast(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"model config {key!r} must be {cast.__name__}, got {value!r}") from None
 
 
 def require_loaded(model: Any, name: str) -> Any:
@@ -97,7 +75,7 @@ class ModelAdapter(ABC):
 
     modality: str = ""
 
-    def __init__(self, cfg: ModelConfig, settings: Settings, runtime: DeviceRuntime) -> None:
+    def __init__(self, cfg: ModelOptions, settings: Settings, runtime: DeviceRuntime) -> None:
         self.cfg = cfg
         self.settings = settings
         self.runtime = runtime

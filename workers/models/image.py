@@ -29,7 +29,8 @@ from workers.models.imaging import decode_image, probe_image
 if TYPE_CHECKING:
     from transformers import ResNetConfig, ResNetModel
 
-    from shared.settings import ModelConfig, Settings
+    from shared.model_options import ImageOptions, ModelOptions
+    from shared.settings import Settings
     from workers.runtime import DeviceRuntime
 
 INPUT_KEY = "image_b64"
@@ -50,7 +51,7 @@ def resnet18_config() -> ResNetConfig:
     )
 
 
-def _model_name(cfg: ModelConfig, settings: Settings) -> str:
+def _model_name(cfg: ModelOptions, settings: Settings) -> str:
     """The ``[models.<name>]`` key this config came from; its ``kind`` if not found."""
     for name, candidate in settings.models.items():
         if candidate is cfg:
@@ -100,14 +101,12 @@ class ImageAdapter(ModelAdapter):
 
     modality = "image"
 
-    def __init__(self, cfg: ModelConfig, settings: Settings, runtime: DeviceRuntime) -> None:
+    def __init__(self, cfg: ImageOptions, settings: Settings, runtime: DeviceRuntime) -> None:
         super().__init__(cfg, settings, runtime)
-        self.image_size = int(getattr(cfg, "image_size", 224))
-        if self.image_size <= 0:
-            raise ValueError(f"image_size must be positive, got {self.image_size}")
-        self.checkpoint = str(getattr(cfg, "checkpoint", "") or "")
-        self.seed = int(getattr(cfg, "seed", 0))
-        self.jpeg_draft = bool(getattr(cfg, "jpeg_draft", True))
+        self.image_size = cfg.image_size
+        self.checkpoint = cfg.checkpoint
+        self.seed = cfg.seed
+        self.jpeg_draft = cfg.jpeg_draft
         self.name = _model_name(cfg, settings)
         self.bucket = str(self.image_size)
         self.dim: int | None = None

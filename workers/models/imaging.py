@@ -20,17 +20,12 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from shared.errors import FleetError, ImageDecodeError, PayloadTooLarge
+from shared.model_options import IMAGENET_MEAN, IMAGENET_STD
 
 SUPPORTED_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF")
 """Pillow open-plugin ids ``decode_image`` accepts. The JPEG plugin also opens MPO (the
 multi-picture JPEGs phones write), reported with ``format == "MPO"``."""
 
-IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
-IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
-# Source of both: the ImageNet training-set channel statistics used by torchvision's
-# pretrained models ("Models and pre-trained weights" docs: Normalize(mean=[0.485, 0.456,
-# 0.406], std=[0.229, 0.224, 0.225])) and by transformers as
-# ``transformers.utils.constants.IMAGENET_DEFAULT_MEAN`` / ``IMAGENET_DEFAULT_STD``.
 
 # Folded into one multiply-add per pixel: (x / 255 - mean) / std == x * _SCALE + _BIAS.
 _SCALE = (1.0 / (255.0 * np.asarray(IMAGENET_STD, dtype=np.float64))).astype(np.float32)

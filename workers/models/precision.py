@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-PRECISIONS = ("fp32", "int8", "fp16", "bf16")
-DEFAULT_SMOOTH_ALPHA = 0.8
+from shared.model_options import INT8_SMOOTH_ALPHA, PRECISIONS
+
+DEFAULT_SMOOTH_ALPHA = INT8_SMOOTH_ALPHA  # the options default (shared.model_options)
 
 
 def parse_precision(value: Any, device: torch.device) -> str:

@@ -19,14 +19,11 @@ import torch
 
 from shared.errors import InvalidInput, PayloadTooLarge
 from workers.models import trace_cache
-from workers.models.base import ModelAdapter, Prepared, option
-from workers.models.precision import DEFAULT_SMOOTH_ALPHA, apply_precision, parse_precision
+from workers.models.base import ModelAdapter, Prepared
+from workers.models.precision import apply_precision, parse_precision
 
 log = logging.getLogger(__name__)
 
-# BERT's FFN output projections (``encoder.layer.N.output.dense``) take the post-GELU
-# activations, whose outlier channels per-tensor int8 cannot hold even after smoothing.
-INT8_KEEP_FP32 = r"encoder\.layer\.\d+\.output\.dense"
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 _WARMUP_SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank today."
 
@@ -48,14 +45,12 @@ class TextAdapter(ModelAdapter):
         which is stored for the next start."""
         from transformers import AutoTokenizer
 
-        path = getattr(self.cfg, "checkpoint", "") or _packaged_path()
+        path = self.cfg.checkpoint or _packaged_path()
         self.name = "all-MiniLM-L6-v2"
         self.path = str(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.precision = parse_precision(
-            getattr(self.cfg, "precision", "fp32"), self.runtime.device
-        )
-        self.max_length = int(getattr(self.cfg, "max_length", 256))
+        self.precision = parse_precision(self.cfg.precision, self.runtime.device)
+        self.max_length = self.cfg.max_length
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         buckets = self.settings.modalities["text"].batching.length_buckets or [self.max_length]
         short = sorted(b for b in buckets if b < self.max_length)
@@ -63,7 +58,7 @@ class TextAdapter(ModelAdapter):
         self.traced = None
         self.model = None
         self.trace_cache = "off"
-        torchscript = option(self.cfg, "torchscript", True, bool)
+        torchscript = self.cfg.torchscript
         if torchscript:
             parts = self._trace_parts(path)
             key = trace_cache.cache_key(parts)
@@ -86,9 +81,13 @@ class TextAdapter(ModelAdapter):
         self.model.eval().requires_grad_(False).to(self.runtime.device)
         if self.precision != "fp32":
             calibration = self._calibration() if self.precision == "int8" else None
-            alpha = option(self.cfg, "int8_alpha", DEFAULT_SMOOTH_ALPHA, float)
-            keep = option(self.cfg, "int8_keep_fp32", INT8_KEEP_FP32, str)
-            self.model = apply_precision(self.model, self.precision, calibration, alpha, keep)
+            self.model = apply_precision(
+                self.model,
+                self.precision,
+                calibration,
+                self.cfg.int8_alpha,
+                self.cfg.int8_keep_fp32,
+            )
         self.dim = int(self.model.config.hidden_size)
 
     def _trace_parts(self, path: str) -> dict[str, Any]:
@@ -107,8 +106,8 @@ class TextAdapter(ModelAdapter):
         if self.precision == "int8":
             calib = CALIBRATION_DIR / "tinyshakespeare_256.txt"
             parts["int8"] = {
-                "alpha": option(self.cfg, "int8_alpha", DEFAULT_SMOOTH_ALPHA, float),
-                "keep_fp32": option(self.cfg, "int8_keep_fp32", INT8_KEEP_FP32, str),
+                "alpha": self.cfg.int8_alpha,
+                "keep_fp32": self.cfg.int8_keep_fp32,
                 "calibration": trace_cache.folder_fingerprint(calib.parent),
             }
         return parts

@@ -69,9 +69,9 @@ import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge, VideoDecodeError
 from shared.transport import TensorRef
-from workers.models.base import Prepared, option, require_loaded
+from workers.models.base import Prepared, require_loaded
 from workers.models.image import ImageAdapter
-from workers.models.tensors import DEFAULT_INLINE_MAX_BYTES, TensorIO
+from workers.models.tensors import TensorIO
 from workers.models.videodecode import (
     SampledVideo,
     VideoInfo,
@@ -82,7 +82,8 @@ from workers.models.videodecode import (
 )
 
 if TYPE_CHECKING:
-    from shared.settings import ModelConfig, Settings
+    from shared.model_options import VideoOptions
+    from shared.settings import Settings
     from workers.runtime import DeviceRuntime
 
 B64_KEY = "video_b64"
@@ -156,26 +157,19 @@ class VideoAdapter(ImageAdapter):
 
     modality = "video"
 
-    def __init__(self, cfg: ModelConfig, settings: Settings, runtime: DeviceRuntime) -> None:
+    def __init__(self, cfg: VideoOptions, settings: Settings, runtime: DeviceRuntime) -> None:
         super().__init__(cfg, settings, runtime)
-        self.sample_fps = option(cfg, "sample_fps", 2.0, float)
-        self.max_frames = option(cfg, "max_frames", 64, int)
-        self.frame_batch_size = option(cfg, "frame_batch_size", 8, int)
-        self.decode_threads = option(cfg, "decode_threads", 1, int)
+        self.sample_fps = cfg.sample_fps
+        self.max_frames = cfg.max_frames
+        self.frame_batch_size = cfg.frame_batch_size
+        self.decode_threads = cfg.decode_threads
         self.limits = VideoLimits(
-            max_bytes=option(cfg, "max_video_bytes", VideoLimits.max_bytes, int),
-            max_streams=option(cfg, "max_streams", VideoLimits.max_streams, int),
-            max_pixels=option(cfg, "max_video_pixels", VideoLimits.max_pixels, int),
-            max_duration_s=option(cfg, "max_duration_s", VideoLimits.max_duration_s, float),
+            max_bytes=cfg.max_video_bytes,
+            max_streams=cfg.max_streams,
+            max_pixels=cfg.max_video_pixels,
+            max_duration_s=cfg.max_duration_s,
         )
-        if not (math.isfinite(self.sample_fps) and self.sample_fps > 0):
-            raise ValueError(f"sample_fps must be positive, got {self.sample_fps}")
-        for key in ("max_frames", "frame_batch_size", "decode_threads"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        self.tensors = TensorIO(
-            settings, option(cfg, "output_inline_max_bytes", DEFAULT_INLINE_MAX_BYTES, int)
-        )
+        self.tensors = TensorIO(settings, cfg.output_inline_max_bytes)
         self.bucket = f"frames{self.image_size}"
         self.last_timing: dict[str, float] = {}
 

@@ -55,13 +55,14 @@ import torch
 import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge
-from workers.models.base import ModelAdapter, Prepared, check_pixel_shapes, option, require_loaded
+from workers.models.base import ModelAdapter, Prepared, check_pixel_shapes, require_loaded
 from workers.models.image import ImageAdapter, _model_name, example_png
 from workers.models.imaging import IMAGENET_MEAN, IMAGENET_STD
-from workers.models.tensors import DEFAULT_INLINE_MAX_BYTES, TensorIO
+from workers.models.tensors import TensorIO
 
 if TYPE_CHECKING:
-    from shared.settings import ModelConfig, Settings
+    from shared.model_options import XModalOptions
+    from shared.settings import Settings
     from workers.runtime import DeviceRuntime
 
 IMAGE_KEY = "image_b64"
@@ -121,38 +122,26 @@ class XModalAdapter(ModelAdapter):
 
     modality = "xmodal"
 
-    def __init__(self, cfg: ModelConfig, settings: Settings, runtime: DeviceRuntime) -> None:
+    def __init__(self, cfg: XModalOptions, settings: Settings, runtime: DeviceRuntime) -> None:
         super().__init__(cfg, settings, runtime)
         self.name = _model_name(cfg, settings)
-        self.checkpoint = str(getattr(cfg, "checkpoint", "") or "")
-        self.text_checkpoint = str(getattr(cfg, "text_checkpoint", "") or "")
-        self.seed = option(cfg, "seed", 0, int)
-        self.image_size = option(cfg, "image_size", 224, int)
-        self.patch_size = option(cfg, "patch_size", 16, int)
-        self.vision_hidden_size = option(cfg, "vision_hidden_size", 192, int)
-        self.vision_layers = option(cfg, "vision_layers", 12, int)
-        self.vision_heads = option(cfg, "vision_heads", 3, int)
-        self.vision_intermediate_size = option(cfg, "vision_intermediate_size", 768, int)
-        self.projection_dim = option(cfg, "projection_dim", 512, int)
-        self.logit_scale_init = option(cfg, "logit_scale", 100.0, float)
-        self.max_texts = option(cfg, "max_texts", 16, int)
-        self.max_text_tokens = option(cfg, "max_text_tokens", 77, int)
-        self.text_pooling = str(getattr(cfg, "text_pooling", "mean"))
-        mean = tuple(float(x) for x in getattr(cfg, "image_mean", IMAGENET_MEAN))
-        std = tuple(float(x) for x in getattr(cfg, "image_std", IMAGENET_STD))
-        if self.text_pooling not in ("mean", "pooler"):
-            raise ValueError(f"text_pooling must be 'mean' or 'pooler', got {self.text_pooling!r}")
-        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-            raise ValueError("image_mean and image_std need 3 values each, std > 0")
+        self.checkpoint = cfg.checkpoint
+        self.text_checkpoint = cfg.text_checkpoint
+        self.seed = cfg.seed
+        self.image_size = cfg.image_size
+        self.patch_size = cfg.patch_size
+        self.vision_hidden_size = cfg.vision_hidden_size
+        self.vision_layers = cfg.vision_layers
+        self.vision_heads = cfg.vision_heads
+        self.vision_intermediate_size = cfg.vision_intermediate_size
+        self.projection_dim = cfg.projection_dim
+        self.logit_scale_init = cfg.logit_scale
+        self.max_texts = cfg.max_texts
+        self.max_text_tokens = cfg.max_text_tokens
+        self.text_pooling = cfg.text_pooling
+        mean, std = cfg.image_mean, cfg.image_std
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of {self.patch_size}")
-        if not (math.isfinite(self.logit_scale_init) and self.logit_scale_init > 0):
-            raise ValueError(f"logit_scale must be positive, got {self.logit_scale_init}")
-        for key in ("max_texts", "projection_dim"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1")
-        if self.max_text_tokens < 3:
-            raise ValueError("max_text_tokens must be >= 3")
         # Decoded pixels are ImageNet-normalized (imaging.decode_image); re-map them when the
         # vision tower was trained with other statistics: x' = x * a + b per channel.
         m0, s0 = np.asarray(IMAGENET_MEAN), np.asarray(IMAGENET_STD)
@@ -164,9 +153,7 @@ class XModalAdapter(ModelAdapter):
             self._renorm = (a, b)
         # The image modality's adapter does the image checks and decoding (not its model).
         self._images = ImageAdapter(cfg, settings, runtime)
-        self.tensors = TensorIO(
-            settings, option(cfg, "output_inline_max_bytes", DEFAULT_INLINE_MAX_BYTES, int)
-        )
+        self.tensors = TensorIO(settings, cfg.output_inline_max_bytes)
         self.bucket = str(self.image_size)
         self.model: Any = None
         self.tokenizer: Any = None

@@ -1,0 +1,154 @@
+"""The typed options of each model kind: the keys a ``[models.<name>]`` table may hold.
+
+A table's ``kind`` picks its options model (and, in ``workers.models.ADAPTERS``, its
+adapter); every other key must be one of that model's fields, so a misspelt key or a value
+of the wrong type fails when the settings load, with its path (``models.minilm.max_lenght:
+Extra inputs are not permitted``), instead of being ignored by the adapter. The defaults live
+here; ``configs/fleet.toml`` repeats them with comments (``tests/unit/test_model_options.py``
+checks that the two agree).
+
+Environment overrides arrive as strings (``FLEET_MODELS__MINILM__TORCHSCRIPT=false``):
+pydantic reads them as the field's type (``false``/``0``/``off`` as ``False``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "INT8_KEEP_FP32",
+    "INT8_SMOOTH_ALPHA",
+    "PRECISIONS",
+    "AnyModelOptions",
+    "ImageOptions",
+    "ModelOptions",
+    "TextOptions",
+    "VideoOptions",
+    "XModalOptions",
+    "config_key_path",
+    "parse_model_options",
+]
+
+PRECISIONS = ("fp32", "int8", "fp16", "bf16")
+# SmoothQuant's migration strength: how much of the activation outliers moves into weights.
+INT8_SMOOTH_ALPHA = 0.8
+# BERT's FFN output projections take the post-GELU activations, whose outlier channels
+# per-tensor int8 cannot hold even after smoothing: they stay fp32.
+INT8_KEEP_FP32 = r"encoder\.layer\.\d+\.output\.dense"
+# The ImageNet training-set channel statistics used by torchvision's pretrained models
+# ("Models and pre-trained weights": Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224,
+# 0.225])) and by transformers (``transformers.utils.constants.IMAGENET_DEFAULT_MEAN``/``_STD``).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class ModelOptions(BaseModel):
+    """What every model table has: its ``kind``. Unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str
+
+
+class TextOptions(ModelOptions):
+    """``kind = "minilm"``: the sentence-embedding text encoder (384 floats, unit norm)."""
+
+    kind: Literal["minilm"]
+    checkpoint: str = ""  # "" = the packaged all-MiniLM-L6-v2
+    max_length: int = Field(default=256, ge=3)  # tokens; longer texts are truncated
+    torchscript: bool = True  # traced encoder (runs without the GIL); False = eager
+    precision: Literal["fp32", "int8", "fp16", "bf16"] = "fp32"
+    int8_alpha: float = Field(default=INT8_SMOOTH_ALPHA, gt=0.0, le=1.0)
+    int8_keep_fp32: str = INT8_KEEP_FP32  # regex of Linear layer names int8 leaves in fp32
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+
+class ImageOptions(ModelOptions):
+    """``kind = "resnet"``: the image encoder (a ResNet-18-like network)."""
+
+    kind: Literal["resnet"]
+    image_size: int = Field(default=224, gt=0)  # pixels, square input
+    checkpoint: str = ""  # a local save_pretrained folder; "" = random weights from seed
+    seed: int = 0
+    jpeg_draft: bool = True  # decode large JPEGs at reduced scale before resizing
+
+
+class VideoOptions(ImageOptions):
+    """``kind = "video"``: frames through the image model (same image options), plus the
+    decoder's sampling and the limits on what a request may hold."""
+
+    kind: Literal["video"]  # type: ignore[assignment]
+    sample_fps: float = Field(default=2.0, gt=0.0, allow_inf_nan=False)
+    max_frames: int = Field(default=64, ge=1)
+    frame_batch_size: int = Field(default=8, ge=1)
+    decode_threads: int = Field(default=1, ge=1)
+    max_video_bytes: int = Field(default=256 * 1024 * 1024, ge=1)  # encoded bytes
+    max_streams: int = Field(default=16, ge=1)
+    max_video_pixels: int = Field(default=3840 * 2160, ge=1)  # per frame
+    max_duration_s: float = Field(default=3600.0, gt=0.0)
+    output_inline_max_bytes: int = Field(default=16384, ge=0)  # larger outputs go to shm
+
+
+class XModalOptions(ModelOptions):
+    """``kind = "xmodal"``: a CLIP-style dual encoder (vision tower + MiniLM text tower)."""
+
+    kind: Literal["xmodal"]
+    checkpoint: str = ""  # a trained dual encoder's save_pretrained folder
+    text_checkpoint: str = ""  # "" = the packaged all-MiniLM-L6-v2
+    seed: int = 0
+    image_size: int = Field(default=224, gt=0)
+    patch_size: int = Field(default=16, gt=0)
+    jpeg_draft: bool = True
+    vision_hidden_size: int = Field(default=192, ge=1)
+    vision_layers: int = Field(default=12, ge=1)
+    vision_heads: int = Field(default=3, ge=1)
+    vision_intermediate_size: int = Field(default=768, ge=1)
+    projection_dim: int = Field(default=512, ge=1)
+    logit_scale: float = Field(default=100.0, gt=0.0, allow_inf_nan=False)
+    max_texts: int = Field(default=16, ge=1)  # texts per request
+    max_text_tokens: int = Field(default=77, ge=3)
+    text_pooling: Literal["mean", "pooler"] = "mean"
+    image_mean: tuple[float, float, float] = IMAGENET_MEAN
+    image_std: tuple[
+        Annotated[float, Field(gt=0.0)],
+        Annotated[float, Field(gt=0.0)],
+        Annotated[float, Field(gt=0.0)],
+    ] = IMAGENET_STD
+    output_inline_max_bytes: int = Field(default=16384, ge=0)
+
+
+AnyModelOptions = Annotated[
+    TextOptions | ImageOptions | VideoOptions | XModalOptions, Field(discriminator="kind")
+]
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyModelOptions)
+
+
+def parse_model_options(table: dict[str, Any]) -> ModelOptions:
+    """One ``[models.<name>]`` table as its kind's options.
+
+    Raises:
+        pydantic.ValidationError: no or an unknown ``kind``, an unknown key, or a bad value.
+    """
+    return _ADAPTER.validate_python(table)
+
+
+def config_key_path(loc: tuple[Any, ...]) -> str:
+    """A settings error's location as the key a user writes: ``models.minilm.max_lenght``
+    (pydantic puts the union member's tag, the model's ``kind``, after the model's name)."""
+    parts = list(loc)
+    if len(parts) > 3 and parts[0] == "models" and parts[2] in _KINDS:
+        del parts[2]
+    return ".".join(str(x) for x in parts)
+
+
+_KINDS = frozenset(
+    get_args(c.model_fields["kind"].annotation)[0]
+    for c in (TextOptions, ImageOptions, VideoOptions, XModalOptions)
+)
