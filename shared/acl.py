@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+from shared import keys
 from shared.settings import MODALITIES
 
 ROLES: tuple[str, ...] = ("producer", "worker", "operator")
@@ -58,10 +59,10 @@ def producer_keys() -> list[str]:
     return [
         *queues,
         "_kombu.binding*",  # kombu 5.7 also keeps _kombu.binding_permanent.<exchange>
-        "celery-task-meta-*",
-        "fleet:final:*",
-        "fleet:job:*",
-        "fleet:live:*",
+        f"{keys.RESULT_KEY_PREFIX}*",
+        f"{keys.FINAL_KEY_PREFIX}*",
+        f"{keys.JOB_KEY_PREFIX}*",
+        f"{keys.LIVE_PREFIX}*",
     ]
 
 

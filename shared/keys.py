@@ -19,7 +19,6 @@ FINAL_KEY_PREFIX = "fleet:final:"  # SET NX by the first final result: later one
 # index (tag scored by delivery or, with leases, last renewal time) and the restore mutex.
 UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
-WORKER_STATS_PREFIX = "fleet:worker:"  # HSET by each worker: device, stream, warmup
 # Sorted set per modality: node name scored by its last heartbeat (unix s), written by each
 # batching worker with its lease renewals (workers.lease); live = younger than lease_s.
 LIVE_PREFIX = "fleet:live:"
@@ -27,6 +26,7 @@ LIVE_FORGET_S = 3600.0  # members silent this long are dropped from the set
 # A worker pushes and deletes such a key once to learn whether Redis sends keyspace
 # notifications (workers.broker), without CONFIG, which its ACL user may not run.
 NOTIFY_PROBE_PREFIX = "fleet:notify-probe:"
+JOB_KEY_PREFIX = "fleet:job:"  # the gateway's job document, written before it queues a request
 
 
 def task_name(modality: str) -> str:
@@ -69,6 +69,11 @@ def result_key(task_id: str) -> str:
 def live_key(modality: str) -> str:
     """The liveness set of ``modality``'s workers (see ``LIVE_PREFIX``)."""
     return f"{LIVE_PREFIX}{modality}"
+
+
+def job_key(task_id: str) -> str:
+    """The gateway's job document of ``task_id`` (``producer.gateway.jobs``)."""
+    return f"{JOB_KEY_PREFIX}{task_id}"
 
 
 def final_key(task_id: str) -> str:

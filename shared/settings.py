@@ -189,7 +189,6 @@ class TransportSettings(_Section):
     capacity_bytes: int | None = Field(default=None, ge=0)  # None: capacity_fraction of /dev/shm
     capacity_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     default_ttl_s: float = Field(default=600.0, gt=0.0)
-    shm_threshold_bytes: int = 65536  # tensors at least this large go through shm
     shared_host: bool = True  # False: producers and workers on different hosts, inline only
     min_shm_warn_bytes: int = 256 * 1024 * 1024
     # Keep released files >= 1 MiB (this many bytes in all) and write later segments into

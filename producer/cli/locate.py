@@ -160,11 +160,9 @@ def find_in_unacked(client: Any, task_id: str) -> Location | None:
 def trace(client: Any, task_id: str) -> Location | None:
     """``FINAL`` when a final marker or a result document exists, ``SUBMITTED`` when only the
     gateway's job document does (one round trip); else ``None``."""
-    from producer.gateway.jobs import JOB_KEY_PREFIX
-
     with client.pipeline(transaction=False) as pipe:
         pipe.exists(keys.final_key(task_id), keys.result_key(task_id))
-        pipe.exists(f"{JOB_KEY_PREFIX}{task_id}")
+        pipe.exists(keys.job_key(task_id))
         final, job = pipe.execute()
     if final:
         return Location(FINAL)

@@ -232,7 +232,7 @@ def submit_video(
 
     Files up to 32 KiB travel inline (base64); larger ones through /dev/shm, the message
     carrying a TensorRef (the client's fixed video threshold, which keeps a task message
-    under 64 KB; [transport] shm_threshold_bytes is the threshold for other tensors).
+    under 64 KB).
     """
     run_submit(
         "video",

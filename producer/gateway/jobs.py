@@ -45,14 +45,9 @@ from shared.priority import Priority
 from shared.schema import TaskEnvelope
 
 log = logging.getLogger("fleet.gateway")
-JOB_KEY_PREFIX = "fleet:job:"
 WAIT_GRACE_S = 0.25  # a result stored right at the deadline still makes the sync answer
 LARGE_INPUT_BYTES = 64 * 1024  # inputs this large are encoded off the event loop
 DEPTH_SAMPLE_S = 0.5
-
-
-def job_key(task_id: str) -> str:
-    return f"{JOB_KEY_PREFIX}{task_id}"
 
 
 @dataclass(slots=True)
@@ -280,7 +275,7 @@ class JobService:
 
     # -- submitting -----------------------------------------------------------------------
     async def get_job(self, task_id: str) -> Job | None:
-        raw = await self.redis.get(job_key(task_id))
+        raw = await self.redis.get(keys.job_key(task_id))
         return None if raw is None else Job.from_json(raw)
 
     async def submit(
@@ -362,7 +357,7 @@ class JobService:
         ttl = int(self.settings.redis.result_expires_s)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(job_key(job.id), job.to_json(), nx=True, ex=ttl)
+                pipe.set(keys.job_key(job.id), job.to_json(), nx=True, ex=ttl)
                 names = self._depth_commands(pipe, job.modality)
                 created, *counts = await pipe.execute()
         except Exception as exc:
@@ -391,7 +386,7 @@ class JobService:
 
     async def _forget(self, task_id: str) -> None:
         try:
-            await self.redis.set(job_key(task_id), "{}", xx=True, px=1)
+            await self.redis.set(keys.job_key(task_id), "{}", xx=True, px=1)
         except Exception:
             log.warning("could not forget unsent job %s", task_id, exc_info=True)
 
@@ -405,7 +400,7 @@ class JobService:
     # -- watching -------------------------------------------------------------------------
     async def snapshot(self, task_id: str) -> Snapshot | None:
         """The job and its result document (one MGET); ``None``: no such job."""
-        raw_job, raw_meta = await self.redis.mget([job_key(task_id), keys.result_key(task_id)])
+        raw_job, raw_meta = await self.redis.mget([keys.job_key(task_id), keys.result_key(task_id)])
         job = None if raw_job is None else Job.from_json(raw_job)
         if job is None:
             return None
