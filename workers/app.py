@@ -163,8 +163,11 @@ def _stop_engine(**_: Any) -> None:
 
 @inspect_command()
 def fleet_stats(state: Any) -> dict[str, Any]:
-    """``celery inspect fleet_stats``: the engine's counters, batch sizes and device facts."""
+    """``celery inspect fleet_stats``: the engine's counters, batch sizes and device facts,
+    and whether it records metrics (``[metrics] enabled``) and traces."""
     try:
-        return engine_registry.current().snapshot()
+        engine = engine_registry.current()
+        snap = engine.snapshot()
     except RuntimeError as exc:
         return {"error": str(exc)}
+    return {**snap, "metrics_enabled": engine.metrics.enabled, "tracing": engine.tracing.on}
