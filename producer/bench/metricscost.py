@@ -38,7 +38,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from producer.bench.runner import Bench, BenchOptions, BenchResult, ModeResult
+from producer.bench.runner import Bench, BenchError, BenchOptions, BenchResult, ModeResult
 from producer.bench.stats import median, spread
 from producer.bench.workerstats import fleet_stats
 from producer.bench.workload import Workload
@@ -55,8 +55,8 @@ SPANS_FILE = "spans.jsonl"
 
 @dataclass(frozen=True)
 class CostOptions:
-    """``rounds``: on/off pairs; ``round_s``: each non-burst phase's duration, seconds
-    (``None``: the workload's own)."""
+    """``rounds``: on/off pairs; ``round_s``: each non-burst phase's duration, seconds, its
+    first ``warmup_s`` unmeasured as always (``None``: the workload's own)."""
 
     rounds: int = 4
     round_s: float | None = None
@@ -118,10 +118,14 @@ class CostBench(Bench):
     """The ``fleet`` mode, alternately with metrics+tracing on and off. See the module."""
 
     def __init__(self, opts: BenchOptions, cost: CostOptions, console: Console | None = None):
+        warmup_s = opts.workload.warmup_s
         if cost.rounds < 1:
-            raise ValueError("rounds must be at least 1")
-        if cost.round_s is not None and cost.round_s <= 0:
-            raise ValueError("round_s must be positive")
+            raise BenchError("--cost-rounds must be at least 1")
+        if cost.round_s is not None and cost.round_s <= warmup_s:
+            raise BenchError(
+                f"--cost-round-s {cost.round_s:g} leaves nothing to measure: the workload's "
+                f"first {warmup_s:g} s are its warmup"
+            )
         w = with_round_s(opts.workload, cost.round_s)
         super().__init__(
             BenchOptions(w, ("fleet",), repetitions=1, run_dir=opts.run_dir), console=console
@@ -284,7 +288,8 @@ def cost_warnings(mc: dict[str, Any]) -> list[str]:
             or c["tracing"] is not on
         ):
             out.append(
-                f"metrics cost: a {c['variant']} worker ({c['modality']}) ran with metrics "
+                f"metrics cost: round {c['round']}, variant {c['variant']}: the "
+                f"{c['modality']} worker ran with metrics "
                 f"{c['metrics_enabled']}, /metrics served {c['metrics_served']}, tracing "
                 f"{c['tracing']}: the comparison is not what it says"
             )
