@@ -244,6 +244,13 @@ def _pct(on: float | None, off: float | None) -> float | None:
     return None if on is None or not off else (off - on) / off * 100.0
 
 
+def resolved(round_costs: list[float | None]) -> bool:
+    """Whether the rounds agree well enough to judge against the target: at least two
+    rounds, and their paired costs lie within ``TARGET_PCT`` points of each other."""
+    xs = [x for x in round_costs if x is not None]
+    return len(xs) >= 2 and max(xs) - min(xs) <= TARGET_PCT
+
+
 def summarize_cost(
     res: BenchResult, order: list[str], checks: list[dict[str, Any]], spans: dict[str, Any]
 ) -> dict[str, Any]:
@@ -251,6 +258,8 @@ def summarize_cost(
     runs = {v: res.modes.get(mode_name(v)) or ModeResult(mode_name(v)) for v in VARIANTS}
     per = {v: [round_rps(s) for s in mr.summaries] for v, mr in runs.items()}
     sent = {v: sum(len(recs) for recs in mr.reps) for v, mr in runs.items()}
+    if sent["on"]:
+        spans = {**spans, "sampled_share": spans["traces"] / sent["on"]}
     med_on = median([x for x in per["on"] if x is not None])
     med_off = median([x for x in per["off"] if x is not None])
     pairs = [_pct(a, b) for a, b in zip(per["on"], per["off"], strict=False)]
@@ -270,6 +279,7 @@ def summarize_cost(
         "spread_pct": rel,
         "target_pct": TARGET_PCT,
         "within_target": None if cost is None else cost <= TARGET_PCT,
+        "resolved": resolved(pairs),
         "sample_ratio": SAMPLE_RATIO,
         "requests": sent,
         "checks": checks,
@@ -324,6 +334,8 @@ def print_cost(report: dict[str, Any], con: Console) -> None:
     con.print(t)
     sp = mc["round_cost_spread"] or {}
     within = {True: "within", False: "over", None: "no verdict on"}[mc["within_target"]]
+    if not mc["resolved"]:
+        within = "not resolved by these rounds against"
     con.print(
         f"metrics cost ({', '.join(mc['modalities'])}): median on {_f(mc['median_on'])}, "
         f"off {_f(mc['median_off'])} requests/s: [bold]{_f(mc['cost_pct'], '+.2f')} %[/bold] "

@@ -29,10 +29,12 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
         round_s, order (variants as run), on / off (requests/s per round, summed over the
         modalities), median_on, median_off, cost_pct ((off - on) / off, percent),
         round_cost_pct (each round's pair), round_cost_spread {min,median,max},
-        spread_pct.{on,off} ((max - min) / median across rounds), target_pct, within_target,
-        sample_ratio, requests.{on,off} (sent, warmup included), checks (per round, variant
-        and modality: metrics_enabled, tracing, metrics_served, metrics_requests_ok), spans
-        {exported, traces, by_name}
+        spread_pct.{on,off} ((max - min) / median across rounds), target_pct, within_target
+        (cost_pct <= target_pct), resolved (two rounds or more whose round_cost_pct lie
+        within target_pct points of each other), sample_ratio, requests.{on,off} (sent,
+        warmup included), checks (per round, variant and modality: metrics_enabled, tracing,
+        metrics_served, metrics_requests_ok), spans {exported, traces, by_name,
+        sampled_share (traces / requests.on)}
 
 The ``transport`` workload has a runner of its own (``producer/bench/transport.py``, no
 modes) and writes, besides workload/machine/method/warnings::
