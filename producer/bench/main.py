@@ -3,7 +3,8 @@
 A workload with a ``tensor`` source (``transport``) runs ``producer/bench/transport.py``
 instead of the fleet/baseline/limit modes (``--modes`` does not apply to it). With
 ``metrics_cost`` (``--metrics-cost``) the run is ``producer/bench/metricscost.py`` instead:
-the fleet mode with metrics and tracing on vs off, interleaved (``--modes`` does not apply).
+the fleet mode with metrics and tracing on vs off, interleaved (``--modes`` and
+``--repetitions`` do not apply: one repetition per round and variant).
 
 Exit codes: 0 the run completed (its warnings are in the report) or the workload is a
 documented placeholder and was skipped; 1 the workload is invalid or the bench could not run.
@@ -18,11 +19,11 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from producer.bench.runner import ALL_MODES, MODES, Bench, BenchError, BenchOptions
+from producer.bench.sources import SourceError
+from producer.bench.workload import WorkloadError, list_workloads, load_workload
 
 if TYPE_CHECKING:
     from producer.bench.metricscost import CostOptions
-from producer.bench.sources import SourceError
-from producer.bench.workload import WorkloadError, list_workloads, load_workload
 
 
 def main(

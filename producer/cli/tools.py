@@ -30,7 +30,7 @@ def bench(
         bool,
         typer.Option(
             help="instead of the modes: the fleet with metrics and tracing (1 %) on vs off, "
-            "interleaved (producer/bench/README.md)"
+            "interleaved; --modes and --repetitions do not apply (producer/bench/README.md)"
         ),
     ] = False,
     cost_rounds: Annotated[int, typer.Option(help="--metrics-cost: on/off pairs")] = 4,
