@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from producer.stack import Stack
 from shared import metrics
 from shared.metrics import FleetMetrics, metrics_port
 from shared.metrics_ecosystem import EcosystemMetrics
 from shared.metrics_null import NullEcosystemMetrics
-from shared.settings import MetricsSettings, Settings
+from shared.settings import MetricsSettings, Settings, load_settings
 
 
 def _settings(**metrics_kw: object) -> Settings:
@@ -108,3 +110,13 @@ def test_the_null_implementation_has_the_whole_interface() -> None:
             if inspect.ismethod(attr):
                 want = list(inspect.signature(attr).parameters)
                 assert list(inspect.signature(null_api[name]).parameters) == want, name
+
+
+def test_fleet_up_checks_no_metrics_port_of_a_worker_with_metrics_off(tmp_path: Path) -> None:
+    def metric_ports(**metrics_kw: object) -> list[int]:
+        s = load_settings(stack={"run_dir": str(tmp_path)}, metrics=metrics_kw)
+        planned = Stack(s).planned_ports([("text", 0), ("image", 1)], flower=False)
+        return [port for name, _h, port, *_ in planned if name.startswith("worker-")]
+
+    assert metric_ports(port_base=9101) == [9101, 9106]  # image's replica 1: +4 +1
+    assert metric_ports(port_base=9101, enabled=False) == []
