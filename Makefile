@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 WORKLOAD ?= mixed
 MODES ?= fleet,baseline,limit
+METRICS_COST ?=
+COST_ROUNDS ?= 4
+COST_ROUND_S ?= 0
 PYTEST_ARGS ?=
 UP_ARGS ?=
 
@@ -55,8 +58,11 @@ test: lint
 
 # Fleet vs plain-Celery baseline vs in-process limit; method: producer/bench/README.md.
 # Through the HTTP gateway too: make bench WORKLOAD=text-saturate MODES=fleet,gateway
+# Metrics + tracing (1 %) on vs off instead of the modes, interleaved in one run:
+# make bench WORKLOAD=text-saturate METRICS_COST=1 [COST_ROUNDS=4] [COST_ROUND_S=15]
 bench: venv
-	$(BIN)/fleet bench $(WORKLOAD) --modes $(MODES)
+	$(BIN)/fleet bench $(WORKLOAD) --modes $(MODES) $(if $(filter 1 yes true,$(METRICS_COST)),--metrics-cost \
+		--cost-rounds $(COST_ROUNDS) --cost-round-s $(COST_ROUND_S))
 
 # A reduced-precision text model vs fp32, in-process: cosine per text, the demo's semantic
 # check, throughput (reports/precision.json). PRECISION=int8 (CPU) or fp16/bf16 (CUDA).

@@ -376,11 +376,11 @@ class Stack:
         if not self.alive("redis"):
             out.append(("redis", s.redis.host, s.redis.port, "Redis", "FLEET_REDIS__PORT"))
         for m, i in workers:
-            port = replica_metrics_port(s.metrics.port_base, m, i)
+            port = replica_metrics_port(s.metrics.port_base, m, i) if s.metrics.enabled else None
             name = self.worker_name(m, i)
             if port and not self.alive(name):
                 what = f"the metrics of {name} ([metrics] port_base + {port - s.metrics.port_base})"
-                setting = "FLEET_METRICS__PORT_BASE (0 turns metrics off)"
+                setting = "FLEET_METRICS__PORT_BASE (0: not served)"
                 out.append((name, s.metrics.host, port, what, setting))
         if s.metrics.exporter_port and not self.alive("exporter"):
             m = s.metrics

@@ -1,9 +1,13 @@
 """Prometheus metric definitions of the fleet (one module: names, labels and buckets).
 
 Each worker serves them on ``127.0.0.1:<metrics.port_base + modality index>`` (text +0,
-image +1, video +2, xmodal +3; ``port_base = 0`` turns the endpoint off). Latencies are in
-seconds, as Prometheus expects. Flower serves Celery's own task metrics at its ``/metrics``.
-The same events under Celery's and Triton's names: ``shared.metrics_ecosystem``.
+image +1, video +2, xmodal +3; ``port_base = 0`` turns the endpoint off, the metrics are still
+recorded). ``[metrics] enabled = false`` turns them off entirely: :func:`configure` (the worker
+calls it at import, before its engine exists) makes every later :class:`FleetMetrics` of the
+process a null one (``shared.metrics_null``: same attributes and methods, nothing recorded)
+and :func:`metrics_port` ``None``. Latencies are in seconds, as Prometheus expects. Flower
+serves Celery's own task metrics at its ``/metrics``. The same events under Celery's and
+Triton's names: ``shared.metrics_ecosystem``.
 """
 
 from __future__ import annotations
@@ -15,10 +19,20 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from shared.errors import ERROR_CLASSES
 from shared.metrics_ecosystem import LATENCY_BUCKETS_S as _LATENCY_BUCKETS_S
 from shared.metrics_ecosystem import OTHER_QUEUE, EcosystemMetrics
+from shared.metrics_null import NULL_METRIC, NullEcosystemMetrics
 from shared.priority import Priority
 from shared.settings import MODALITIES, Settings
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
+_SERIES = ("requests", "batch_size", "queue_wait", "inference", "e2e", "held", "device_memory",
+           "circuit_open")  # fmt: skip
+_enabled = True  # this process's [metrics] enabled (configure)
+
+
+def configure(settings: Settings) -> None:
+    """Adopt ``[metrics] enabled`` for the :class:`FleetMetrics` this process makes later."""
+    global _enabled
+    _enabled = settings.metrics.enabled
 
 
 class FleetMetrics:
@@ -26,13 +40,26 @@ class FleetMetrics:
 
     ``eco`` holds the same events under Celery's and Triton's names
     (``shared.metrics_ecosystem``); ``model`` and ``hostname`` label those.
+
+    ``enabled``: ``None`` follows :func:`configure` (default on). Off, every series and
+    ``eco`` are null (``shared.metrics_null``), the hooks return at once and ``registry``
+    stays empty.
     """
 
-    def __init__(self, modality: str, model: str = "", hostname: str = "") -> None:
+    def __init__(
+        self, modality: str, model: str = "", hostname: str = "", enabled: bool | None = None
+    ) -> None:
         self.modality = modality
+        self.enabled = _enabled if enabled is None else enabled
         self.registry = CollectorRegistry()
         r = self.registry
         node = hostname or f"{modality}@{socket.gethostname()}"
+        self.eco: EcosystemMetrics | NullEcosystemMetrics
+        if not self.enabled:
+            self.eco = NullEcosystemMetrics(modality, model or modality, node)
+            for name in _SERIES:
+                setattr(self, name, NULL_METRIC)
+            return
         self.eco = EcosystemMetrics(r, modality, model or modality, node)
         self.requests = Counter(
             "fleet_requests", "Requests finished, by outcome (ok or an error code)",
@@ -80,6 +107,8 @@ class FleetMetrics:
         self.eco.zero(list(ERROR_CLASSES))
 
     def observe_batch(self, size: int, run_s: float) -> None:
+        if not self.enabled:
+            return
         self.eco.child(self.batch_size, self.modality).observe(size)
         self.eco.child(self.inference, self.modality).observe(run_s)
         self.eco.batch(size)
@@ -94,6 +123,8 @@ class FleetMetrics:
         run_s: float | None = None,
     ) -> None:
         """One request's final outcome (``"ok"`` or an error code); seconds throughout."""
+        if not self.enabled:
+            return
         c = self.eco.child
         c(self.requests, self.modality, priority, outcome).inc()
         if queued_s is not None:
@@ -104,9 +135,9 @@ class FleetMetrics:
 
 
 def metrics_port(settings: Settings, modality: str) -> int | None:
-    """The worker's metrics port, or ``None`` when metrics are off."""
+    """The worker's metrics port, or ``None`` when metrics are off or not served."""
     base = settings.metrics.port_base
-    return base + MODALITIES.index(modality) if base else None
+    return base + MODALITIES.index(modality) if base and settings.metrics.enabled else None
 
 
 def serve(metrics: FleetMetrics, host: str, port: int) -> None:

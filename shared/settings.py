@@ -207,8 +207,11 @@ class TransportSettings(_Section):
 
 
 class MetricsSettings(_Section):
+    # false: workers record no metrics at all (a null implementation, no registry work) and
+    # serve no /metrics, whatever port_base says; the exporter has its own exporter_port
+    enabled: bool = True
     host: str = "127.0.0.1"
-    port_base: int = 9101  # worker ports: base + modality index; 0 turns metrics off
+    port_base: int = 9101  # worker ports: base + modality index; 0: no /metrics (still recorded)
     # `fleet exporter` (queue length, demand, age; producer.exporter), started by `fleet up`
     exporter_host: str = "127.0.0.1"
     exporter_port: int = Field(default=9100, ge=0, le=65535)  # 0: not started

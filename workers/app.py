@@ -24,6 +24,7 @@ from typing import Any
 from celery import signals
 from celery.worker.control import inspect_command
 
+from shared import metrics
 from shared.celery_app import make_app
 from shared.errors import FleetError
 from shared.keys import task_name
@@ -39,6 +40,7 @@ from workers.runtime import refuse_early_cuda, validate_partitions
 log = logging.getLogger("fleet.worker")
 
 settings = load_settings()
+metrics.configure(settings)  # [metrics] enabled = false: the engine's metrics are null ones
 app = make_app(settings, name="fleet-worker", role="worker")
 
 
@@ -161,8 +163,11 @@ def _stop_engine(**_: Any) -> None:
 
 @inspect_command()
 def fleet_stats(state: Any) -> dict[str, Any]:
-    """``celery inspect fleet_stats``: the engine's counters, batch sizes and device facts."""
+    """``celery inspect fleet_stats``: the engine's counters, batch sizes and device facts,
+    and whether it records metrics (``[metrics] enabled``) and traces."""
     try:
-        return engine_registry.current().snapshot()
+        engine = engine_registry.current()
+        snap = engine.snapshot()
     except RuntimeError as exc:
         return {"error": str(exc)}
+    return {**snap, "metrics_enabled": engine.metrics.enabled, "tracing": engine.tracing.on}

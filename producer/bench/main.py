@@ -1,7 +1,10 @@
 """Entry point of ``fleet bench``: load the workload, run it, write and print the report.
 
 A workload with a ``tensor`` source (``transport``) runs ``producer/bench/transport.py``
-instead of the fleet/baseline/limit modes (``--modes`` does not apply to it).
+instead of the fleet/baseline/limit modes (``--modes`` does not apply to it). With
+``metrics_cost`` (``--metrics-cost``) the run is ``producer/bench/metricscost.py`` instead:
+the fleet mode with metrics and tracing on vs off, interleaved (``--modes`` and
+``--repetitions`` do not apply: one repetition per round and variant).
 
 Exit codes: 0 the run completed (its warnings are in the report) or the workload is a
 documented placeholder and was skipped; 1 the workload is invalid or the bench could not run.
@@ -11,12 +14,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from producer.bench.runner import ALL_MODES, MODES, Bench, BenchError, BenchOptions
 from producer.bench.sources import SourceError
 from producer.bench.workload import WorkloadError, list_workloads, load_workload
+
+if TYPE_CHECKING:
+    from producer.bench.metricscost import CostOptions
 
 
 def main(
@@ -26,6 +33,7 @@ def main(
     out_dir: Path = Path("reports/bench"),
     plot: bool = True,
     run_dir: Path | None = None,
+    metrics_cost: CostOptions | None = None,
 ) -> int:
     """Run one workload; see the module docstring for exit codes."""
     err = Console(stderr=True)
@@ -49,16 +57,20 @@ def main(
     from producer.bench.report import build_report, write_report
     from producer.bench.tables import print_report
 
+    opts = BenchOptions(w, wanted, repetitions, run_dir=run_dir.resolve() if run_dir else None)
     try:
-        result = Bench(
-            BenchOptions(w, wanted, repetitions, run_dir=run_dir.resolve() if run_dir else None),
-            console=err,
-        ).run()
+        if metrics_cost is not None:
+            from producer.bench.metricscost import CostBench
+
+            result = CostBench(opts, metrics_cost, console=err).run()
+        else:
+            result = Bench(opts, console=err).run()
     except (BenchError, SourceError) as exc:
         err.print(f"[red]bench failed:[/red] {exc}")
         return 1
     report = build_report(result)
-    write_report(report, out_dir, plot=plot)
+    # A cost run has no fleet/baseline/limit for the plot to draw.
+    write_report(report, out_dir, plot=plot and metrics_cost is None)
     print_report(report, Console(file=sys.stdout, width=150))
     return 0
 

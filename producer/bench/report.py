@@ -24,6 +24,17 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
         steady_p50_ms, worker_warmup_s
     generator.{mode}.{phase}: send lag p50/p99/max, behind
     warnings: what makes numbers of this run doubtful, in words
+    metrics_cost (``--metrics-cost`` only; modes are then ``metrics-on`` and ``metrics-off``,
+        one repetition per round; ``producer/bench/metricscost.py``): modalities, rounds,
+        round_s, order (variants as run), on / off (requests/s per round, summed over the
+        modalities), median_on, median_off, cost_pct ((off - on) / off, percent),
+        round_cost_pct (each round's pair), round_cost_spread {min,median,max},
+        spread_pct.{on,off} ((max - min) / median across rounds), target_pct, within_target
+        (cost_pct <= target_pct), resolved (two rounds or more whose round_cost_pct lie
+        within target_pct points of each other), sample_ratio, requests.{on,off} (sent,
+        warmup included), checks (per round, variant and modality: metrics_enabled, tracing,
+        metrics_served, metrics_requests_ok), spans {exported, traces, by_name,
+        sampled_share (traces / requests.on)}
 
 The ``transport`` workload has a runner of its own (``producer/bench/transport.py``, no
 modes) and writes, besides workload/machine/method/warnings::
@@ -242,6 +253,8 @@ def build_report(res: BenchResult) -> dict[str, Any]:
             },
         }  # fmt: skip
     rep["noise"] = _noise(modes)
+    if res.metrics_cost:
+        rep["metrics_cost"] = res.metrics_cost
     rep["warnings"] = _warnings(res, rep)
     return rep
 

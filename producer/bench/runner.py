@@ -114,6 +114,7 @@ class BenchResult:
     load_avg_start: tuple[float, ...] = ()
     load_avg_end: tuple[float, ...] = ()
     notes: list[str] = field(default_factory=list)
+    metrics_cost: dict[str, Any] = field(default_factory=dict)  # bench/metricscost.py
 
 
 @contextlib.contextmanager
@@ -166,17 +167,7 @@ class Bench:
             res.settings_facts = settings_facts(settings, self.modalities)
             try:
                 stack.start_redis()
-                for mode in ("fleet", "gateway", "baseline", *PEER_MODES):
-                    if mode not in self.opts.modes:
-                        continue
-                    reason = unavailable_reason(mode) if mode in PEER_MODES else None
-                    if reason:  # an optional extra: skipped with the reason, never failed
-                        self.console.print(f"[yellow]skipped[/yellow] {reason}")
-                        res.notes.append(f"skipped {reason}")
-                        continue
-                    res.modes[mode] = self._service_mode(mode, stack, settings, res)
-                if "limit" in self.opts.modes:
-                    self._limit(res, stack)
+                self._run_modes(stack, settings, res)
             except StackError as exc:
                 raise BenchError(str(exc)) from None
             finally:
@@ -186,6 +177,20 @@ class Bench:
         res.duration_s = time.monotonic() - t_start
         res.load_avg_end = os.getloadavg()
         return res
+
+    def _run_modes(self, stack: Any, settings: Settings, res: BenchResult) -> None:
+        """The requested modes, one after the other, on the started Redis."""
+        for mode in ("fleet", "gateway", "baseline", *PEER_MODES):
+            if mode not in self.opts.modes:
+                continue
+            reason = unavailable_reason(mode) if mode in PEER_MODES else None
+            if reason:  # an optional extra: skipped with the reason, never failed
+                self.console.print(f"[yellow]skipped[/yellow] {reason}")
+                res.notes.append(f"skipped {reason}")
+                continue
+            res.modes[mode] = self._service_mode(mode, stack, settings, res)
+        if "limit" in self.opts.modes:
+            self._limit(res, stack)
 
     # -- fleet and baseline ---------------------------------------------------------------
     def _service_mode(
@@ -231,6 +236,7 @@ class Bench:
                 out.reps.append(records)
                 out.summaries.append(summarize_rep(records))
                 out.leftovers += self._clean_queues(client)
+            self._measured(mode, client)
             if tap.failed is not None:
                 res.notes.append(f"{mode}: the event tap failed ({tap.failed}); no queue/compute")
         finally:
@@ -251,6 +257,9 @@ class Bench:
                 client.app.backend.client.flushdb()
             client.app.close()
         return out
+
+    def _measured(self, mode: str, client: FleetClient) -> None:
+        """After a mode's repetitions, its workers still up (``metricscost`` reads them)."""
 
     def _start_workers(
         self, mode: str, stack: Any, client: FleetClient, table: RecordTable, out: ModeResult

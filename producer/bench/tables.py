@@ -27,25 +27,12 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         f"[bold]bench {report['workload']}[/bold]: {n} repetitions, "
         f"{report['machine']['cores']} cores, {report['duration_s']} s"
     )
-    t = Table(title=f"Throughput, requests/s: median of {n} (min-max)")
-    for col in ("modality", "offered", "fleet", "baseline", "limit", "fleet/base",
-                "fleet/limit", "fleet batches (size:count)"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("modality",) else "right")
-    for m in sorted({m for mods in modes.values() for m in mods}):
-        cells = []
-        for mode in ("fleet", "baseline", "limit"):
-            s = modes.get(mode, {}).get(m)
-            extra = f" bs{s['best_batch_size']}" if mode == "limit" and s else ""
-            cells.append(
-                "-" if not s else _f(s["throughput_rps"]) + _range(s["throughput_spread"]) + extra
-            )
-        r = report["ratios"].get(m, {})
-        bs = report["batch_sizes"].get("fleet", {}).get(m, {}).get("batches", {})
-        top = sorted(bs.items(), key=lambda kv: -kv[1])[:4]
-        ratios = [_f(r.get(k), ".2f") for k in ("fleet_over_baseline", "fleet_over_limit")]
-        offered = _f(modes.get("fleet", {}).get(m, {}).get("offered_rps"))
-        t.add_row(m, offered, *cells, *ratios, " ".join(f"{k}:{v}" for k, v in top))
-    con.print(t)
+    if "metrics_cost" in report:  # --metrics-cost: no fleet/baseline/limit to compare
+        from producer.bench.metricscost import print_cost
+
+        print_cost(report, con)
+    else:
+        _throughput(report, con)
     print_peers(report, con)
     if "gateway" in report:
         g = report["gateway"]
@@ -65,7 +52,7 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     for m in sorted({m for mode in report["latency_ms"].values() for m in mode}):
         prios = _prio_order(report, m)
         for p in prios:
-            for mode in ("fleet", "baseline", *PEER_MODES):
+            for mode in ("fleet", "baseline", *PEER_MODES, "metrics-on", "metrics-off"):
                 s = report["latency_ms"].get(mode, {}).get(m, {}).get(p)
                 if not s:
                     continue
@@ -118,3 +105,26 @@ def _prio_order(report: dict[str, Any], modality: str) -> list[str]:
 
     names = {p for mode in report["latency_ms"].values() for p in mode.get(modality, {})}
     return ordered_priorities(names)
+
+
+def _throughput(report: dict[str, Any], con: Console) -> None:
+    modes, n = report["modes"], report["repetitions"]
+    t = Table(title=f"Throughput, requests/s: median of {n} (min-max)")
+    for col in ("modality", "offered", "fleet", "baseline", "limit", "fleet/base",
+                "fleet/limit", "fleet batches (size:count)"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("modality",) else "right")
+    for m in sorted({m for mods in modes.values() for m in mods}):
+        cells = []
+        for mode in ("fleet", "baseline", "limit"):
+            s = modes.get(mode, {}).get(m)
+            extra = f" bs{s['best_batch_size']}" if mode == "limit" and s else ""
+            cells.append(
+                "-" if not s else _f(s["throughput_rps"]) + _range(s["throughput_spread"]) + extra
+            )
+        r = report["ratios"].get(m, {})
+        bs = report["batch_sizes"].get("fleet", {}).get(m, {}).get("batches", {})
+        top = sorted(bs.items(), key=lambda kv: -kv[1])[:4]
+        ratios = [_f(r.get(k), ".2f") for k in ("fleet_over_baseline", "fleet_over_limit")]
+        offered = _f(modes.get("fleet", {}).get(m, {}).get("offered_rps"))
+        t.add_row(m, offered, *cells, *ratios, " ".join(f"{k}:{v}" for k, v in top))
+    con.print(t)

@@ -26,6 +26,17 @@ def bench(
         typer.Option(help="Redis, logs, pidfiles of the run; default .run/bench/<name>-<time>"),
     ] = None,
     plot: Annotated[bool, typer.Option(help="write the PNG plot")] = True,
+    metrics_cost: Annotated[
+        bool,
+        typer.Option(
+            help="instead of the modes: the fleet with metrics and tracing (1 %) on vs off, "
+            "interleaved; --modes and --repetitions do not apply (producer/bench/README.md)"
+        ),
+    ] = False,
+    cost_rounds: Annotated[int, typer.Option(help="--metrics-cost: on/off pairs")] = 4,
+    cost_round_s: Annotated[
+        float, typer.Option(help="--metrics-cost: seconds of load per run; 0 = the workload's")
+    ] = 0.0,
     list_workloads: Annotated[bool, typer.Option("--list", help="list workloads and exit")] = (
         False
     ),
@@ -36,7 +47,14 @@ def bench(
     if list_workloads:
         typer.echo("\n".join(names()))
         return
-    raise typer.Exit(main(workload, repetitions, modes, out_dir, plot, run_dir))
+    cost = None
+    if metrics_cost:
+        from producer.bench.metricscost import CostOptions
+
+        if cost_rounds < 1 or cost_round_s < 0:
+            raise typer.BadParameter("--cost-rounds must be >= 1 and --cost-round-s >= 0")
+        cost = CostOptions(cost_rounds, cost_round_s or None)
+    raise typer.Exit(main(workload, repetitions, modes, out_dir, plot, run_dir, cost))
 
 
 @app.command()

@@ -86,3 +86,32 @@ def test_bench_gateway_mode(tmp_path: Path) -> None:
     assert "NO_RESULT" not in out["errors"] and "SEND_FAILED" not in out["errors"], out
     # smoke's edge cases reach the gateway and are refused there with the schema's code
     assert out["errors"].get("INVALID_INPUT", 0) > 0, out
+
+
+@pytest.mark.timeout(300)
+def test_metrics_cost_round_switches_real_workers(tmp_path: Path) -> None:
+    """One short round of ``--metrics-cost``: the on worker records and serves its metrics and
+    traces, the off worker (same port configured) serves nothing and traces nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_") or k == "FLEET_CONFIG"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "bench", "text-saturate", "--metrics-cost",
+         "--cost-rounds", "1", "--cost-round-s", "5", "--out-dir", str(tmp_path),
+         "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=280, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Metrics and tracing cost" in proc.stdout and "metrics cost (text)" in proc.stdout
+
+    r = json.loads((tmp_path / "latest.json").read_text())
+    mc = r["metrics_cost"]
+    assert set(r["modes"]) == {"metrics-on", "metrics-off"}
+    assert mc["order"] == ["on", "off"] and mc["rounds"] == 1
+    assert len(mc["on"]) == len(mc["off"]) == 1 and mc["on"][0] > 0 and mc["off"][0] > 0
+    assert mc["cost_pct"] == pytest.approx((mc["off"][0] - mc["on"][0]) / mc["off"][0] * 100)
+    on, off = sorted(mc["checks"], key=lambda c: c["variant"] != "on")
+    assert (on["metrics_enabled"], on["tracing"], on["metrics_served"]) == (True, True, True)
+    assert (off["metrics_enabled"], off["tracing"], off["metrics_served"]) == (False,) * 3
+    # The on worker counted every success of its round (plus the bench's probes: 1 + 5).
+    ok = r["outcomes"]["metrics-on"]["ok"]
+    assert ok <= on["metrics_requests_ok"] <= ok + 6
+    assert off["metrics_requests_ok"] is None

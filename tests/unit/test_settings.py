@@ -109,6 +109,19 @@ def test_env_overrides_redis_port_and_keeps_the_rest(monkeypatch: pytest.MonkeyP
     assert s.redis.visibility_timeout_s == 3600
 
 
+def test_metrics_are_on_in_the_shipped_file_and_off_with_one_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().metrics.enabled is True
+    monkeypatch.setenv("FLEET_METRICS__ENABLED", "false")
+    s = load_settings()
+    assert s.metrics.enabled is False
+    assert s.metrics.port_base == 9101  # the port stays configured; metrics_port ignores it
+    monkeypatch.setenv("FLEET_METRICS__ENABLED", "maybe")
+    with pytest.raises(ValidationError, match="enabled"):
+        load_settings()
+
+
 def test_keyword_overrides_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_REDIS__PORT", "6400")
     s = load_settings(redis={"port": 6500})
