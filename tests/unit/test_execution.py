@@ -7,6 +7,9 @@ ones. The clock is moved by hand; nothing sleeps.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +26,8 @@ from workers.circuit import CircuitBreaker, State
 from workers.execution import RetryPolicy, as_fleet_error, judge_breaker
 from workers.results import Outcome
 from workers.work import Done, Retry, Started, Work
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def finals(r: Rig) -> dict[str, Outcome]:
@@ -235,3 +240,15 @@ def test_every_member_ends_exactly_once_per_run(flaky_failures: int) -> None:
     r.runner.run(batch(r.adapter, 1, "flaky", 3, "poison", 5, "huge", 7), None)
     ended = [i.req.id for i in r.posted if isinstance(i, Done)]
     assert sorted(ended) == [f"r{i}" for i in range(7)]
+
+
+def test_the_engine_parts_import_neither_celery_nor_redis() -> None:
+    parts = "admission, poison, execution, completion, lanes, work"
+    code = (
+        f"import sys; from workers import {parts}; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'celery', 'kombu', 'redis'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.strip() == "[]"
