@@ -113,12 +113,8 @@ class Admission:
         store: Callable[[], Any],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.adapter = adapter
-        self.deliveries = deliveries
-        self.faults = faults
-        self.tracing = tracing
-        self.store = store
-        self.clock = clock
+        self.adapter, self.deliveries, self.faults = adapter, deliveries, faults
+        self.tracing, self.store, self.clock = tracing, store, clock
 
     def admit(
         self, req: Any, env: TaskEnvelope, count: int, twins: list[Any] | None = None

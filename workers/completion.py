@@ -23,16 +23,14 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from shared.errors import FleetError, InvalidMessage
 from shared.keys import delivery_count_key
-from shared.metrics import FleetMetrics
 from workers.results import Outcome, ResultWriter
-from workers.telemetry import Tracing
-from workers.work import Done, EngineStats, Posted, Progress, ProgressThrottle, Retry, Started
+from workers.work import Done, Observers, Posted, Progress, ProgressThrottle, Retry, Started
 
-__all__ = ["SETTLE_GIVE_UP_S", "Completer", "Handoff", "Loop"]
+__all__ = ["SETTLE_GIVE_UP_S", "Completer", "CompletionHost", "Handoff", "Loop"]
 
 log = logging.getLogger("fleet.engine")
 
@@ -53,35 +51,49 @@ class Loop:
         return self.hub is not None and not self.inline
 
 
+class CompletionHost(Protocol):
+    """What a completer needs from its engine (the Celery and kombu side)."""
+
+    def ack(self, reqs: list[Any]) -> int:
+        """Ack requests in one round trip; how many shared it (``workers.acks``).
+
+        Raises:
+            Exception: Redis refused; none of them is acked (retried later).
+        """
+
+    def task_ready(self, req: Any) -> None:
+        """Celery's bookkeeping for a finished request."""
+
+    def forget(self, done: Done) -> None:
+        """Drop a finished request from what the engine holds."""
+
+    def give_back_unsettled(self, done: list[Done]) -> None:
+        """Return requests that could not be settled to their queues."""
+
+
 class Completer:
     """Settles what the inference threads posted (loop thread, or inline).
 
     Args:
         writer: the result writer; ``client`` its Redis client (counter deletes).
-        ack: acks requests in one round trip; returns how many shared it (``ack_batch``).
-        task_ready: Celery's bookkeeping for a finished request (``worker_state.task_ready``).
-        forget: the engine drops a finished request from what it holds.
-        give_back: returns requests that could not be settled to their queues.
+        host: acks, Celery's bookkeeping, the engine's holdings.
+        loop: where completions run.
+        obs: counters, metrics, spans.
+        progress: the progress throttle (forgotten when a request ends).
     """
 
     def __init__(
         self,
-        *,
         writer: ResultWriter,
         client: Any,
-        ack: Callable[[list[Any]], int],
-        task_ready: Callable[[Any], None],
-        forget: Callable[[Done], None],
-        give_back: Callable[[list[Done]], None],
+        host: CompletionHost,
         loop: Loop,
-        stats: EngineStats,
-        metrics: FleetMetrics,
-        tracing: Tracing,
+        obs: Observers,
         progress: ProgressThrottle,
     ) -> None:
-        self.writer, self.client, self.ack, self.task_ready = writer, client, ack, task_ready
-        self.forget, self.give_back, self.loop = forget, give_back, loop
-        self.stats, self.metrics, self.tracing, self.progress = stats, metrics, tracing, progress
+        self.writer, self.client, self.host, self.loop = writer, client, host, loop
+        self.stats, self.metrics, self.tracing = obs.stats, obs.metrics, obs.tracing
+        self.progress = progress
 
     def handle(self, items: Sequence[Posted]) -> None:
         """Handle posted items in order (finals are settled together, between the others)."""
@@ -158,7 +170,7 @@ class Completer:
         if stored:
             reqs = [r for d in stored for r in (d.req, *(d.work.twins if d.work else ()))]
             try:
-                self.stats.acked_in_batches += self.ack(reqs)
+                self.stats.acked_in_batches += self.host.ack(reqs)
                 for d in stored:
                     d.acked = True
             except Exception as exc:  # stored, not acked: still leased, retried
@@ -183,7 +195,7 @@ class Completer:
         if now - min(d.first_failure_s for d in done) >= SETTLE_GIVE_UP_S:
             log.error("%d requests could not be settled for %.0f s; giving them back",
                       len(done), SETTLE_GIVE_UP_S)  # fmt: skip
-            self.give_back(done)
+            self.host.give_back_unsettled(done)
             return
         delay = SETTLE_BACKOFF_S[min(done[0].attempts - 1, len(SETTLE_BACKOFF_S) - 1)]
         if self.loop.running:
@@ -194,11 +206,11 @@ class Completer:
 
     def _finish_one(self, d: Done, now: float) -> None:
         req, o, w = d.req, d.outcome, d.work
-        self.forget(d)
+        self.host.forget(d)
         for twin in w.twins if w else ():
-            self.task_ready(twin)
+            self.host.task_ready(twin)
         if d.duplicate:
-            self.task_ready(req)
+            self.host.task_ready(req)
             log.info("request id=%s state=DUPLICATE (a final result stood; acked)", req.id)
             return
         if o.error is None:
@@ -218,7 +230,7 @@ class Completer:
             self.stats.failed += 1
             self.stats.errors[o.error.code] += 1
             req.send_event("task-failed", exception=repr(o.error), traceback="")
-        self.task_ready(req)
+        self.host.task_ready(req)
         self.tracing.finished(req, o.error.code if o.error else None)
         self.progress.forget(req.id)
         self._observe(d, now)

@@ -1,17 +1,14 @@
 """The per-process batching engine: it wires the parts below into lanes and a lifecycle.
 
-Structure (one concern per module; only this one and ``workers.completion``'s callers touch
-Celery)::
+One concern per module; of them only this one imports Celery or kombu::
 
     Celery consumer --on_request--> admission (screen, admit) --Pending--> Batcher
-    lane thread(s) --batch--> execution.BatchRunner --post--> completion.Handoff
+    lanes (threads) --batch--> execution.BatchRunner --post--> completion.Handoff
     event loop --drain--> completion.Completer: events, result store, acks, log line
 
-- :mod:`workers.admission`: envelope -> pending request, or a coded refusal;
-- :mod:`workers.poison`: delivery counting, poison refusal (``WORKER_LOST``), suspects;
-- :mod:`workers.execution`: a batch -> outcomes (breaker, preprocess, bisection, retries);
-- :mod:`workers.completion`: the typed hand-off to the loop thread and settling there;
-- :mod:`workers.work`: the objects they pass (Work, Done, Started, Progress, Retry).
+Also :mod:`workers.poison` (delivery counts, ``WORKER_LOST``, suspects) and
+:mod:`workers.work` (what the parts pass each other). The engine is the parts' host
+(``execution.RunnerHost``, ``completion.CompletionHost``): it owns what is held.
 
 Threads
 -------
@@ -81,7 +78,7 @@ from workers.results import Outcome, ResultWriter
 from workers.runtime import DeviceRuntime
 from workers.telemetry import Tracing
 from workers.warmup import WarmQueue, WarmStep, split_plan, warm_plan
-from workers.work import Done, EngineStats, Posted, ProgressThrottle, Work
+from workers.work import Done, EngineStats, Observers, Posted, ProgressThrottle, Work
 
 __all__ = ["Engine"]
 
@@ -96,23 +93,6 @@ def lease_client(settings: Settings) -> Any:
 
     return redis.Redis.from_url(
         settings.redis_url("worker"), socket_timeout=5.0, socket_connect_timeout=2.0
-    )
-
-
-def _policy(settings: Settings, modality: str) -> Policy:
-    cfg = settings.modality(modality)
-    b = cfg.batching
-    return Policy(
-        max_batch_size=b.max_batch_size,
-        max_queue_delay_ms=b.max_queue_delay_ms,
-        max_batch_bytes=b.max_batch_bytes,
-        max_high_waiting=b.max_high_waiting,
-        window_size=cfg.device.prefetch_multiplier,
-        realtime_budget_ms=b.realtime_budget_ms,
-        realtime_lane=b.realtime_lane,
-        preferred_batch_sizes=tuple(
-            sorted({s for s in b.preferred_batch_sizes if 1 <= s <= b.max_batch_size})
-        ),
     )
 
 
@@ -134,7 +114,21 @@ class Engine:
         self.modality, self.cfg, self.settings, self.app = modality, cfg, settings, app
         self.runtime = DeviceRuntime(cfg.device, lanes=2 if cfg.batching.realtime_lane else 1)
         self.adapter = make_adapter(modality, settings, self.runtime)
-        self.batcher = Batcher(_policy(settings, modality))
+        b = cfg.batching
+        self.batcher = Batcher(
+            Policy(
+                max_batch_size=b.max_batch_size,
+                max_queue_delay_ms=b.max_queue_delay_ms,
+                max_batch_bytes=b.max_batch_bytes,
+                max_high_waiting=b.max_high_waiting,
+                window_size=cfg.device.prefetch_multiplier,
+                realtime_budget_ms=b.realtime_budget_ms,
+                realtime_lane=b.realtime_lane,
+                preferred_batch_sizes=tuple(
+                    sorted({s for s in b.preferred_batch_sizes if 1 <= s <= b.max_batch_size})
+                ),
+            )
+        )
         self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)
         self.faults = FaultInjector(settings.debug.fault_injection)
         self.writer = ResultWriter(app)
@@ -157,42 +151,27 @@ class Engine:
 
     def _wire_parts(self) -> None:
         """Admission, execution and completion, connected through this engine's state."""
-        progress = ProgressThrottle()
+        progress, obs = ProgressThrottle(), Observers(self.stats, self.metrics, self.tracing)
         self.loop = Loop()
         self.served = Served(self.modality, self.cfg.model)
         self.admission = Admission(
             self.adapter, self.deliveries, self.faults, self.tracing, self._worker_store
         )
-        self.completer = Completer(
-            writer=self.writer,
-            client=self.app.backend.client,
-            ack=lambda reqs: ack_batch(reqs, self.keeper),
-            task_ready=worker_state.task_ready,
-            forget=self._forget,
-            give_back=self._give_back_unsettled,
-            loop=self.loop,
-            stats=self.stats,
-            metrics=self.metrics,
-            tracing=self.tracing,
-            progress=progress,
-        )
+        client = self.app.backend.client
+        self.completer = Completer(self.writer, client, self, self.loop, obs, progress)
         self.handoff = Handoff(self.completer, self.loop, lambda: self.runtime.on_realtime_lane)
-        host, seq = socket.gethostname().split(".")[0], itertools.count(1)
+        self._host, self._batch_seq = socket.gethostname().split(".")[0], itertools.count(1)
+        retry = RetryPolicy(self.cfg.max_retries, self.cfg.retry_backoff_s)
         self.runner = BatchRunner(
             self.modality,
             self.adapter,
             self.runtime,
+            self,
+            obs,
             breaker=self.breaker,
-            retry=RetryPolicy(self.cfg.max_retries, self.cfg.retry_backoff_s),
+            retry=retry,
             latency=self.batcher.model,
-            post=self.handoff.post,
-            schedule=lambda pending: self.lanes.schedule(pending),
-            gate=self._begin,
-            stats=self.stats,
-            metrics=self.metrics,
-            tracing=self.tracing,
             faults=self.faults,
-            batch_id=lambda: f"{host}-{os.getpid()}-{next(seq)}",  # next() is atomic
             progress=progress,
         )
         self.lanes = Lanes(
@@ -277,7 +256,8 @@ class Engine:
         self._give_back([r for w in works for r in (w.req, *w.twins)])
         log.info("shutdown: gave back %d requests (%d were running)", len(works), running)
 
-    def _give_back_unsettled(self, done: list[Done]) -> None:
+    def give_back_unsettled(self, done: list[Done]) -> None:
+        """Return requests whose result or ack Redis kept refusing (``CompletionHost``)."""
         reqs = []
         for d in done:
             with self._lock:
@@ -428,7 +408,23 @@ class Engine:
         self.stats.received += 1
         self.completer.refuse_message(message, exc)
 
-    def _forget(self, d: Done) -> None:
+    # -- the parts' host (workers.execution.RunnerHost, workers.completion.CompletionHost) --
+    def post(self, items: Sequence[Posted]) -> None:
+        self.handoff.post(items)
+
+    def schedule(self, pending: Pending) -> None:
+        self.lanes.schedule(pending)
+
+    def new_batch_id(self) -> str:
+        return f"{self._host}-{os.getpid()}-{next(self._batch_seq)}"  # next() is atomic
+
+    def ack(self, reqs: list[Any]) -> int:
+        return ack_batch(reqs, self.keeper)
+
+    def task_ready(self, req: Any) -> None:
+        worker_state.task_ready(req)
+
+    def forget(self, d: Done) -> None:
         with self._lock:
             if d.work is not None and self._by_id.get(d.req.id) is d.work:
                 del self._by_id[d.req.id]
@@ -436,17 +432,14 @@ class Engine:
     # -- lane threads -----------------------------------------------------------------
     def _crashed(self, batch: list[Pending]) -> None:
         err = ModelError("batch crashed")
-        self._post([Done(p.item, p.item.req, Outcome(p.id, error=err)) for p in batch])
-
-    def _post(self, items: Sequence[Posted]) -> None:
-        self.handoff.post(items)
+        self.post([Done(p.item, p.item.req, Outcome(p.id, error=err)) for p in batch])
 
     def _expire(self, expired: list[Pending]) -> None:
         self.stats.expired += len(expired)
         err = DeadlineExceeded("deadline passed before it could run")
-        self._post([Done(p.item, p.item.req, Outcome(p.id, error=err)) for p in expired])
+        self.post([Done(p.item, p.item.req, Outcome(p.id, error=err)) for p in expired])
 
-    def _begin(self, batch: list[Work]) -> list[Work]:
+    def gate(self, batch: list[Work]) -> list[Work]:
         """The members to run: revoked ones end ``REVOKED``, ones with a final result are
         acked unrun; the others are counted in flight (first run of a delivery only)."""
         revoked = worker_state.revoked
@@ -457,12 +450,12 @@ class Engine:
             # Celery's revoke command stored REVOKED already (it does for reserved requests):
             # that document stands; ours is written only if it is missing.
             outs = [Outcome(w.req.id, error=err, keep_existing=True) for w in gone]
-            self._post([Done(w, w.req, o) for w, o in zip(gone, outs, strict=True)])
+            self.post([Done(w, w.req, o) for w, o in zip(gone, outs, strict=True)])
             batch = [w for w in batch if w.req.id not in revoked]
         run, dups = self.deliveries.begin(batch)
         if dups:
             self.stats.duplicates += len(dups)
-            self._post([Done(w, w.req, Outcome(w.req.id), duplicate=True) for w in dups])
+            self.post([Done(w, w.req, Outcome(w.req.id), duplicate=True) for w in dups])
         self.lanes.mark_running(run)
         return run
 

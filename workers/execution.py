@@ -33,20 +33,18 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from shared.errors import CircuitOpen, DeviceError, DeviceOOM, FleetError, InvalidInput, ModelError
-from shared.metrics import FleetMetrics
 from workers.batcher import LatencyModel, Pending, Trigger
 from workers.circuit import CircuitBreaker
 from workers.faults import FaultInjector
 from workers.models.base import ModelAdapter
 from workers.results import Outcome
 from workers.runtime import DeviceRuntime
-from workers.telemetry import Tracing
-from workers.work import Done, EngineStats, Posted, Progress, ProgressThrottle, Retry, Started, Work
+from workers.work import Done, Observers, Posted, Progress, ProgressThrottle, Retry, Started, Work
 
-__all__ = ["BatchRunner", "RetryPolicy", "as_fleet_error", "judge_breaker"]
+__all__ = ["BatchRunner", "RetryPolicy", "RunnerHost", "as_fleet_error", "judge_breaker"]
 
 log = logging.getLogger("fleet.engine")
 
@@ -92,19 +90,33 @@ def judge_breaker(breaker: CircuitBreaker, ran: Sequence[Done], now: float) -> N
         log.warning("model fault; breaker %s", breaker.snapshot())
 
 
+class RunnerHost(Protocol):
+    """What a runner needs from its engine (any thread may call these)."""
+
+    def post(self, items: Sequence[Posted]) -> None:
+        """Hand ``items`` to the loop thread, in order."""
+
+    def schedule(self, pending: Pending) -> None:
+        """Hold a retry until ``pending.arrival_s`` (monotonic seconds)."""
+
+    def gate(self, batch: list[Work]) -> list[Work]:
+        """The members of ``batch`` that may run (it settles the others itself)."""
+
+    def new_batch_id(self) -> str:
+        """A batch id unique in the fleet."""
+
+
 class BatchRunner:
     """Runs batches for one engine (every lane thread shares it).
 
     Args:
         modality: the worker's modality (for messages).
         adapter, runtime: the model and its device.
+        host: posts, schedules, gates and names batches (lanes share the runner).
+        obs: counters, metrics, spans.
         breaker: the model's circuit breaker.
         retry: the modality's retry policy.
         latency: the batcher's latency model (observed after clean batches).
-        post: hands items to the loop thread, in order.
-        schedule: queues a retry's pending request until its countdown passed.
-        gate: the members of a batch that may run (the others it settles itself).
-        batch_id: a new batch id per call (thread-safe: lanes share the runner).
         clock: monotonic seconds (injected by tests).
     """
 
@@ -113,26 +125,21 @@ class BatchRunner:
         modality: str,
         adapter: ModelAdapter,
         runtime: DeviceRuntime,
+        host: RunnerHost,
+        obs: Observers,
         *,
         breaker: CircuitBreaker,
         retry: RetryPolicy,
         latency: LatencyModel,
-        post: Callable[[Sequence[Posted]], None],
-        schedule: Callable[[Pending], None],
-        gate: Callable[[list[Work]], list[Work]],
-        stats: EngineStats,
-        metrics: FleetMetrics,
-        tracing: Tracing,
         faults: FaultInjector,
-        batch_id: Callable[[], str],
         progress: ProgressThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.modality, self.adapter, self.runtime = modality, adapter, runtime
+        self.host, self.post = host, host.post
+        self.stats, self.metrics, self.tracing = obs.stats, obs.metrics, obs.tracing
         self.breaker, self.retry, self.latency = breaker, retry, latency
-        self.post, self.schedule, self.gate = post, schedule, gate
-        self.stats, self.metrics, self.tracing, self.faults = stats, metrics, tracing, faults
-        self.batch_id = batch_id
+        self.faults = faults
         self.progress = progress or ProgressThrottle()
         self.clock = clock
         self._trim_count = itertools.count(1)
@@ -149,7 +156,7 @@ class BatchRunner:
             self.post([Done(w, w.req, Outcome(w.req.id, error=err)) for w in batch])
             return
         self.runtime.yield_now()
-        batch = self.gate(batch)
+        batch = self.host.gate(batch)
         if not batch:
             return
         self.post([Started(batch)])
@@ -188,7 +195,7 @@ class BatchRunner:
             self.stats.model_s += time.perf_counter() - t0
 
     def _label(self, batch: list[Work], trigger: Trigger | None) -> float:
-        batch_id, now = self.batch_id(), self.clock()
+        batch_id, now = self.host.new_batch_id(), self.clock()
         for w in batch:
             w.started_s, w.batch_id, w.batch_size = now, batch_id, len(batch)
         self.stats.batches += 1
@@ -242,7 +249,7 @@ class BatchRunner:
                 continue
             w.attempts += 1
             self.stats.retried += 1
-            self.schedule(w.pending(self.clock() + countdown))
+            self.host.schedule(w.pending(self.clock() + countdown))
             self.post([Retry(w, err, countdown)])
         return final
 

@@ -19,15 +19,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import FleetError
+from shared.metrics import FleetMetrics
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from workers.batcher import Pending
 from workers.models.base import Prepared
 from workers.results import Outcome
+from workers.telemetry import Tracing
 
 __all__ = [
     "Done",
     "EngineStats",
+    "Observers",
     "Posted",
     "Progress",
     "ProgressThrottle",
@@ -147,6 +150,15 @@ class EngineStats:
     batch_sizes: Counter[int] = field(default_factory=Counter)
     triggers: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True, slots=True)
+class Observers:
+    """Where the parts report: the engine's counters, its metrics and its spans."""
+
+    stats: EngineStats
+    metrics: FleetMetrics
+    tracing: Tracing
 
 
 class ProgressThrottle:

@@ -8,8 +8,9 @@ stack (Redis, Celery workers, real models) is covered by tests/integration.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from workers.inflight import FINAL
 from workers.models.base import ModelAdapter, Prepared
 from workers.runtime import DeviceRuntime
 from workers.telemetry import Tracing
-from workers.work import EngineStats, Posted, Work
+from workers.work import EngineStats, Observers, Posted, Work
 
 MODALITY = "text"
 
@@ -116,6 +117,28 @@ class Clock:
         return self.now
 
 
+class Host:
+    """The engine's side of a runner: records what it posts and schedules."""
+
+    def __init__(self, gate: Callable[[list[Work]], list[Work]] | None = None) -> None:
+        self.posted: list[Posted] = []
+        self.scheduled: list[Pending] = []
+        self._gate = gate or (lambda batch: batch)
+        self._seq = itertools.count(1)
+
+    def post(self, items: Sequence[Posted]) -> None:
+        self.posted.extend(items)
+
+    def schedule(self, pending: Pending) -> None:
+        self.scheduled.append(pending)
+
+    def gate(self, batch: list[Work]) -> list[Work]:
+        return self._gate(batch)
+
+    def new_batch_id(self) -> str:
+        return f"test-{next(self._seq)}"
+
+
 @dataclass
 class Rig:
     """A BatchRunner and what it handed on."""
@@ -125,8 +148,15 @@ class Rig:
     breaker: CircuitBreaker
     clock: Clock
     stats: EngineStats
-    posted: list[Posted] = field(default_factory=list)
-    scheduled: list[Pending] = field(default_factory=list)
+    host: Host
+
+    @property
+    def posted(self) -> list[Posted]:
+        return self.host.posted
+
+    @property
+    def scheduled(self) -> list[Pending]:
+        return self.host.scheduled
 
 
 def rig(
@@ -135,31 +165,24 @@ def rig(
     max_retries: int = 2,
     backoff_s: float = 0.5,
     breaker: CircuitBreaker | None = None,
-    gate: Any = None,
+    gate: Callable[[list[Work]], list[Work]] | None = None,
 ) -> Rig:
-    clock, stats = Clock(), EngineStats()
+    clock, stats, host = Clock(), EngineStats(), Host(gate)
     breaker = breaker or CircuitBreaker(threshold=5, cooldown_s=10.0)
-    posted: list[Posted] = []
-    scheduled: list[Pending] = []
-    seq = iter(range(1, 1_000_000))
+    obs = Observers(stats, FleetMetrics(MODALITY), Tracing(Settings(), MODALITY))
     runner = BatchRunner(
         MODALITY,
         adapter,
         DeviceRuntime(DeviceConfig()),
+        host,
+        obs,
         breaker=breaker,
         retry=RetryPolicy(max_retries, backoff_s),
         latency=LatencyModel(),
-        post=posted.extend,
-        schedule=scheduled.append,
-        gate=gate or (lambda batch: batch),
-        stats=stats,
-        metrics=FleetMetrics(MODALITY),
-        tracing=Tracing(Settings(), MODALITY),
         faults=FaultInjector(False),
-        batch_id=lambda: f"test-{next(seq)}",
         clock=clock,
     )
-    return Rig(runner, adapter, breaker, clock, stats, posted, scheduled)
+    return Rig(runner, adapter, breaker, clock, stats, host)
 
 
 class MemoryCounters:
