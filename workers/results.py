@@ -25,12 +25,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-from celery import Celery
+from typing import TYPE_CHECKING, Any
 
 from shared import keys
 from shared.errors import FleetError
+
+if TYPE_CHECKING:  # the engine's Celery-free parts import Outcome from here
+    from celery import Celery
 
 # KEYS: final marker, result key. ARGV: encoded meta, ttl_s (0 = none), "1" to keep a
 # document already stored (Celery's own REVOKED, written by its revoke command). Returns 1

@@ -1,0 +1,188 @@
+"""``workers.completion``: the hand-off to the loop thread and settling there, without Redis.
+
+A fake result writer (first-wins in a dict, refusing on demand), a fake host (acks and
+Celery's bookkeeping recorded) and fake requests that record their events; the hand-off,
+the completer and the loop are the real ones. The event loop is a recording stand-in for
+kombu's hub: what it would run later, the test runs by hand.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_fakes import MODALITY, Doubler, FakeReq, work
+
+from shared.errors import ModelError
+from shared.metrics import FleetMetrics
+from shared.settings import Settings
+from workers.completion import SETTLE_GIVE_UP_S, Completer, Handoff, Loop
+from workers.results import Outcome
+from workers.telemetry import Tracing
+from workers.work import Done, EngineStats, Observers, Progress, ProgressThrottle, Started, Work
+
+
+@dataclass
+class EventReq(FakeReq):
+    events: list[str] = field(default_factory=list)  # shared: one timeline for the test
+
+    def send_event(self, name: str, **_: Any) -> None:
+        self.events.append(f"{name}:{self.id}")
+
+    def on_accepted(self, pid: int, time_accepted: float) -> None:
+        self.events.append(f"accepted:{self.id}")
+
+
+class Writer:
+    """First-wins results in a dict; refuses ``refuse`` writes first (Redis restarting)."""
+
+    def __init__(self, timeline: list[str]) -> None:
+        self.stored: dict[str, Outcome] = {}
+        self.refuse = 0
+        self.timeline = timeline
+
+    def write(self, outcomes: Sequence[Outcome], also_delete: Sequence[str] = ()) -> list[bool]:
+        if self.refuse:
+            self.refuse -= 1
+            raise ConnectionError("Redis is loading the dataset in memory")
+        firsts = []
+        for o in outcomes:
+            firsts.append(o.task_id not in self.stored)
+            self.stored.setdefault(o.task_id, o)
+            self.timeline.append(f"stored:{o.task_id}")
+        return firsts
+
+    def write_progress(self, task_id: str, progress: dict[str, int]) -> None:
+        self.timeline.append(f"progress:{task_id}:{progress['done']}/{progress['total']}")
+
+
+class Host:
+    def __init__(self, timeline: list[str]) -> None:
+        self.timeline = timeline
+        self.given_back: list[str] = []
+
+    def ack(self, reqs: list[Any]) -> int:
+        self.timeline.extend(f"acked:{r.id}" for r in reqs)
+        return len(reqs)
+
+    def task_ready(self, req: Any) -> None:
+        pass
+
+    def forget(self, done: Done) -> None:
+        pass
+
+    def give_back_unsettled(self, done: list[Done]) -> None:
+        self.given_back += [d.req.id for d in done]
+
+
+class Hub:
+    """Records what kombu's hub would call later."""
+
+    def __init__(self) -> None:
+        self.later: list[tuple[float, Callable[..., None], tuple[Any, ...]]] = []
+
+    def add_reader(self, fd: int, cb: Callable[[], None]) -> None:
+        pass
+
+    def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+        self.later.append((delay, fn, args))
+
+
+@dataclass
+class Bench:
+    timeline: list[str]
+    writer: Writer
+    host: Host
+    hub: Hub
+    stats: EngineStats
+    handoff: Handoff
+    adapter: Doubler
+
+    def work(self, rid: str) -> Work:
+        w = work(rid, 1, self.adapter)
+        w.req = EventReq(rid, events=self.timeline)
+        return w
+
+
+def bench(store_early: bool = False) -> Bench:
+    timeline: list[str] = []
+    writer, host, hub, stats, loop = Writer(timeline), Host(timeline), Hub(), EngineStats(), Loop()
+    obs = Observers(stats, FleetMetrics(MODALITY), Tracing(Settings(), MODALITY))
+    completer = Completer(writer, None, host, loop, obs, ProgressThrottle())  # type: ignore[arg-type]
+    handoff = Handoff(completer, loop, lambda: store_early)
+    handoff.attach(hub)
+    return Bench(timeline, writer, host, hub, stats, handoff, Doubler())
+
+
+def ok(w: Work) -> Done:
+    return Done(w, w.req, Outcome(w.req.id, result={"y": 2}))
+
+
+def test_posted_items_wait_for_the_loop_and_settle_in_order_result_before_ack() -> None:
+    b = bench()
+    a, c = b.work("a"), b.work("c")
+    b.handoff.post([Started([a, c])])
+    b.handoff.post([ok(a), Progress(c, 1, 2)])
+    b.handoff.post([ok(c)])
+    assert b.timeline == []  # nothing happens on the posting thread
+    b.handoff.drain()
+    assert b.timeline == [
+        "accepted:a",
+        "accepted:c",
+        "stored:a",
+        "acked:a",
+        "task-succeeded:a",
+        "progress:c:1/2",
+        "task-progress:c",
+        "stored:c",
+        "acked:c",
+        "task-succeeded:c",
+    ]
+    assert b.stats.succeeded == 2
+
+
+def test_the_realtime_lane_stores_at_once_and_acks_on_the_loop() -> None:
+    b = bench(store_early=True)
+    a = b.work("a")
+    b.handoff.post([ok(a)])
+    assert b.timeline == ["stored:a"]
+    b.handoff.drain()
+    assert b.timeline == ["stored:a", "acked:a", "task-succeeded:a"]
+
+
+def test_a_refused_result_write_is_retried_with_backoff_and_acked_only_after_it() -> None:
+    b = bench()
+    b.writer.refuse = 1
+    a = b.work("a")
+    b.handoff.post([Done(a, a.req, Outcome("a", error=ModelError("boom")))])
+    b.handoff.drain()
+    assert b.timeline == [] and b.stats.settle_retries == 1
+    [(delay, fn, args)] = b.hub.later
+    assert delay == 0.1
+    fn(*args)  # the loop runs the retry
+    assert b.timeline == ["stored:a", "acked:a", "task-failed:a"]
+    assert b.stats.errors == {"MODEL_ERROR": 1}
+
+
+def test_a_copy_whose_result_stands_already_is_acked_without_events() -> None:
+    b = bench()
+    b.writer.stored["a"] = Outcome("a", result={"y": 2})
+    a = b.work("a")
+    b.handoff.post([ok(a)])
+    b.handoff.drain()
+    assert b.timeline == ["stored:a", "acked:a"]  # no second task-succeeded
+    assert b.stats.duplicates == 1 and b.stats.succeeded == 0
+
+
+def test_a_request_unsettled_for_the_give_up_time_is_given_back_unacked() -> None:
+    b = bench()
+    b.writer.refuse = 1
+    a = b.work("a")
+    d = ok(a)
+    d.first_failure_s = time.monotonic() - SETTLE_GIVE_UP_S
+    b.handoff.post([d])
+    b.handoff.drain()
+    assert b.host.given_back == ["a"] and b.hub.later == []
+    assert "acked:a" not in b.timeline
