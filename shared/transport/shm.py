@@ -124,6 +124,7 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from shared.errors import ShmCapacityError, TensorRefError, TransportError
+from shared.procs import pid_alive, proc_start_time
 from shared.transport._arrays import as_c_array
 from shared.transport.lifetime import expires_at as lease_expires_at
 from shared.transport.lifetime import validate_request_id
@@ -206,45 +207,6 @@ def hostname() -> str:
     """This host's name reduced to ``[A-Za-z0-9._-]`` (at most 64 chars), as used in owners."""
     name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64]
     return name or "localhost"
-
-
-def proc_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22).
-
-    Returns None when the process does not exist or /proc is unavailable.
-    """
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    try:
-        # Field 2 (comm) may contain spaces and parentheses: split after the last ")".
-        # What follows starts at field 3, so field 22 is index 19.
-        return int(data[data.rindex(b")") + 2 :].split()[19])
-    except (ValueError, IndexError):
-        return None
-
-
-def pid_alive(pid: int, start_time: int | None = None) -> bool:
-    """Whether process ``pid`` (on this host) still exists and is the same process.
-
-    ``pid <= 0`` counts as alive: ``os.kill(0, 0)`` would probe our own process group. A
-    zombie counts as alive until its parent reaps it. When ``start_time`` is given and the
-    live process at ``pid`` started at another time, the pid was recycled: dead.
-    """
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, belongs to another user
-    if start_time is not None:
-        current = proc_start_time(pid)
-        if current is not None and current != start_time:
-            return False
-    return True
 
 
 @dataclass(frozen=True)

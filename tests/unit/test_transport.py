@@ -625,15 +625,6 @@ def test_dead_owner_gc(store: ShmStore) -> None:
     assert live_tmp in store.gc(now=time.time() + store.default_ttl_s + 1)
 
 
-def test_pid_reuse_detected() -> None:
-    me = os.getpid()
-    start = shm_mod.proc_start_time(me)
-    assert start is not None
-    assert shm_mod.pid_alive(me, start)
-    assert not shm_mod.pid_alive(me, start + 1)  # same pid, another process start
-    assert shm_mod.pid_alive(0) and shm_mod.pid_alive(-1)  # never probe process groups
-
-
 def test_corrupt_segment_handled(store: ShmStore) -> None:
     seg_id = new_id()
     path = store.root / f"{seg_id}.arrow"
