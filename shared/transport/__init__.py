@@ -16,8 +16,10 @@ import threading
 from typing import TYPE_CHECKING, Literal
 
 from shared.transport.inline import decode_inline, encode_inline
+from shared.transport.inventory import SegmentInfo
 from shared.transport.ref import ALLOWED_DTYPES, TensorRef
-from shared.transport.shm import SegmentInfo, ShmStore, default_root
+from shared.transport.root import default_root
+from shared.transport.shm import ShmStore
 
 if TYPE_CHECKING:
     from shared.settings import Settings

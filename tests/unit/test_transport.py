@@ -38,8 +38,9 @@ from shared.errors import (
     TransportError,
 )
 from shared.transport import ShmStore, TensorRef, decode_inline, encode_inline
-from shared.transport import shm as shm_mod
-from shared.transport.ref import ALLOWED_DTYPES, new_id
+from shared.transport import root as root_mod
+from shared.transport import segment as segment_mod
+from shared.transport.ref import ALLOWED_DTYPES, hostname, new_id
 
 SHM = Path("/dev/shm")
 REPO = Path(__file__).resolve().parents[2]
@@ -109,12 +110,12 @@ def write_foreign_segment(
     root: Path, seg_id: str, column: pa.Array, dtype: str, shape: tuple[int, ...], **opts: Any
 ) -> None:
     """Write an IPC file by hand into the root, with valid mmfleet metadata for ``seg_id``."""
-    meta = shm_mod._Meta(
+    meta = segment_mod.SegmentMeta(
         id=seg_id,
         shape=shape,
         dtype=dtype,
         nbytes=math.prod(shape) * np.dtype(dtype).itemsize,
-        owner=f"producer:{shm_mod.hostname()}:{os.getpid()}",
+        owner=f"producer:{hostname()}:{os.getpid()}",
         pid=os.getpid(),
         pid_start=None,
         created_at=time.time(),
@@ -136,7 +137,7 @@ def ref_for(seg_id: str, shape: tuple[int, ...], dtype: str) -> TensorRef:
         shape=shape,
         dtype=dtype,
         nbytes=math.prod(shape) * np.dtype(dtype).itemsize,
-        owner=f"worker:{shm_mod.hostname()}:{os.getpid()}",
+        owner=f"worker:{hostname()}:{os.getpid()}",
         created_at=time.time(),
         ttl_s=600.0,
     )
@@ -498,14 +499,14 @@ def test_enospc_during_write_is_capacity_error(
         sink.write(b"\0" * 4096)  # something partial reaches the file first
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shm_mod, "_write_ipc", full_disk)
+    monkeypatch.setattr(segment_mod, "write_ipc", full_disk)
     with pytest.raises(ShmCapacityError, match="no space left"):
         store.put(np.zeros(1 << 16))
     assert segment_files(store.root) == []
 
 
 def test_filesystem_free_space_checked(store: ShmStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store, "fs_free_bytes", lambda: 1000)
+    monkeypatch.setattr(root_mod, "fs_free_bytes", lambda root: 1000)
     with pytest.raises(ShmCapacityError, match="free"):
         store.put(np.zeros(1 << 16))
     assert segment_files(store.root) == []
@@ -613,7 +614,7 @@ def test_dead_owner_gc(store: ShmStore) -> None:
     assert not info[ids["owned"]].alive_owner
     assert info[ids["detached"]].alive_owner
     # A temp file the dead writer left mid-write, and one of a live writer (us).
-    host = shm_mod.hostname()
+    host = hostname()
     dead_tmp = f".tmp-{new_id()}-{child.pid}-{host}.arrow"
     live_tmp = f".tmp-{new_id()}-{os.getpid()}-{host}.arrow"
     for name in (dead_tmp, live_tmp):
