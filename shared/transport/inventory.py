@@ -135,10 +135,15 @@ class Inventory:
         return out
 
     def gc(self, now: float | None = None) -> list[str]:
-        """Remove what is stale; returns segment ids and (for temp and pool files) file names.
+        """Reclaim what is stale at ``now`` (epoch seconds, default: the current time):
+        segments past their TTL or lease (:mod:`shared.transport.lifetime`) or whose owner
+        died, unreadable segment files older than ``default_ttl_s``, temp files of writers that
+        died or stalled longer than that, and pool files idle past ``recycle_idle_s``.
 
-        Safe to run concurrently with readers (their mappings stay valid) and with writers
-        (a live writer's temp file is kept unless it stalled past ``default_ttl_s``).
+        Returns:
+            Segment ids, and the names of temp (``.tmp-``) and pool (``.pool-``) files.
+
+        Safe to run concurrently with readers (their mappings stay valid) and with writers.
         """
         now = time.time() if now is None else now
         removed: list[str] = []

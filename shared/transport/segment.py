@@ -120,6 +120,13 @@ class SegmentMeta:
     def expires_at(self) -> float:
         return self.created_at + self.ttl_s
 
+    def ref(self) -> TensorRef:
+        """The ref a message carries for this segment."""
+        return TensorRef(
+            id=self.id, shape=self.shape, dtype=self.dtype, nbytes=self.nbytes,
+            owner=self.owner, created_at=self.created_at, ttl_s=self.ttl_s,
+        )  # fmt: skip
+
     def leased_until(self, renewed_at: float, max_lifetime_s: float) -> float:
         """Its expiry, counting renewals (``renewed_at``: the file's mtime)."""
         return lease_expires_at(

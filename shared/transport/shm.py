@@ -193,15 +193,14 @@ class ShmStore:
             TransportError: any other I/O failure while writing.
         """
         arr = as_c_array(array)
-        ref, meta = self._describe(arr, ttl_s, owner, detach, request_id)
+        meta = self._describe(arr, ttl_s, owner, detach, request_id)
+        ref = meta.ref()  # checked before anything is written
         enc = segment.encode(arr, meta)
         if self.recycle_bytes:
             self._kept.sweep()
-        res = writer.reserve(
-            self._lock, self._pool if self.recycle_bytes else None, ref.id, enc.size,
-            self._ensure_room,
-        )  # fmt: skip
-        writer.write(res, enc, keep=bool(self.recycle_bytes) and enc.size >= MIN_RECYCLE_BYTES)
+        pool = self._pool if self.recycle_bytes else None
+        res = writer.reserve(self._lock, pool, ref.id, enc.size, self._ensure_room)
+        writer.write(res, enc, keep=pool is not None and enc.size >= MIN_RECYCLE_BYTES)
         self.kept_puts += res.kept is not None
         writer.publish(res, shm_root.segment_path(self.root, ref.id), self._kept)
         return ref
@@ -213,8 +212,8 @@ class ShmStore:
         owner: str | None,
         detach: bool,
         request_id: str | None,
-    ) -> tuple[TensorRef, segment.SegmentMeta]:
-        """The ref and the segment metadata of ``arr``, after checking :meth:`put`'s args."""
+    ) -> segment.SegmentMeta:
+        """The segment metadata of ``arr``, after checking :meth:`put`'s arguments."""
         ttl = self.default_ttl_s if ttl_s is None else float(ttl_s)
         if not (math.isfinite(ttl) and ttl > 0):
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
@@ -227,19 +226,14 @@ class ShmStore:
             pid = owner_pid(owner)
             # Only a process on this host can be probed; its start time pins the pid.
             pid_start = proc_start_time(pid) if owner_host(owner) == hostname() else None
-        shape = tuple(int(d) for d in arr.shape)
-        ref = TensorRef(
-            id=new_id(), shape=shape, dtype=arr.dtype.name, nbytes=int(arr.nbytes),
-            owner=owner, created_at=time.time(), ttl_s=ttl,
-        )  # fmt: skip
-        meta = segment.SegmentMeta(
-            id=ref.id, shape=shape, dtype=ref.dtype, nbytes=ref.nbytes, owner=owner, pid=pid,
-            pid_start=pid_start, created_at=ref.created_at, ttl_s=ttl,
+        return segment.SegmentMeta(
+            id=new_id(), shape=tuple(int(d) for d in arr.shape), dtype=arr.dtype.name,
+            nbytes=int(arr.nbytes), owner=owner, pid=pid, pid_start=pid_start,
+            created_at=time.time(), ttl_s=ttl,
             # Only files that can be pooled are rewritten: only they are worth a reader's cache.
             recycle=bool(self.recycle_bytes) and arr.nbytes >= MIN_RECYCLE_BYTES,
             request=request,
         )  # fmt: skip
-        return ref, meta
 
     def _ensure_room(self, size: int) -> None:
         # Before refusing: drop recycled files, then reclaim expired and orphaned segments.
@@ -248,18 +242,10 @@ class ShmStore:
     # -- read ------------------------------------------------------------------------------
     @_os_errors_as_transport_errors
     def get(self, ref: TensorRef | Mapping[str, Any]) -> np.ndarray:
-        """Map a segment and return a read-only numpy view of it (no copy).
-
-        Args:
-            ref: a :class:`TensorRef` or its wire dict.
-
-        Returns:
-            An array of ``ref.shape`` and ``ref.dtype`` whose memory is the shared mapping
-            (``writeable`` is False; writing raises ValueError). It stays valid after
-            :meth:`release` and keeps the pages alive until it is garbage-collected; until
-            then it also holds the file's shared lock, so a recycling store does not rewrite
-            the file under it. Views of a segment a recycling store wrote come from this
-            store's reader cache, when it has one (``reader_cache_bytes``).
+        """A read-only numpy view (no copy) of the segment of ``ref`` (a :class:`TensorRef`
+        or its wire dict): ``ref.shape`` and ``ref.dtype``, over the shared mapping. It stays
+        valid after :meth:`release`; until it is collected it keeps the pages and the file's
+        shared lock (a recycling store does not rewrite the file under it).
 
         Raises:
             TensorRefError: a malformed ref or id, an unknown/released/reclaimed segment, a
@@ -270,15 +256,14 @@ class ShmStore:
 
     @_os_errors_as_transport_errors
     def get_torch(self, ref: TensorRef | Mapping[str, Any]) -> torch.Tensor:
-        """Map a segment and return a CPU torch tensor over it, without copying the data.
+        """A CPU torch tensor over the segment of ``ref``, without copying (torch is imported
+        here, lazily).
 
-        torch is imported here, lazily. torch has no read-only tensors, and writing through a
-        read-only (PROT_READ) mapping would kill the process with SIGSEGV; so this maps the
-        file copy-on-write (``MAP_PRIVATE``): the tensor is zero-copy until written, an
-        in-place op copies only the pages it touches into this process, and the shared
-        segment is never modified. ``torch.from_numpy``'s warning about read-only arrays is
-        therefore suppressed on purpose. One file descriptor stays open per live tensor, and
-        with it the file's shared lock (see :meth:`get`). Never served from the reader cache.
+        torch has no read-only tensors, and writing through a read-only mapping would kill the
+        process (SIGSEGV): the file is mapped copy-on-write instead, so an in-place op copies
+        only the pages it touches and the segment never changes (``torch.from_numpy``'s
+        read-only warning is suppressed on purpose). Holds a descriptor and the file's shared
+        lock while it lives; never served from the reader cache.
 
         Raises:
             TensorRefError: as :meth:`get`.
@@ -294,14 +279,9 @@ class ShmStore:
     # -- delete, recycle -------------------------------------------------------------------
     @_os_errors_as_transport_errors
     def release(self, ref: TensorRef | Mapping[str, Any] | str) -> bool:
-        """Delete a segment; idempotent. Readers that mapped it keep their views.
-
-        A recycling store renames a file of at least 1 MiB into its pool instead, while the
-        pool has room: the id is gone all the same, and the file is rewritten only once no
-        reader maps it any more (:mod:`.pool`).
-
-        Args:
-            ref: a :class:`TensorRef`, its wire dict, or a bare id.
+        """Delete the segment of ``ref`` (a :class:`TensorRef`, its wire dict or a bare id);
+        idempotent. Readers that mapped it keep their views. A recycling store moves a file of
+        at least 1 MiB into its pool instead, while the pool has room (:mod:`.pool`).
 
         Returns:
             True if a segment was removed, False if it was already gone.
@@ -374,22 +354,8 @@ class ShmStore:
 
     @_os_errors_as_transport_errors
     def gc(self, now: float | None = None) -> list[str]:
-        """Reclaim segments past their TTL (or their lease: see :mod:`shared.transport.lifetime`)
-        or whose owner process died, and stale temp files.
-
-        Args:
-            now: the current time in epoch seconds (default: ``time.time()``); tests pass a
-                future time to expire segments.
-
-        Returns:
-            What was removed: segment ids, the file names (starting with ``.tmp-``) of temp
-            files left by writers that died or stalled longer than ``default_ttl_s``, and
-            those (starting with ``.pool-``) of pool files idle longer than ``recycle_idle_s``.
-            Unreadable segment files older than ``default_ttl_s`` (by mtime) are removed too.
-
-        Safe to run concurrently with readers (their mappings stay valid) and with writers
-        (a live writer's temp file is kept unless it stalled past ``default_ttl_s``).
-        """
+        """Reclaim what is stale at ``now`` (epoch seconds; default: the current time) and
+        return what went (see :meth:`.inventory.Inventory.gc`)."""
         removed = self._inventory.gc(now)
         self._kept.sweep()
         return removed
