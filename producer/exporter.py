@@ -163,7 +163,7 @@ class QueueCollector(Collector):
 
     def _store(self) -> Any:
         if self._shm is None and self.settings.transport.shared_host:
-            from shared.transport.shm import ShmStore
+            from shared.transport import ShmStore
 
             t = self.settings.transport
             try:

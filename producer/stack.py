@@ -44,10 +44,10 @@ from producer.stack_ports import (  # noqa: F401 - part of this module's interfa
     replica_metrics_base,
     replica_metrics_port,
 )
-from producer.stack_procs import alive as _alive
-from producer.stack_procs import signal_group as _signal_group
 from shared.acl import ADMIN, ROLES, password_hash, server_version, user_lines
 from shared.acl import rules as acl_rules
+from shared.procs import running as _alive
+from shared.procs import signal_group as _signal_group
 from shared.settings import MODALITIES, Settings, ensure_secret
 
 STATE_FILE = "stack.json"

@@ -192,7 +192,7 @@ class TransportSettings(_Section):
     shared_host: bool = True  # False: producers and workers on different hosts, inline only
     min_shm_warn_bytes: int = 256 * 1024 * 1024
     # Keep released files >= 1 MiB (this many bytes in all) and write later segments into
-    # them: no new tmpfs pages per tensor (see shared.transport.shm, "Recycling"); 0 off.
+    # them: no new tmpfs pages per tensor (see shared.transport.pool); 0 off.
     recycle_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     # Workers keep their mappings of files a recycling producer will rewrite (page tables
     # ready for the next segment in the same file); 0 off. See shared.transport.mapcache.

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from producer.stack import free_port
+from shared.procs import running
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
@@ -90,7 +91,7 @@ def stack(fleet_settings: object) -> Iterator[object]:
     denied = admin.execute_command("ACL", "LOG", "20")
     pids = {name: st._read_pid(st.pids / f"{name}.pid") for name in st.status()}
     st.down()
-    left = [n for n, pid in pids.items() if pid is not None and _alive(pid)]
+    left = [n for n, pid in pids.items() if pid is not None and running(pid)]
     assert not left, f"processes left running after down(): {left}"
     assert denied == [], f"Redis refused fleet processes' commands (ACL LOG): {denied}"
 
@@ -117,15 +118,6 @@ def ops_app(settings: Any) -> Any:
     if key not in _OPS:
         _OPS[key] = make_app(settings, name="test-operator", role="operator")
     return _OPS[key]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @contextlib.contextmanager

@@ -41,10 +41,9 @@ def segment_path(store: ShmStore, seg_id: str) -> Path:
     Raises:
         TensorRefError: a malformed id.
     """
-    from shared.transport.ref import validate_id
-    from shared.transport.shm import SEGMENT_SUFFIX
+    from shared.transport.root import segment_path as path_in
 
-    return store.root / f"{validate_id(seg_id)}{SEGMENT_SUFFIX}"
+    return path_in(store.root, seg_id)
 
 
 class SegmentRenewer:

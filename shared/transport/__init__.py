@@ -8,6 +8,25 @@
 
 Both wire forms are JSON objects told apart by ``"kind"``: ``"shm"`` or ``"inline"``.
 Importing this package never imports torch.
+
+Modules, one concern each (the store's parts first, then what they build on)::
+
+    shm.py        ShmStore: the facade; put = encode -> reserve -> write -> publish
+    segment.py    the segment format: metadata, Arrow checks (extension types refused),
+                  encoding and view building, as pure functions
+    root.py       the fleet directory: layout, security checks, root lock, capacity budget
+    writer.py     put's reserve -> write -> publish, on a temp file; ENOSPC -> SHM_CAPACITY
+    pool.py       recycling: the pool of released files and the writer's kept mappings
+    reader.py     get's open -> lock -> map (or the reader cache) -> checked view
+    mapcache.py   the reader cache of mappings of recycled files
+    inventory.py  info / ls / gc: metadata from the footer, stale and orphaned files
+    locks.py      flock helpers, the Sweeper thread, the one fork hook (ForkAware)
+    lifetime.py   leases of segments bound to a request (renewed while it may run)
+    ref.py        TensorRef, ids and owners (no numpy, no pyarrow)
+    inline.py     the inline wire form
+    _arrays.py    numpy / torch input -> C-contiguous array
+
+Process liveness (a segment's owner, a writer's temp file) comes from :mod:`shared.procs`.
 """
 
 from __future__ import annotations
@@ -16,8 +35,10 @@ import threading
 from typing import TYPE_CHECKING, Literal
 
 from shared.transport.inline import decode_inline, encode_inline
+from shared.transport.inventory import SegmentInfo
 from shared.transport.ref import ALLOWED_DTYPES, TensorRef
-from shared.transport.shm import SegmentInfo, ShmStore, default_root
+from shared.transport.root import default_root
+from shared.transport.shm import ShmStore
 
 if TYPE_CHECKING:
     from shared.settings import Settings

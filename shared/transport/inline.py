@@ -27,6 +27,11 @@ from shared.errors import InvalidInput, PayloadTooLarge
 from shared.transport._arrays import as_c_array
 from shared.transport.ref import ALLOWED_DTYPES, DTYPE_ITEMSIZE, numel
 
+__all__ = [
+    "decode_inline",
+    "encode_inline",
+]
+
 _WIRE_KEYS = frozenset({"kind", "dtype", "shape", "nbytes", "b64"})
 _MAX_NDIM = 32
 

@@ -42,6 +42,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+__all__ = [
+    "RENEW_MARGIN_INTERVALS",
+    "REQUEST_ID_PATTERN",
+    "Lease",
+    "due",
+    "expires_at",
+    "extends",
+    "renew",
+    "still_running",
+    "validate_request_id",
+]
+
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """A request (Celery task) id a segment may be bound to: what the gateway accepts as an id."""
 

@@ -1,38 +1,37 @@
 """A reader's cache of segment mappings whose page tables outlive the views over them.
 
 Mapping a file costs more than the mapping call: the first touch of each 4 KiB page faults it
-into the process's page tables. For a 128 MiB segment on this machine's tmpfs that is 8-13 ms
-(``MAP_POPULATE`` does the same work up front: 8.3 ms), against 5.4 ms to read every byte of
-an already-mapped one and 13 ms for one memcpy of it. A recycling producer (see
-``shared.transport.shm``) rewrites the same files, so a reader that keeps its mapping of such a
-file finds the next segment written into it with the page tables ready: the same idea as
-Triton's registered shared-memory regions and Plasma's client-side mapping of the store,
-without changing what a :class:`~shared.transport.TensorRef` is.
+into the process's page tables, which for a large segment costs about as much as reading it
+(figures: ``producer/bench/README.md``). A recycling producer (:mod:`.pool`) rewrites the same
+files, so a reader that keeps its mapping of such a file finds the next segment written into
+it with the page tables ready: the same idea as Triton's registered shared-memory regions and
+Plasma's client-side mapping of the store, without changing what a
+:class:`~shared.transport.TensorRef` is.
 
-Safety rests on the store's lock protocol (``flock`` on the segment's inode): a reader holds a
-shared lock for as long as any view of the file is alive, a producer rewrites a pool file only
-under an exclusive lock that it takes without waiting (so never while a view exists). A cached
-mapping with no live view holds no lock: its pages may then change under it, which is harmless
-because nothing reads them. Each :class:`Mapping` is *pinned* by its live views (a
-``weakref.finalize`` on the base array every view derives from); the first pin takes the shared
-lock on the entry's own open file description, the last unpin drops it.
+Safety rests on the store's lock protocol (``flock`` on the segment's inode, :mod:`.locks`): a
+reader holds a shared lock for as long as any view of the file is alive, a producer rewrites a
+pool file only under an exclusive lock that it takes without waiting (so never while a view
+exists). A cached mapping with no live view holds no lock: its pages may then change under it,
+which is harmless because nothing reads them. Each :class:`Mapping` is *pinned* by its live
+views (a ``weakref.finalize`` on the base array every view derives from); the first pin takes
+the shared lock on the entry's own open file description, the last unpin drops it.
 
 Bounded by ``capacity_bytes`` and ``max_entries`` (each entry holds two descriptors; least
 recently used unpinned entries go first; all unpinned ones when the process runs out of
 descriptors). A mapping of a file that was unlinked (by the
 producer's trim, the janitor, a dead owner's gc) would keep its tmpfs pages allocated, so
-unpinned ones are dropped when their last view goes and by a :class:`Sweeper` thread (every
-``sweep_interval_s``, alive only while the cache holds something).
+unpinned ones are dropped when their last view goes and by a :class:`~.locks.Sweeper` thread
+(every ``sweep_interval_s``, alive only while the cache holds something).
 
 Fork: a child shares its parent's open file descriptions, and a ``flock`` belongs to the
 description, so a ``LOCK_UN`` on either side (a view collected there, or at exit) would drop
-the lock the other side's live view relies on. ``os.register_at_fork`` hooks therefore make
-sure neither side ever unlocks a description both hold: the child disowns every entry (it
-closes its copies of the descriptors, which unlocks nothing; its views keep their mappings),
-and the parent marks the entries pinned at the fork as shared: when their last view goes it
-closes its references instead of unlocking. The lock then goes with the description's last
-reference, in whichever process that is. (No descriptor is needed at fork time, so a process
-out of descriptors forks safely too.) The child gets a fresh cache lock.
+the lock the other side's live view relies on. The cache's fork hooks (:mod:`.locks`)
+therefore make sure neither side ever unlocks a description both hold: the child disowns every
+entry (it closes its copies of the descriptors, which unlocks nothing; its views keep their
+mappings), and the parent marks the entries pinned at the fork as shared: when their last view
+goes it closes its references instead of unlocking. The lock then goes with the description's
+last reference, in whichever process that is. (No descriptor is needed at fork time, so a
+process out of descriptors forks safely too.) The child gets a fresh cache lock.
 
 Re-entrancy: a view may be collected by the cyclic GC at any allocation, also inside a cache
 method on the same thread; its finalizer then re-enters the (reentrant) lock and may remove
@@ -42,58 +41,26 @@ entries. So the cache never iterates its dict directly, only snapshots of it.
 from __future__ import annotations
 
 import errno
-import fcntl
 import mmap
 import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from shared.transport.locks import (
+    ForkAware,
+    Sweeper,
+    lock_shared,
+    unlock,
+    unmap_and_close,
+    watch_fork,
+)
 
-def _try_flock(fd: int, op: int) -> bool:
-    try:
-        fcntl.flock(fd, op | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return False
-        raise
-    return True
-
-
-def lock_shared(fd: int) -> bool:
-    """Take a shared ``flock`` on ``fd``'s open file description without waiting.
-
-    Returns False when a writer holds the exclusive lock (the file is being rewritten).
-    """
-    return _try_flock(fd, fcntl.LOCK_SH)
-
-
-def lock_exclusive(fd: int) -> bool:
-    """Take an exclusive ``flock`` on ``fd``'s open file description without waiting.
-
-    Returns False when any other description holds a lock (a reader has a live view). A failed
-    attempt leaves ``fd`` with no lock at all (``flock`` drops a held lock before converting).
-    """
-    return _try_flock(fd, fcntl.LOCK_EX)
-
-
-def unmap_and_close(mm: mmap.mmap, fd: int) -> None:
-    """Unmap ``mm`` and close ``fd`` (call once). A buffer still exported from the mapping (an
-    exception's frame may hold one) keeps it mapped until collected; the descriptor, and any
-    flock it carries, goes now either way."""
-    with suppress(BufferError):
-        mm.close()
-    os.close(fd)
-
-
-def unlock(fd: int) -> None:
-    """Drop ``fd``'s ``flock`` (a no-op when it holds none)."""
-    fcntl.flock(fd, fcntl.LOCK_UN)
+__all__ = ["Mapping", "MappingCache"]
 
 
 @dataclass(eq=False)
@@ -121,62 +88,7 @@ class Mapping:
             unmap_and_close(self.mm, self.fd)
 
 
-class Sweeper:
-    """Calls ``sweep`` every ``interval_s`` on a daemon thread, under ``lock``, for as long as
-    it returns True (something is left to watch); :meth:`ensure` starts it again.
-
-    Args:
-        sweep: the owner's housekeeping (a bound method, held weakly: the thread does not keep
-            its owner alive, and ends once the owner is collected); returns whether to keep
-            sweeping.
-        interval_s: seconds between calls.
-        lock: the owner's lock (reentrant); the decision to stop is taken under it, so an
-            :meth:`ensure` under the same lock never finds a thread that is about to end.
-        name: the thread's name.
-    """
-
-    def __init__(
-        self, sweep: Callable[[], bool], interval_s: float, lock: threading.RLock, name: str
-    ) -> None:
-        self._sweep = weakref.WeakMethod(sweep)  # type: ignore[arg-type]
-        self.interval_s = float(interval_s)
-        self.lock = lock
-        self.name = name
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-
-    def ensure(self) -> None:
-        """Start the thread unless it runs (call with the owner's lock held)."""
-        if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
-            return
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(self._stop,), name=self.name, daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Tell the thread to end (it does within ``interval_s``)."""
-        self._stop.set()
-
-    def reset_after_fork(self, lock: threading.RLock) -> None:
-        """In a forked child: no thread runs there; use the child's new owner lock."""
-        self.lock = lock
-        self._thread = None
-        self._stop = threading.Event()
-
-    def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.interval_s):
-            with self.lock:
-                sweep = self._sweep()
-                if sweep is None or not sweep():
-                    if self._thread is threading.current_thread():
-                        self._thread = None
-                    return
-                del sweep  # no strong reference to the owner between ticks
-
-
-class MappingCache:
+class MappingCache(ForkAware):
     """Mappings of recycled segment files, kept between views (see the module docstring).
 
     Args:
@@ -202,7 +114,7 @@ class MappingCache:
         self._closed = False
         self.hits = 0  # views served from a mapping already in the cache
         self.adopted = 0  # mappings taken into the cache
-        _caches.add(self)
+        watch_fork(self)
 
     # -- lookup ----------------------------------------------------------------------------
     def pin(self, fd: int) -> Mapping | None:
@@ -341,16 +253,16 @@ class MappingCache:
         return bool(self._entries)
 
     # -- fork (see the module docstring) -------------------------------------------------------
-    def _before_fork(self) -> None:
+    def before_fork(self) -> None:
         self._lock.acquire()  # held across the fork: no entry changes meanwhile
 
-    def _after_fork_in_parent(self) -> None:
+    def after_fork_in_parent(self) -> None:
         for entry in list(self._entries.values()):
             if entry.pins > 0:
                 entry.shared = True  # the child may hold views on it: never unlock it
         self._lock.release()
 
-    def _after_fork_in_child(self) -> None:
+    def after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
         self._sweeper.reset_after_fork(self._lock)
         for entry in list(self._entries.values()):
@@ -365,31 +277,6 @@ class MappingCache:
                     entry.mm.close()
             entry.pins = 0
         self._entries.clear()
-
-
-_caches: weakref.WeakSet[MappingCache] = weakref.WeakSet()
-
-
-def _before_fork() -> None:
-    for cache in list(_caches):
-        cache._before_fork()
-
-
-def _after_fork_in_parent() -> None:
-    for cache in list(_caches):
-        cache._after_fork_in_parent()
-
-
-def _after_fork_in_child() -> None:
-    for cache in list(_caches):
-        cache._after_fork_in_child()
-
-
-os.register_at_fork(
-    before=_before_fork,
-    after_in_parent=_after_fork_in_parent,
-    after_in_child=_after_fork_in_child,
-)
 
 
 def _unlinked(entry: Mapping) -> bool:

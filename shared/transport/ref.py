@@ -22,12 +22,28 @@ from __future__ import annotations
 import math
 import re
 import secrets
+import socket
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from shared.errors import TensorRefError
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "DTYPE_ITEMSIZE",
+    "ID_PATTERN",
+    "OWNER_PATTERN",
+    "TensorRef",
+    "hostname",
+    "new_id",
+    "numel",
+    "owner_host",
+    "owner_pid",
+    "validate_id",
+]
 
 ID_PATTERN = re.compile(r"t[0-9a-f]{32}")
 """A segment id: ``t`` + 32 lowercase hex digits (128 random bits). Matched with fullmatch."""
@@ -79,6 +95,13 @@ def owner_pid(owner: str) -> int:
 def owner_host(owner: str) -> str:
     """The hostname part of an owner string (``"worker:h:42"`` -> ``"h"``)."""
     return owner.split(":", 2)[1]
+
+
+@cache
+def hostname() -> str:
+    """This host's name reduced to ``[A-Za-z0-9._-]`` (at most 64 chars), as used in owners."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64]
+    return name or "localhost"
 
 
 def numel(shape: tuple[int, ...]) -> int:

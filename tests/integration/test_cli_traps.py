@@ -26,6 +26,7 @@ from urllib.request import urlopen
 import pytest
 
 from producer.stack import free_port
+from shared.procs import running
 from tests.conftest import free_port_block
 
 pytestmark = pytest.mark.integration
@@ -101,16 +102,7 @@ def traps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traps]:
         down = fleet("down", env=t.env)
         shutil.rmtree(shm_root, ignore_errors=True)
         assert down.returncode == 0, down.stderr
-        assert not [p for p in pids if _alive(p)], "fleet down left processes running"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        assert not [p for p in pids if running(p)], "fleet down left processes running"
 
 
 # -- 7: replicas ------------------------------------------------------------------------------
@@ -447,7 +439,7 @@ def test_the_demo_runs_on_its_own_stack_and_leaves_the_users_running(traps: Trap
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
     assert "valid: " in demo.stdout and "semantic check: PASSED" in demo.stdout
     after = {p.stem: int(p.read_text()) for p in sorted((traps.run_dir / "pids").glob("*.pid"))}
-    assert after == before and all(_alive(pid) for pid in before.values())
+    assert after == before and all(running(pid) for pid in before.values())
     res = fleet("result", task_id, env=traps.env)  # the user's Redis, its data kept
     assert res.returncode == 0 and json.loads(res.stdout)["state"] == "SUCCESS", res.stdout
 
@@ -465,7 +457,7 @@ def test_a_worker_that_fails_to_start_leaves_the_running_stack_up(
     assert up.returncode == 3, up.stderr
     assert "worker video exited during start-up" in up.stderr
     after = {p.stem: int(p.read_text()) for p in (traps.run_dir / "pids").glob("*.pid")}
-    assert after == before and all(_alive(pid) for pid in before.values())
+    assert after == before and all(running(pid) for pid in before.values())
     st = fleet("status", env=traps.env)
     assert st.returncode == 0, st.stderr
 
@@ -475,7 +467,7 @@ def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
     # Last in this module: kills this module's own replica (its pid from our pidfile).
     os.kill(traps.pid("worker-text-1"), signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while _alive(traps.pid("worker-text-1")) and time.monotonic() < deadline:
+    while running(traps.pid("worker-text-1")) and time.monotonic() < deadline:
         time.sleep(0.1)
     proc = fleet("status", env=traps.env)
     assert proc.returncode == 3
@@ -499,8 +491,8 @@ def test_status_exits_3_and_names_a_replica_that_died(traps: Traps) -> None:
     again = fleet("up", "--modalities", "text,image", "--replicas", "text=2", "--no-gateway",
                   env=traps.env)  # fmt: skip
     assert again.returncode == 0, again.stderr
-    running = "nothing to start: already running: exporter, flower, redis, worker-image"
-    assert running in again.stdout, again.stdout
+    already = "nothing to start: already running: exporter, flower, redis, worker-image"
+    assert already in again.stdout, again.stdout
     # A model override for workers that already run does not reach them: said, not silent.
     override = {**traps.env, "FLEET_MODELS__MINILM__CHECKPOINT": "/weights/minilm"}
     kept = fleet("up", "--modalities", "text", "--no-gateway", "--no-flower", env=override)

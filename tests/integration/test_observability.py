@@ -289,7 +289,7 @@ def test_demand_counts_the_prefetch_window_llen_hides(obs: dict[str, Any]) -> No
 
 def test_every_dashboard_and_rule_expression_returns_data(obs: dict[str, Any]) -> None:
     client, prom = obs["client"], obs["prom"]
-    from shared.transport.shm import ShmStore
+    from shared.transport import ShmStore
 
     # Near the exporter's /dev/shm budget: one tensor of 95 % of it, in the fleet's root.
     store = ShmStore(obs["shm_root"], SHM_BUDGET + 2**20, role="producer")

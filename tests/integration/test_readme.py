@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from producer.stack import free_port
+from shared.procs import running
 from tests.conftest import free_port_block
 
 pytestmark = pytest.mark.integration
@@ -95,7 +96,7 @@ def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
         subprocess.run([str(REPO / ".venv/bin/fleet"), "down"], env=env, cwd=REPO,
                        capture_output=True, timeout=120)  # fmt: skip
         shutil.rmtree(shm_root, ignore_errors=True)
-        left = [p for p in pids if Path(f"/proc/{p}").exists()]
+        left = [p for p in pids if running(p)]
         assert not left, f"processes left after make down: {left}"
 
 

@@ -25,6 +25,7 @@ from producer.soak import (
     waves_of,
     write_report,
 )
+from shared.procs import running
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,7 +116,7 @@ def test_small_soak_on_its_own_stack(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     # The stack is gone: no pidfiles left, the worker's process has exited.
     assert not list((run_dir / "pids").glob("*.pid"))
-    assert not Path(f"/proc/{w['pid']}").exists() or _zombie(w["pid"])
+    assert not running(w["pid"])
 
     out = tmp_path / "soak.json"
     write_report(report, out)
@@ -133,11 +134,3 @@ def test_soak_command_line_help() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "--requests" in proc.stdout and "--wave" in proc.stdout
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
