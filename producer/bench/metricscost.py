@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import statistics
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -244,11 +246,33 @@ def _pct(on: float | None, off: float | None) -> float | None:
     return None if on is None or not off else (off - on) / off * 100.0
 
 
-def resolved(round_costs: list[float | None]) -> bool:
-    """Whether the rounds agree well enough to judge against the target: at least two
-    rounds, and their paired costs lie within ``TARGET_PCT`` points of each other."""
+# Student's t, two-sided 95 %, for 1..30 degrees of freedom (then the normal's 1.96).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def paired_ci95(round_costs: list[float | None]) -> tuple[float, float, float] | None:
+    """``(mean, low, high)``: the mean of the rounds' paired costs (percent) and its 95 %
+    confidence interval (Student's t over the rounds); ``None`` under two rounds. Each round
+    runs both variants back to back, so a round's cost is a paired difference: the drift
+    between rounds cancels, the noise inside a round is what the interval measures."""
     xs = [x for x in round_costs if x is not None]
-    return len(xs) >= 2 and max(xs) - min(xs) <= TARGET_PCT
+    if len(xs) < 2:
+        return None
+    mean = statistics.fmean(xs)
+    t = _T975[len(xs) - 2] if len(xs) - 1 <= len(_T975) else 1.96
+    half = t * statistics.stdev(xs) / math.sqrt(len(xs))
+    return mean, mean - half, mean + half
+
+
+def resolved(round_costs: list[float | None]) -> bool:
+    """Whether the rounds decide against the target: the 95 % interval of the paired cost
+    lies wholly at or below ``TARGET_PCT`` (within) or wholly above it (over)."""
+    ci = paired_ci95(round_costs)
+    return ci is not None and (ci[2] <= TARGET_PCT or ci[1] > TARGET_PCT)
 
 
 def summarize_cost(
@@ -265,6 +289,11 @@ def summarize_cost(
     pairs = [_pct(a, b) for a, b in zip(per["on"], per["off"], strict=False)]
     cost = _pct(med_on, med_off)
     rel = {v: _relative_spread_pct(per[v]) for v in VARIANTS}
+    ci = paired_ci95(pairs)
+    decided = resolved(pairs)
+    within = None if cost is None else cost <= TARGET_PCT
+    if decided and ci is not None:
+        within = ci[2] <= TARGET_PCT
     return {
         "modalities": res.workload.modalities,
         "rounds": len(per["on"]),
@@ -276,10 +305,12 @@ def summarize_cost(
         "cost_pct": cost,
         "round_cost_pct": pairs,
         "round_cost_spread": spread(pairs),
+        "mean_round_cost_pct": None if ci is None else ci[0],
+        "round_cost_ci95_pct": None if ci is None else [ci[1], ci[2]],
         "spread_pct": rel,
         "target_pct": TARGET_PCT,
-        "within_target": None if cost is None else cost <= TARGET_PCT,
-        "resolved": resolved(pairs),
+        "within_target": within,
+        "resolved": decided,
         "sample_ratio": SAMPLE_RATIO,
         "requests": sent,
         "checks": checks,
@@ -303,13 +334,12 @@ def cost_warnings(mc: dict[str, Any]) -> list[str]:
                 f"{c['metrics_enabled']}, /metrics served {c['metrics_served']}, tracing "
                 f"{c['tracing']}: the comparison is not what it says"
             )
-    for v, rel in mc["spread_pct"].items():
-        if rel is not None and rel > TARGET_PCT:
-            out.append(
-                f"metrics cost: throughput with metrics {v} varied {rel:.1f} % across rounds, "
-                f"more than the {TARGET_PCT:.0f} % to resolve: rerun on a quiet machine, with "
-                "more or longer rounds"
-            )
+    ci = mc["round_cost_ci95_pct"]
+    if ci is not None and not mc["resolved"]:
+        out.append(
+            f"metrics cost: the paired cost's 95 % interval {_ci(ci)} % straddles the "
+            f"{TARGET_PCT:.0f} % target: rerun with more or longer rounds, on a quieter machine"
+        )
     if mc["rounds"] < 2:
         out.append("metrics cost: one round: no spread to judge the difference by")
     expected = mc["requests"].get("on", 0) * mc["sample_ratio"]
@@ -341,10 +371,15 @@ def print_cost(report: dict[str, Any], con: Console) -> None:
         f"off {_f(mc['median_off'])} requests/s: [bold]{_f(mc['cost_pct'], '+.2f')} %[/bold] "
         f"with metrics on and tracing sampled {mc['sample_ratio']:.0%} ({within} the "
         f"{mc['target_pct']:.0f} % target); per round {_f(sp.get('min'), '+.2f')} .. "
-        f"{_f(sp.get('max'), '+.2f')} %; round-to-round spread on "
+        f"{_f(sp.get('max'), '+.2f')} %, paired mean {_f(mc['mean_round_cost_pct'], '+.2f')} % "
+        f"(95 % CI {_ci(mc['round_cost_ci95_pct'])}); round-to-round spread on "
         f"{_f(mc['spread_pct'].get('on'))} %, off {_f(mc['spread_pct'].get('off'))} %; "
         f"{mc['spans']['exported']} spans of {mc['spans']['traces']} traces exported"
     )
+
+
+def _ci(ci: list[float] | None) -> str:
+    return "-" if ci is None else f"{ci[0]:+.2f} .. {ci[1]:+.2f}"
 
 
 def _f(x: float | None, fmt: str = ".1f") -> str:

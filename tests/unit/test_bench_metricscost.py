@@ -99,18 +99,30 @@ def _printed(mc: dict[str, object]) -> str:
 
 
 def test_the_cost_is_the_medians_relative_difference() -> None:
-    res = _result(on=[97.0, 97.5, 96.0], off=[100.0, 100.0, 100.0])
+    res = _result(on=[99.0, 99.2, 98.8], off=[100.0, 100.0, 100.0])
     spans = {"exported": 12, "traces": 6, "by_name": {}}
     mc = summarize_cost(res, ["on", "off", "off", "on", "on", "off"], _checks(), spans)
-    assert mc["median_on"] == 97.0 and mc["median_off"] == 100.0
-    assert mc["cost_pct"] == pytest.approx(3.0)
-    assert mc["round_cost_pct"] == pytest.approx([3.0, 2.5, 4.0])
-    assert mc["round_cost_spread"] == pytest.approx({"min": 2.5, "median": 3.0, "max": 4.0})
-    assert mc["spread_pct"]["on"] == pytest.approx(1.5 / 97.0 * 100)
+    assert mc["median_on"] == 99.0 and mc["median_off"] == 100.0
+    assert mc["cost_pct"] == pytest.approx(1.0)
+    assert mc["round_cost_pct"] == pytest.approx([1.0, 0.8, 1.2])
+    assert mc["round_cost_spread"] == pytest.approx({"min": 0.8, "median": 1.0, "max": 1.2})
+    assert mc["spread_pct"]["on"] == pytest.approx(0.4 / 99.0 * 100)
     assert mc["spread_pct"]["off"] == 0.0
+    # mean 1.0, sd 0.2, t(2) = 4.303: 1.0 +- 0.497, wholly under 3 %
+    assert mc["mean_round_cost_pct"] == pytest.approx(1.0)
+    assert mc["round_cost_ci95_pct"] == pytest.approx([1.0 - 0.4969, 1.0 + 0.4969], abs=1e-3)
     assert mc["within_target"] is True and mc["resolved"] is True
     assert cost_warnings(mc) == []
-    assert "+3.00 %" in _printed(mc) and "(within the 3 % target)" in _printed(mc)
+    assert "+1.00 %" in _printed(mc) and "(within the 3 % target)" in _printed(mc)
+
+
+def test_an_interval_wholly_above_the_target_is_over() -> None:
+    res = _result(on=[90.0, 90.5, 89.5], off=[100.0, 100.0, 100.0])
+    spans = {"exported": 12, "traces": 6, "by_name": {}}
+    mc = summarize_cost(res, ["on", "off", "off", "on", "on", "off"], _checks(), spans)
+    assert mc["resolved"] is True and mc["within_target"] is False
+    assert mc["round_cost_ci95_pct"][0] > 3.0
+    assert "(over the 3 % target)" in _printed(mc)
 
 
 def test_rounds_that_disagree_more_than_the_target_give_no_verdict() -> None:
@@ -119,9 +131,9 @@ def test_rounds_that_disagree_more_than_the_target_give_no_verdict() -> None:
     mc = summarize_cost(res, ["on", "off", "off", "on", "on", "off"], _checks(), spans)
     assert mc["cost_pct"] == pytest.approx(3.0) and mc["within_target"] is True
     assert mc["round_cost_pct"] == pytest.approx([3.0, 1.0, 5.0])
-    assert mc["resolved"] is False  # 1 .. 5 %: four points apart
+    assert mc["resolved"] is False  # 3 +- 4.97: the interval holds 3 %
     warnings = cost_warnings(mc)
-    assert len(warnings) == 1 and "metrics on varied 4.1 % across rounds" in warnings[0]
+    assert len(warnings) == 1 and "95 % interval -1.97 .. +7.97 % straddles" in warnings[0]
     assert "not resolved by these rounds against the 3 % target" in _printed(mc)
 
 
