@@ -211,7 +211,9 @@ def _count_results(settings) -> tuple[list[int], threading.Condition, threading.
     cond = threading.Condition()
     stop = threading.Event()
 
-    def collect() -> None:
+    def collect(_client: redis.Redis) -> None:
+        # ``_client`` keeps the client alive: collected, it would close the pool's connections
+        # (the subscription's included).
         while not stop.is_set():
             try:
                 m = sub.get_message(timeout=0.2)
@@ -222,7 +224,7 @@ def _count_results(settings) -> tuple[list[int], threading.Condition, threading.
                     done[0] += 1
                     cond.notify()
 
-    threading.Thread(target=collect, daemon=True).start()
+    threading.Thread(target=collect, args=(r,), daemon=True).start()
     return done, cond, stop
 
 
