@@ -97,7 +97,7 @@ k8s-render: venv
 	$(BIN)/pytest -q tests/deploy/test_manifests.py
 
 gpu-check: venv
-	$(BIN)/python -m workers.gpu_check
+	$(BIN)/python -m producer.gpucheck
 
 clean: down
 	rm -rf .run reports .pytest_cache .ruff_cache

@@ -20,7 +20,7 @@ import os
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -222,15 +222,11 @@ def submit_and_wait(client: FleetClient, jobs: list[tuple[Job, dict[str, Any]]])
         j.outcome = o
 
 
-def run(client: FleetClient) -> dict[str, Any]:
-    jobs, sem_texts = plan()
-    t0 = time.monotonic()
-    submit_and_wait(client, jobs)
-    # A second phase for videos and image+caption pairs (BULK: no deadline), so their long
-    # requests do not compete for a small machine's CPU with the first phase's deadlines.
-    media_phase = media_jobs(client)
-    submit_and_wait(client, media_phase)
-    jobs += media_phase
+def _media_results(
+    client: FleetClient, media_phase: list[tuple[Job, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Release the phase's input segments and summarise each media result (its TensorRefs
+    mapped); a result that cannot be resolved becomes the job's error outcome."""
     media: list[dict[str, Any]] = []
     for job, inputs in media_phase:
         client.release_inputs(inputs)  # the video segments this producer put in /dev/shm
@@ -240,41 +236,53 @@ def run(client: FleetClient) -> dict[str, Any]:
                 media.append(media_summary(job, client.resolve(o["result"])))
             except FleetError as exc:
                 job.outcome = {"error": exc.to_dict()}
-    wall_s = time.monotonic() - t0
+    return media
 
-    lat: dict[tuple[str, str], list[float]] = defaultdict(list)
-    embeddings: dict[str, list[float]] = {}
-    valid_ok = valid_failed = bad_ok = bad_wrong = 0
-    failures = []
+
+@dataclass
+class _Tally:
+    """Outcomes counted over every job: latencies (ms) by (modality, priority), the semantic
+    texts' embeddings, and what did not go as planned."""
+
+    lat: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
+    embeddings: dict[str, list[float]] = field(default_factory=dict)
+    valid_ok: int = 0
+    valid_failed: int = 0
+    bad_ok: int = 0
+    bad_wrong: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _tally(jobs: list[tuple[Job, dict[str, Any]]], sem_texts: list[str]) -> _Tally:
+    t = _Tally()
     for job, inputs in jobs:
         o = job.outcome
         if job.kind == "valid":
             if o is not None and "result" in o:
-                valid_ok += 1
+                t.valid_ok += 1
                 assert job.handle is not None
                 done = o.get("done_ms")
                 if done is not None:
-                    lat[(job.modality, job.priority)].append(
+                    t.lat[(job.modality, job.priority)].append(
                         done - job.handle.envelope.submitted_ms
                     )
                 if job.modality == "text" and inputs["text"] in sem_texts:
-                    embeddings[inputs["text"]] = o["result"]["embedding"]
+                    t.embeddings[inputs["text"]] = o["result"]["embedding"]
             else:
-                valid_failed += 1
-                failures.append({"label": job.label, "outcome": o})
+                t.valid_failed += 1
+                t.failures.append({"label": job.label, "outcome": o})
         else:
             got = (job.submit_error or (o or {}).get("error") or {}).get("code")
             if got == job.expect_code:
-                bad_ok += 1
+                t.bad_ok += 1
             else:
-                bad_wrong += 1
-                failures.append({"label": job.label, "expected": job.expect_code, "got": got})
-    sem = (
-        semantic_check(embeddings)
-        if len(embeddings) == len(set(sem_texts))
-        else {"passed": False, "pairs": [], "reason": "semantic texts missing results"}
-    )
-    latency = {
+                t.bad_wrong += 1
+                t.failures.append({"label": job.label, "expected": job.expect_code, "got": got})
+    return t
+
+
+def _latency(lat: dict[tuple[str, str], list[float]]) -> dict[str, Any]:
+    return {
         f"{m}/{p}": {
             "count": len(v),
             "p50_ms": percentile(v, 50),
@@ -284,13 +292,33 @@ def run(client: FleetClient) -> dict[str, Any]:
         }
         for (m, p), v in sorted(lat.items())
     }
+
+
+def run(client: FleetClient) -> dict[str, Any]:
+    jobs, sem_texts = plan()
+    t0 = time.monotonic()
+    submit_and_wait(client, jobs)
+    # A second phase for videos and image+caption pairs (BULK: no deadline), so their long
+    # requests do not compete for a small machine's CPU with the first phase's deadlines.
+    media_phase = media_jobs(client)
+    submit_and_wait(client, media_phase)
+    jobs += media_phase
+    media = _media_results(client, media_phase)
+    wall_s = time.monotonic() - t0
+
+    t = _tally(jobs, sem_texts)
+    sem = (
+        semantic_check(t.embeddings)
+        if len(t.embeddings) == len(set(sem_texts))
+        else {"passed": False, "pairs": [], "reason": "semantic texts missing results"}
+    )
     return {
         "valid_submitted": sum(j.kind == "valid" for j, _ in jobs),
-        "valid_succeeded": valid_ok,
-        "valid_failed": valid_failed,
+        "valid_succeeded": t.valid_ok,
+        "valid_failed": t.valid_failed,
         "bad_submitted": sum(j.kind == "bad" for j, _ in jobs),
-        "bad_rejected_with_expected_code": bad_ok,
-        "bad_wrong_outcome": bad_wrong,
+        "bad_rejected_with_expected_code": t.bad_ok,
+        "bad_wrong_outcome": t.bad_wrong,
         "bad_inputs": [
             {
                 "label": j.label,
@@ -301,8 +329,8 @@ def run(client: FleetClient) -> dict[str, Any]:
             for j, _ in jobs
             if j.kind == "bad"
         ],
-        "failures": failures,
-        "latency_ms": latency,
+        "failures": t.failures,
+        "latency_ms": _latency(t.lat),
         "semantic_check": sem,
         "media": media,
         "wall_s": wall_s,

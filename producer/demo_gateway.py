@@ -54,32 +54,40 @@ def _text_body(text: str, priority: int) -> bytes:
     ).encode()
 
 
-def run_gateway(url: str, token: str, client: FleetClient, texts: list[str]) -> dict[str, Any]:
-    """Send the gateway phase; returns ``{"sent", "failed", "failures", "latency_ms"}``."""
-    failures: list[str] = []
-    lat: list[float] = []
-    sent = 0
+class _Phase:
+    """The calls made so far: how many, their latencies (ms) and the failed checks."""
 
-    def check(cond: bool, what: str) -> None:
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+        self.failures: list[str] = []
+        self.lat: list[float] = []
+        self.sent = 0
+
+    def check(self, cond: bool, what: str) -> None:
         if not cond:
-            failures.append(what)
+            self.failures.append(what)
 
-    def timed(*args: Any, **kw: Any) -> tuple[int, dict[str, str], bytes]:
-        nonlocal sent
-        sent += 1
+    def timed(self, *args: Any, **kw: Any) -> tuple[int, dict[str, str], bytes]:
+        self.sent += 1
         t0 = time.perf_counter()
-        out = _call(url, token, *args, **kw)
-        lat.append((time.perf_counter() - t0) * 1000.0)
+        out = _call(self.url, self.token, *args, **kw)
+        self.lat.append((time.perf_counter() - t0) * 1000.0)
         return out
 
+
+def _texts(ph: _Phase, client: FleetClient, texts: list[str]) -> None:
+    """Three texts at three priorities, each embedding checked against the direct path's."""
     for prio, text in zip((1, 2, 3), texts[:3], strict=False):
-        status, _, body = timed("POST", "/v2/models/minilm/infer", _text_body(text, prio))
-        check(status == 200, f"text priority {prio}: {status} {body[:200]!r}")
+        status, _, body = ph.timed("POST", "/v2/models/minilm/infer", _text_body(text, prio))
+        ph.check(status == 200, f"text priority {prio}: {status} {body[:200]!r}")
         if status == 200:
             emb = np.asarray(json.loads(body)["outputs"][0]["data"], dtype=np.float32)
             direct = np.asarray(client.submit("text", {"text": text}).get(30)["embedding"])
-            check(float(emb @ direct) > 0.9999, f"text priority {prio}: differs from direct")
-    img = (DATA / "images" / "skimage_coffee.png").read_bytes()
+            ph.check(float(emb @ direct) > 0.9999, f"text priority {prio}: differs from direct")
+
+
+def _binary_image(ph: _Phase, img: bytes) -> None:
+    """A PNG in the binary extension, a 512-float32 embedding back in binary."""
     head = json.dumps(
         {
             "inputs": [
@@ -93,7 +101,7 @@ def run_gateway(url: str, token: str, client: FleetClient, texts: list[str]) -> 
             "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}],
         }
     )
-    status, hdrs, body = timed(
+    status, hdrs, body = ph.timed(
         "POST",
         "/v2/models/resnet18-random/infer",
         head.encode() + struct.pack("<I", len(img)) + img,
@@ -103,7 +111,11 @@ def run_gateway(url: str, token: str, client: FleetClient, texts: list[str]) -> 
         },
     )
     hl = int({k.lower(): v for k, v in hdrs.items()}.get("inference-header-content-length", 0))
-    check(status == 200 and len(body) - hl == 512 * 4, f"binary image: {status} {body[:200]!r}")
+    ph.check(status == 200 and len(body) - hl == 512 * 4, f"binary image: {status} {body[:200]!r}")
+
+
+def _xmodal(ph: _Phase, img: bytes) -> None:
+    """The image scored against two captions: two scores back."""
     caps = ["A cup of coffee on a saucer.", "A red bus on a street."]
     xm = json.dumps(
         {
@@ -118,33 +130,53 @@ def run_gateway(url: str, token: str, client: FleetClient, texts: list[str]) -> 
             ]
         }
     ).encode()
-    status, _, body = timed("POST", "/v2/models/xmodal-vit-minilm/infer", xm)
+    status, _, body = ph.timed("POST", "/v2/models/xmodal-vit-minilm/infer", xm)
     ok = status == 200 and json.loads(body)["outputs"][0]["shape"] == [2]
-    check(ok, f"xmodal: {status} {body[:200]!r}")
-    status, hdrs, body = timed(
-        "POST", "/v2/models/minilm/infer", _text_body(texts[3], 4), {"Prefer": "respond-async"}
+    ph.check(ok, f"xmodal: {status} {body[:200]!r}")
+
+
+def _async_text(ph: _Phase, text: str) -> None:
+    """``Prefer: respond-async``: 202, then the job polled until it ends in SUCCESS."""
+    status, _, body = ph.timed(
+        "POST", "/v2/models/minilm/infer", _text_body(text, 4), {"Prefer": "respond-async"}
     )
-    check(status == 202, f"async text: {status} {body[:200]!r}")
+    ph.check(status == 202, f"async text: {status} {body[:200]!r}")
     if status == 202:
         loc = json.loads(body)["location"]
         state = "PENDING"
         for _ in range(300):
-            _, _, job = _call(url, token, "GET", loc)
+            _, _, job = _call(ph.url, ph.token, "GET", loc)
             state = json.loads(job)["state"]
             if state in ("SUCCESS", "FAILURE", "REVOKED"):
                 break
             time.sleep(0.05)
-        check(state == "SUCCESS", f"async text ended {state}")
+        ph.check(state == "SUCCESS", f"async text ended {state}")
+
+
+def _refusals(ph: _Phase) -> None:
+    """A blank text (400 INVALID_INPUT) and an unknown model (404 MODEL_NOT_FOUND)."""
     for path, body, want in (
         ("/v2/models/minilm/infer", _text_body("   ", 3), (400, "INVALID_INPUT")),
         ("/v2/models/nope/infer", _text_body("x", 3), (404, "MODEL_NOT_FOUND")),
     ):
-        status, _, out = timed("POST", path, body)
+        status, _, out = ph.timed("POST", path, body)
         got = (status, json.loads(out).get("code"))
-        check(got == want, f"{path}: {got}, expected {want}")
+        ph.check(got == want, f"{path}: {got}, expected {want}")
+
+
+def run_gateway(url: str, token: str, client: FleetClient, texts: list[str]) -> dict[str, Any]:
+    """Send the gateway phase; returns ``{"sent", "failed", "failures", "latency_ms"}``."""
+    ph = _Phase(url, token)
+    _texts(ph, client, texts)
+    img = (DATA / "images" / "skimage_coffee.png").read_bytes()
+    _binary_image(ph, img)
+    _xmodal(ph, img)
+    _async_text(ph, texts[3])
+    _refusals(ph)
+    lat = ph.lat
     return {
-        "sent": sent,
-        "failed": len(failures),
-        "failures": failures,
+        "sent": ph.sent,
+        "failed": len(ph.failures),
+        "failures": ph.failures,
         "latency_ms": {"p50": round(float(np.median(lat)), 2), "max": round(max(lat), 2)},
     }

@@ -207,13 +207,8 @@ class Soak:
     def _soak(self, stack: Any, settings: Any) -> dict[str, Any]:
         from producer.client import FleetClient
 
-        pid = stack._read_pid(stack.pids / f"{WORKER}.pid")
-        if pid is None:
-            raise SoakError(f"no pidfile for {WORKER}")
-        cmdline = process_cmdline(pid)
-        is_celery = "celery" in " ".join(cmdline) and "worker" in cmdline
-        children = child_pids(pid)
-        allocator_env = malloc_env(pid)
+        worker = _worker_facts(stack)
+        pid = worker["pid"]
         client = FleetClient(settings, role="operator")
         started_utc = datetime.now(UTC).isoformat()
         load_start = os.getloadavg()
@@ -230,7 +225,45 @@ class Soak:
             f"soak: warmed up with {self.opts.warmup} requests in {warmup_s:.1f} s; "
             f"worker pid {pid} RSS {rss_start:.1f} MiB"
         )
+        samples, errors, waves, duration_s = self._measured_waves(client, pid, rss_start)
+        stats_end = worker_stats(client)
+        client.app.close()
 
+        run_start = stats_start.get("runtime") or {}
+        run_end = stats_end.get("runtime") or {}
+        n_err = sum(errors.values())
+        return {
+            "requests": self.opts.requests,
+            "succeeded": self.opts.requests - n_err,
+            "errors": n_err,
+            "error_codes": dict(errors),
+            "timeouts": errors.get("TIMEOUT", 0),
+            "warmup_requests": self.opts.warmup,
+            "warmup_errors": sum(warm_errors.values()),
+            "warmup_s": round(warmup_s, 3),
+            "wave_size": self.opts.wave,
+            "waves": waves,
+            "priority": self.opts.priority,
+            **_rss_figures(samples, rss_start),
+            "cuda_reserved_mb_start": run_start.get("cuda_reserved_mb"),
+            "cuda_reserved_mb_end": run_end.get("cuda_reserved_mb"),
+            "duration_s": round(duration_s, 3),
+            "throughput_rps": round(self.opts.requests / duration_s, 2) if duration_s else None,
+            "worker": _worker_section(worker, stats_start, stats_end),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "load_avg_start": [round(x, 2) for x in load_start],
+                "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+            },
+            "started_utc": started_utc,
+            "finished_utc": datetime.now(UTC).isoformat(),
+        }
+
+    def _measured_waves(
+        self, client: Any, pid: int, rss_start: float
+    ) -> tuple[list[dict[str, Any]], Counter[str], int, float]:
+        """The measured waves, the worker's RSS (MiB) after each; returns the RSS samples,
+        the error codes counted, the number of waves and the duration (s)."""
         samples: list[dict[str, Any]] = [
             {"wave": 0, "requests_done": 0, "t_s": 0.0, "rss_mb": round(rss_start, 2)}
         ]
@@ -251,55 +284,7 @@ class Soak:
                     f"soak: {done}/{self.opts.requests} requests, {done / t:.0f}/s, "
                     f"RSS {rss:.1f} MiB, errors {sum(errors.values())}"
                 )
-        duration_s = time.monotonic() - t_start
-        rss_end = samples[-1]["rss_mb"]
-        stats_end = worker_stats(client)
-        client.app.close()
-
-        run_start = stats_start.get("runtime") or {}
-        run_end = stats_end.get("runtime") or {}
-        n_err = sum(errors.values())
-        return {
-            "requests": self.opts.requests,
-            "succeeded": self.opts.requests - n_err,
-            "errors": n_err,
-            "error_codes": dict(errors),
-            "timeouts": errors.get("TIMEOUT", 0),
-            "warmup_requests": self.opts.warmup,
-            "warmup_errors": sum(warm_errors.values()),
-            "warmup_s": round(warmup_s, 3),
-            "wave_size": self.opts.wave,
-            "waves": len(plan),
-            "priority": self.opts.priority,
-            "rss_mb_start": round(rss_start, 2),
-            "rss_mb_end": round(rss_end, 2),
-            "rss_mb_max": round(max(s["rss_mb"] for s in samples), 2),
-            "rss_growth_pct": round(growth_pct(rss_start, rss_end), 3),
-            "rss_samples": samples,
-            "cuda_reserved_mb_start": run_start.get("cuda_reserved_mb"),
-            "cuda_reserved_mb_end": run_end.get("cuda_reserved_mb"),
-            "duration_s": round(duration_s, 3),
-            "throughput_rps": round(self.opts.requests / duration_s, 2) if duration_s else None,
-            "worker": {
-                "pid": pid,
-                "cmdline_is_celery_worker": is_celery,
-                "child_processes": len(children),
-                "malloc_env": allocator_env,
-                "device": run_end.get("device") or run_start.get("device"),
-                "torch_threads": run_end.get("torch_threads"),
-                "arena_overflows": run_end.get("arena_overflows"),
-                "succeeded_delta": _delta(stats_start, stats_end, "succeeded"),
-                "failed_delta": _delta(stats_start, stats_end, "failed"),
-                "batches_delta": _delta(stats_start, stats_end, "batches"),
-            },
-            "machine": {
-                "cpus": os.cpu_count(),
-                "load_avg_start": [round(x, 2) for x in load_start],
-                "load_avg_end": [round(x, 2) for x in os.getloadavg()],
-            },
-            "started_utc": started_utc,
-            "finished_utc": datetime.now(UTC).isoformat(),
-        }
+        return samples, errors, len(plan), time.monotonic() - t_start
 
     def _wave(self, client: Any, n: int, errors: Counter[str]) -> None:
         """Submit ``n`` requests, wait for all, count failures by code; forget the results."""
@@ -319,6 +304,53 @@ class Soak:
         backend = client.app.backend
         with contextlib.suppress(Exception):
             backend.client.delete(*[backend.get_key_for_task(h.id) for h in handles])
+
+
+def _worker_facts(stack: Any) -> dict[str, Any]:
+    """The text worker's pid, whether it is a Celery worker, its children, its malloc env.
+
+    Raises:
+        SoakError: no pidfile for the worker.
+    """
+    pid = stack._read_pid(stack.pids / f"{WORKER}.pid")
+    if pid is None:
+        raise SoakError(f"no pidfile for {WORKER}")
+    cmdline = process_cmdline(pid)
+    return {
+        "pid": pid,
+        "cmdline_is_celery_worker": "celery" in " ".join(cmdline) and "worker" in cmdline,
+        "child_processes": len(child_pids(pid)),
+        "malloc_env": malloc_env(pid),
+    }
+
+
+def _rss_figures(samples: list[dict[str, Any]], rss_start: float) -> dict[str, Any]:
+    """RSS (MiB) at the start (as read), the end, its max and growth, from the samples."""
+    rss_end = samples[-1]["rss_mb"]
+    return {
+        "rss_mb_start": round(rss_start, 2),
+        "rss_mb_end": round(rss_end, 2),
+        "rss_mb_max": round(max(s["rss_mb"] for s in samples), 2),
+        "rss_growth_pct": round(growth_pct(rss_start, rss_end), 3),
+        "rss_samples": samples,
+    }
+
+
+def _worker_section(
+    worker: dict[str, Any], stats_start: dict[str, Any], stats_end: dict[str, Any]
+) -> dict[str, Any]:
+    """The report's ``worker``: its facts, runtime and the ``fleet_stats`` deltas."""
+    run_start = stats_start.get("runtime") or {}
+    run_end = stats_end.get("runtime") or {}
+    return {
+        **worker,
+        "device": run_end.get("device") or run_start.get("device"),
+        "torch_threads": run_end.get("torch_threads"),
+        "arena_overflows": run_end.get("arena_overflows"),
+        "succeeded_delta": _delta(stats_start, stats_end, "succeeded"),
+        "failed_delta": _delta(stats_start, stats_end, "failed"),
+        "batches_delta": _delta(stats_start, stats_end, "batches"),
+    }
 
 
 def _is_embedding(result: Any) -> bool:

@@ -18,7 +18,7 @@ Structure (one concern per module)::
     lease.py, tensor_lease.py, broker.py  message leases, input leases, the window's fetch
     runtime.py, warmup.py              the device slot, bucket warmup plans
     models/                            one adapter per model kind (``models/base.py``)
-    faults.py, probe.py, telemetry.py, events.py, janitor.py, gpu_check.py  the rest
+    faults.py, probe.py, telemetry.py, events.py, janitor.py  the rest
 
 admission, poison, execution, completion, lanes and work import neither Celery nor Redis:
 their decisions are unit-tested with a fake model and fake requests

@@ -39,30 +39,7 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
         symbol_by_name(task.Request), task, consumer.pool, hostname, eventer, app=app
     )
     revoked = consumer.controller.state.revoked
-
-    def build(message: Any, body: Any, ack: Any, reject: Any) -> Any:
-        if body is None and "args" not in message.payload:
-            body, headers, decoded, utc = (message.body, message.headers, False, True)
-        elif "args" in message.payload:
-            body, headers, decoded, utc = hybrid_to_proto2(message, message.payload)
-        else:
-            body, headers, decoded, utc = proto1_to_proto2(message, body)
-        req = Req(
-            message,
-            on_ack=ack,
-            on_reject=reject,
-            app=app,
-            hostname=hostname,
-            eventer=eventer,
-            task=task,
-            connection_errors=consumer.connection_errors,
-            body=body,
-            headers=headers,
-            decoded=decoded,
-            utc=utc,
-        )
-        _check_shape(req)
-        return req
+    build = _request_builder(Req, task, app, consumer, eventer)
 
     def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **__: Any) -> None:
         try:
@@ -89,6 +66,40 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
         engine.on_request(req)
 
     return handler
+
+
+def _request_builder(
+    Req: Any, task: Any, app: Any, consumer: Any, eventer: Any
+) -> Callable[[Any, Any, Any, Any], Any]:
+    """``build(message, body, ack, reject)``: the message as a ``Req`` (protocol 1 and
+    hybrid bodies converted to protocol 2), checked by :func:`_check_shape`."""
+    hostname = consumer.hostname
+
+    def build(message: Any, body: Any, ack: Any, reject: Any) -> Any:
+        if body is None and "args" not in message.payload:
+            body, headers, decoded, utc = (message.body, message.headers, False, True)
+        elif "args" in message.payload:
+            body, headers, decoded, utc = hybrid_to_proto2(message, message.payload)
+        else:
+            body, headers, decoded, utc = proto1_to_proto2(message, body)
+        req = Req(
+            message,
+            on_ack=ack,
+            on_reject=reject,
+            app=app,
+            hostname=hostname,
+            eventer=eventer,
+            task=task,
+            connection_errors=consumer.connection_errors,
+            body=body,
+            headers=headers,
+            decoded=decoded,
+            utc=utc,
+        )
+        _check_shape(req)
+        return req
+
+    return build
 
 
 def _check_shape(req: Any) -> None:

@@ -194,23 +194,13 @@ def worker_pid(stack_pid: int) -> int:
     return stack_pid
 
 
-def drive(a, settings, stack, spawned_pid: int) -> int:
+def _count_results(settings) -> tuple[list[int], threading.Condition, threading.Event]:
+    """Count every result published (``done[0]``) from a pattern subscription on a thread;
+    returns ``(done, cond, stop)``: ``cond`` is notified on each result, ``stop`` ends it."""
     import redis
 
-    from producer.client import FleetClient
     from shared import keys
-    from shared.priority import Priority
 
-    pid = spawned_pid
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if b"celery" not in f.read():
-            pid = worker_pid(spawned_pid)
-    texts = [
-        line.strip()
-        for line in Path("data/text/botchan_sentences.txt").read_text().splitlines()
-        if line.strip()
-    ]
-    client = FleetClient(settings, role="admin")
     user, password = settings.redis_credentials("admin")
     r = redis.Redis(
         host=settings.redis.host, port=settings.redis.port, username=user, password=password
@@ -221,7 +211,9 @@ def drive(a, settings, stack, spawned_pid: int) -> int:
     cond = threading.Condition()
     stop = threading.Event()
 
-    def collect() -> None:
+    def collect(_client: redis.Redis) -> None:
+        # ``_client`` keeps the client alive: collected, it would close the pool's connections
+        # (the subscription's included).
         while not stop.is_set():
             try:
                 m = sub.get_message(timeout=0.2)
@@ -232,7 +224,152 @@ def drive(a, settings, stack, spawned_pid: int) -> int:
                     done[0] += 1
                     cond.notify()
 
-    threading.Thread(target=collect, daemon=True).start()
+    threading.Thread(target=collect, args=(r,), daemon=True).start()
+    return done, cond, stop
+
+
+def _start_tracers(a, pid: int) -> tuple[subprocess.Popen | None, subprocess.Popen | None]:
+    """py-spy (``--pyspy``) and ``strace -c`` (``--strace``) on the worker, when asked."""
+    spy = st = None
+    if a.pyspy:
+        spy = subprocess.Popen(
+            [
+                ".venv/bin/py-spy",
+                "record",
+                "--pid",
+                str(pid),
+                "--threads",
+                *a.pyspy_args.split(),
+                "-r",
+                "200",
+                "-d",
+                str(int(a.pyspy)),
+                "-f",
+                "raw",
+                "-o",
+                a.pyspy_out or f"/tmp/spy-{a.notify}{a.realtime}.txt",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    if a.strace:
+        st = subprocess.Popen(
+            [
+                "timeout",
+                "-s",
+                "INT",
+                str(a.strace),
+                "strace",
+                "-c",
+                "-f",
+                "-p",
+                str(pid),
+                "-o",
+                f"/tmp/strace-{a.notify}{a.realtime}.txt",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    return spy, st
+
+
+def _toggle(a, segs: dict, now: float, tm0: float, done: list[int], pid: int, rpid: int) -> None:
+    """``--toggle``: every ``a.toggle`` s close the running segment and switch fetch mode;
+    a segment's start is taken once the switch has settled."""
+    seg = int((now - tm0) // a.toggle)
+    if seg != segs["cur"]:
+        snap = (done[0], thread_cpu(pid), thread_cpu(rpid), now, counters())
+        if segs["start"] is not None:
+            segs["rows"].append((segs["mode"], segs["start"], snap))
+        segs["cur"] = seg
+        segs["mode"] = 1 - segs["mode"] if segs["mode"] is not None else a.notify
+        Path(TOGGLE[0]).write_text(str(segs["mode"]))
+        segs["start"] = None
+        segs["settle"] = now + 1.5  # a kick (<= 1 s) switches; let it settle
+    if segs["start"] is None and now >= segs["settle"]:
+        segs["start"] = (done[0], thread_cpu(pid), thread_cpu(rpid), now, counters())
+
+
+def _snapshot(done: list[int], pid: int, rpid: int, now: float | None = None) -> dict:
+    """Completed requests, the worker's, Redis's and this driver's thread CPU, counters
+    (``t``: ``now``, else the clock read after the worker's CPU)."""
+    return {
+        "done": done[0],
+        "cpu": thread_cpu(pid),
+        "t": time.monotonic() if now is None else now,
+        "redis": thread_cpu(rpid),
+        "me": thread_cpu(os.getpid()),
+        "counters": counters(),
+    }
+
+
+def _batch_stats(s0: dict, s1: dict) -> dict:
+    """The worker's batches between two ``fleet_stats`` replies."""
+    sizes0, sizes1 = s0.get("batch_sizes", {}), s1.get("batch_sizes", {})
+    sizes = {k: v - sizes0.get(k, 0) for k, v in sizes1.items() if v - sizes0.get(k, 0)}
+    nb = sum(sizes.values())
+    mean_batch = sum(int(k) * v for k, v in sizes.items()) / max(nb, 1)
+    return {
+        "batches": nb,
+        "mean_batch": round(mean_batch, 2),
+        "model_s": round(s1.get("model_s", 0) - s0.get("model_s", 0), 2),
+        "triggers": s1.get("triggers"),
+    }
+
+
+def _summary(a, b: dict, e: dict, stats: dict) -> dict:
+    """The JSON line: per-request CPU by thread, Redis and driver CPU, counters, between the
+    snapshots ``b`` (start of the measured window) and ``e`` (its end)."""
+    n = e["done"] - b["done"]
+    el = e["t"] - b["t"]
+    c0, c1, cpu0, cpu1 = b["counters"], e["counters"], b["cpu"], e["cpu"]
+    ct = float(c1.get("t", 0) - c0.get("t", 0)) or 1.0
+    cdiff = {k: round((v - c0.get(k, 0)) / max(n, 1), 3) for k, v in c1.items() if k != "t"}
+    per = {
+        k: round((cpu1.get(k, 0) - cpu0.get(k, 0)) / max(n, 1) * 1000, 3)
+        for k in cpu1
+        if cpu1.get(k, 0) - cpu0.get(k, 0) > 0.05
+    }
+    r0, r1, me0, me1 = b["redis"], e["redis"], b["me"], e["me"]
+    redis_ms = sum(r1[k] - r0.get(k, 0) for k in r1 if "csw" not in k) / max(n, 1) * 1000
+    driver_ms = sum(me1[k] - me0.get(k, 0) for k in me1 if "csw" not in k) / max(n, 1) * 1000
+    return {
+        "notify": a.notify,
+        "realtime": a.realtime,
+        "completed": n,
+        "seconds": round(el, 1),
+        "rps": round(n / el, 1),
+        "cpu_ms_per_request_by_thread": per,
+        "cpu_ms_per_request_total": round(sum(v for k, v in per.items() if "csw" not in k), 3),
+        "redis_cpu_ms_per_request": round(redis_ms, 3),
+        "driver_cpu_ms_per_request": round(driver_ms, 3),
+        "loadavg": os.getloadavg(),
+        "fleet_stats": stats,
+        "counters_per_request": cdiff,
+        "counter_window_s": round(ct, 1),
+    }
+
+
+def _texts() -> list[str]:
+    return [
+        line.strip()
+        for line in Path("data/text/botchan_sentences.txt").read_text().splitlines()
+        if line.strip()
+    ]
+
+
+def drive(a, settings, stack, spawned_pid: int) -> int:
+    from producer.client import FleetClient
+    from shared import keys
+    from shared.priority import Priority
+
+    pid = spawned_pid
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"celery" not in f.read():
+            pid = worker_pid(spawned_pid)
+    texts = _texts()
+    client = FleetClient(settings, role="admin")
+    done, cond, stop = _count_results(settings)
     queue = keys.queue_for("text", "bulk")
     prio = Priority.parse("bulk").celery_priority(settings)
     sent = 0
@@ -242,69 +379,18 @@ def drive(a, settings, stack, spawned_pid: int) -> int:
     t_end = t_measure + a.seconds
     measured = False
     segs = {"cur": -1, "mode": None, "start": None, "settle": 0.0, "rows": []}
-    spy = None
-    st = None
+    spy = st = None
     with client.app.producer_or_acquire() as producer:
         while True:
             now = time.monotonic()
             if not measured and now >= t_measure:
                 measured = True
-                d0, cpu0, tm0 = done[0], thread_cpu(pid), now
                 rpid = int((stack.pids / "redis.pid").read_text().split()[0])
-                r0, me0 = thread_cpu(rpid), thread_cpu(os.getpid())
-                c0, s0 = counters(), stats_now(client)
-                if a.pyspy:
-                    spy = subprocess.Popen(
-                        [
-                            ".venv/bin/py-spy",
-                            "record",
-                            "--pid",
-                            str(pid),
-                            "--threads",
-                            *a.pyspy_args.split(),
-                            "-r",
-                            "200",
-                            "-d",
-                            str(int(a.pyspy)),
-                            "-f",
-                            "raw",
-                            "-o",
-                            a.pyspy_out or f"/tmp/spy-{a.notify}{a.realtime}.txt",
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
-                if a.strace:
-                    st = subprocess.Popen(
-                        [
-                            "timeout",
-                            "-s",
-                            "INT",
-                            str(a.strace),
-                            "strace",
-                            "-c",
-                            "-f",
-                            "-p",
-                            str(pid),
-                            "-o",
-                            f"/tmp/strace-{a.notify}{a.realtime}.txt",
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
+                b = _snapshot(done, pid, rpid, now)
+                s0 = stats_now(client)
+                spy, st = _start_tracers(a, pid)
             if a.toggle and measured:
-                seg = int((now - tm0) // a.toggle)
-                if seg != segs["cur"]:
-                    snap = (done[0], thread_cpu(pid), thread_cpu(rpid), now, counters())
-                    if segs["start"] is not None:
-                        segs["rows"].append((segs["mode"], segs["start"], snap))
-                    segs["cur"] = seg
-                    segs["mode"] = 1 - segs["mode"] if segs["mode"] is not None else a.notify
-                    Path(TOGGLE[0]).write_text(str(segs["mode"]))
-                    segs["start"] = None
-                    segs["settle"] = now + 1.5  # a kick (<= 1 s) switches; let it settle
-                if segs["start"] is None and now >= segs["settle"]:
-                    segs["start"] = (done[0], thread_cpu(pid), thread_cpu(rpid), now, counters())
+                _toggle(a, segs, now, b["t"], done, pid, rpid)
             if now >= t_end:
                 break
             with cond:
@@ -314,9 +400,7 @@ def drive(a, settings, stack, spawned_pid: int) -> int:
             i += 1
             client.publish(producer, env, str(uuid.uuid4()), queue, prio)
             sent += 1
-    d1, cpu1, tm1 = done[0], thread_cpu(pid), time.monotonic()
-    r1, me1 = thread_cpu(rpid), thread_cpu(os.getpid())
-    c1 = counters()
+    e = _snapshot(done, pid, rpid)
     stop.set()
     if spy is not None:
         spy.wait(timeout=60)
@@ -324,51 +408,8 @@ def drive(a, settings, stack, spawned_pid: int) -> int:
         st.wait(timeout=60)
     if a.toggle:
         report_segments(segs["rows"])
-    n = d1 - d0
-    el = tm1 - tm0
-    s1 = stats_now(client)
-    sizes0, sizes1 = s0.get("batch_sizes", {}), s1.get("batch_sizes", {})
-    sizes = {k: v - sizes0.get(k, 0) for k, v in sizes1.items() if v - sizes0.get(k, 0)}
-    nb = sum(sizes.values())
-    mean_batch = sum(int(k) * v for k, v in sizes.items()) / max(nb, 1)
-    stats = {
-        "batches": nb,
-        "mean_batch": round(mean_batch, 2),
-        "model_s": round(s1.get("model_s", 0) - s0.get("model_s", 0), 2),
-        "triggers": s1.get("triggers"),
-    }
-    ct = float(c1.get("t", 0) - c0.get("t", 0)) or 1.0
-    cdiff = {k: round((v - c0.get(k, 0)) / max(n, 1), 3) for k, v in c1.items() if k != "t"}
-    per = {
-        k: round((cpu1.get(k, 0) - cpu0.get(k, 0)) / max(n, 1) * 1000, 3)
-        for k in cpu1
-        if cpu1.get(k, 0) - cpu0.get(k, 0) > 0.05
-    }
-    redis_ms = sum(r1[k] - r0.get(k, 0) for k in r1 if "csw" not in k) / max(n, 1) * 1000
-    driver_ms = sum(me1[k] - me0.get(k, 0) for k in me1 if "csw" not in k) / max(n, 1) * 1000
-    print(
-        json.dumps(
-            {
-                "notify": a.notify,
-                "realtime": a.realtime,
-                "completed": n,
-                "seconds": round(el, 1),
-                "rps": round(n / el, 1),
-                "cpu_ms_per_request_by_thread": per,
-                "cpu_ms_per_request_total": round(
-                    sum(v for k, v in per.items() if "csw" not in k), 3
-                ),
-                "redis_cpu_ms_per_request": round(redis_ms, 3),
-                "driver_cpu_ms_per_request": round(driver_ms, 3),
-                "loadavg": os.getloadavg(),
-                "fleet_stats": stats,
-                "counters_per_request": cdiff,
-                "counter_window_s": round(ct, 1),
-            },
-            default=str,
-        ),
-        flush=True,
-    )
+    stats = _batch_stats(s0, stats_now(client))
+    print(json.dumps(_summary(a, b, e, stats), default=str), flush=True)
     return 0
 
 

@@ -116,6 +116,52 @@ def _delta(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: b[k] - a.get(k, 0) for k in b if b[k] - a.get(k, 0) > 0}
 
 
+def _idle_phase(admin: redis.Redis, idle_s: float) -> dict[str, float]:
+    """Commands and Redis CPU seconds per second while nothing is sent (``s``: its length)."""
+    c0, _, cpu0 = _counters(admin)
+    t0 = time.monotonic()
+    time.sleep(idle_s)
+    c1, _, cpu1 = _counters(admin)
+    idle_dt = time.monotonic() - t0
+    return {
+        "s": idle_dt,
+        "calls": sum(_delta(c0, c1).values()) / idle_dt,
+        "cpu": (cpu1 - cpu0) / idle_dt,
+    }
+
+
+def _load_phase(
+    client: FleetClient, admin: redis.Redis, texts: list[str], requests: int, idle: dict
+) -> dict[str, Any]:
+    """Send ``requests`` BULK texts at once and wait for them: commands (less this harness's
+    polls), their usec and Redis CPU seconds, each less the ``idle`` rate over the phase.
+
+    Raises:
+        RuntimeError: a request did not succeed.
+    """
+    reqs = [SubmitRequest("text", {"text": texts[i % len(texts)]}, "bulk") for i in range(requests)]
+    c2, u2, cpu2 = _counters(admin)
+    t2 = time.monotonic()
+    handles = client.submit_many(reqs)
+    polls = _wait_drained(admin, 600.0)
+    dt = time.monotonic() - t2
+    outs = client.wait_all(handles, timeout_s=60)  # one MGET: each result read once
+    c3, u3, cpu3 = _counters(admin)
+    ok = sum(1 for o in outs if o is not None and "result" in o)
+    if ok != requests:
+        raise RuntimeError(f"only {ok} of {requests} requests succeeded")
+    by_cmd = _delta(c2, c3)
+    for cmd, n in polls.items():  # this harness's own polling is no request's cost
+        by_cmd[cmd] -= n
+    return {
+        "s": dt,
+        "by_cmd": by_cmd,
+        "usec": _delta(u2, u3),
+        "total": sum(by_cmd.values()) - idle["calls"] * dt,
+        "cpu": (cpu3 - cpu2) - idle["cpu"] * dt,
+    }
+
+
 def measure(requests: int, idle_s: float, workdir: Path) -> dict[str, Any]:
     """Run the idle and load phases (module doc) and return their figures."""
     # a /dev/shm root of its own, removed afterwards: another stack's is never touched
@@ -137,51 +183,34 @@ def measure(requests: int, idle_s: float, workdir: Path) -> dict[str, Any]:
                 timeout_s=120,
             )
             time.sleep(2.0)
-            c0, _, cpu0 = _counters(admin)
-            t0 = time.monotonic()
-            time.sleep(idle_s)
-            c1, _, cpu1 = _counters(admin)
-            idle_dt = time.monotonic() - t0
-            idle_calls = sum(_delta(c0, c1).values()) / idle_dt
-            idle_cpu = (cpu1 - cpu0) / idle_dt
-            reqs = [
-                SubmitRequest("text", {"text": texts[i % len(texts)]}, "bulk")
-                for i in range(requests)
-            ]
-            c2, u2, cpu2 = _counters(admin)
-            t2 = time.monotonic()
-            handles = client.submit_many(reqs)
-            polls = _wait_drained(admin, 600.0)
-            dt = time.monotonic() - t2
-            outs = client.wait_all(handles, timeout_s=60)  # one MGET: each result read once
-            c3, u3, cpu3 = _counters(admin)
-            ok = sum(1 for o in outs if o is not None and "result" in o)
-            if ok != requests:
-                raise RuntimeError(f"only {ok} of {requests} requests succeeded")
-            by_cmd = _delta(c2, c3)
-            for cmd, n in polls.items():  # this harness's own polling is no request's cost
-                by_cmd[cmd] -= n
-            usec = _delta(u2, u3)
-            total = sum(by_cmd.values()) - idle_calls * dt
-            cpu = (cpu3 - cpu2) - idle_cpu * dt
+            idle = _idle_phase(admin, idle_s)
+            load = _load_phase(client, admin, texts, requests, idle)
             version = admin.info("server")["redis_version"]
             raw = raw_ops(admin)
         finally:
             client.close()
             stack.down()
-    per_req_cpu_us = cpu / requests * 1e6
+    return _figures(requests, idle, load, version, raw)
+
+
+def _figures(
+    requests: int, idle: dict, load: dict, version: str, raw: dict[str, float]
+) -> dict[str, Any]:
+    """The report: idle rates, per-request commands, usec and CPU, the implied Redis limit."""
+    dt, by_cmd, usec = load["s"], load["by_cmd"], load["usec"]
+    per_req_cpu_us = load["cpu"] / requests * 1e6
     return {
         "redis_version": version,
         "idle": {
-            "s": round(idle_dt, 1),
-            "commands_per_s": round(idle_calls, 1),
-            "cpu_us_per_s": round(idle_cpu * 1e6),
+            "s": round(idle["s"], 1),
+            "commands_per_s": round(idle["calls"], 1),
+            "cpu_us_per_s": round(idle["cpu"] * 1e6),
         },
         "load": {
             "requests": requests,
             "s": round(dt, 2),
             "rps": round(requests / dt, 1),
-            "commands_per_request": round(total / requests, 2),
+            "commands_per_request": round(load["total"] / requests, 2),
             "cpu_us_per_request": round(per_req_cpu_us, 1),
             "usec_in_commands_per_request": round(sum(usec.values()) / requests, 1),
             "by_command": {

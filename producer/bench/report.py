@@ -62,6 +62,7 @@ from producer.bench.peers import PEER_MODES
 from producer.bench.records import NO_RESULT
 from producer.bench.runner import BenchResult, ModeResult, summarize_mode
 from producer.bench.stats import spread
+from producer.bench.workload import Workload
 
 SCHEMA_VERSION = 1
 NOISY_SPREAD = 0.10  # (max - min) / median of throughput above this: say it is noisy
@@ -151,6 +152,19 @@ def _offered_rps(mr: ModeResult, modality: str, w: Any) -> float | None:
     return None if sp is None else sp["median"]
 
 
+METHOD = {
+    "latency_from": "scheduled send time (producer monotonic clock, one wall offset)",
+    "done_at": "worker's date_done of the stored result",
+    "percentiles": "per repetition, linear interpolation; median across repetitions",
+    "baseline_priority": "every baseline message at one Celery priority (FIFO)",
+    "limit": "same adapter in-process, inputs sorted by length, best batch size",
+}
+# The report's sections keyed by mode then modality, in the order they are written.
+PER_MODE_KEYS = ("latency_ms", "latency_all_ms", "queue_wait_ms", "compute_ms", "overhead_ms",
+                 "deadline_misses", "deadlines", "errors", "requests", "batch_sizes",
+                 "cold_start", "generator", "outcomes")  # fmt: skip
+
+
 def build_report(res: BenchResult) -> dict[str, Any]:
     """The whole JSON report of a run (see the module docstring)."""
     w = res.workload
@@ -165,98 +179,119 @@ def build_report(res: BenchResult) -> dict[str, Any]:
         "repetitions": res.repetitions,
         "machine": machine_info(res),
         "run_dir": res.run_dir,
-        "method": {
-            "latency_from": "scheduled send time (producer monotonic clock, one wall offset)",
-            "done_at": "worker's date_done of the stored result",
-            "percentiles": "per repetition, linear interpolation; median across repetitions",
-            "baseline_priority": "every baseline message at one Celery priority (FIFO)",
-            "limit": "same adapter in-process, inputs sorted by length, best batch size",
-        },
+        "method": dict(METHOD),
     }
     modes: dict[str, Any] = {}
-    for key in ("latency_ms", "latency_all_ms", "queue_wait_ms", "compute_ms", "overhead_ms",
-                "deadline_misses", "deadlines", "errors", "requests", "batch_sizes",
-                "cold_start", "generator", "outcomes"):  # fmt: skip
+    for key in PER_MODE_KEYS:
         rep[key] = {}
     for mode, mr in res.modes.items():
         summary = summarize_mode(mr, w)
-        mods = summary["modalities"]
         modes[mode] = {}
-        for m, s in mods.items():
-            modes[mode][m] = {
-                "throughput_rps": s["throughput_rps"],
-                "throughput_spread": s["throughput_spread"],
-                "throughput_reps": s["throughput_reps"],
-                "drain_rps": s["drain_rps"],
-                "offered_rps": _offered_rps(mr, m, w),
-                "requests": s["requests"],
-                "ok": s["ok"],
-                "errors": sum(s["errors"].values()),
-            }
-            rep["latency_ms"].setdefault(mode, {})[m] = s["latency_ms"]
-            rep["latency_all_ms"].setdefault(mode, {})[m] = s["latency_all_ms"]
-            rep["queue_wait_ms"].setdefault(mode, {})[m] = s["queue_wait_ms"]
-            rep["compute_ms"].setdefault(mode, {})[m] = s["compute_ms"]
-            rep["overhead_ms"].setdefault(mode, {})[m] = s["overhead_ms"]
-            rep["deadline_misses"].setdefault(mode, {})[m] = {
-                p: d["fraction"] for p, d in s["deadline"].items()
-            }
-            rep["deadlines"].setdefault(mode, {})[m] = s["deadline"]
-            rep["errors"].setdefault(mode, {})[m] = s["errors"]
-            rep["requests"].setdefault(mode, {})[m] = {
-                "measured": s["requests"],
-                "ok": s["ok"],
-                "errors": sum(s["errors"].values()),
-                "no_result": s["errors"].get(NO_RESULT, 0),
-                "events_seen": s["events_seen"],
-            }
-            batches = {str(k): v for k, v in sorted(mr.batches.get(m, {}).items()) if v}
-            if mode == "baseline":  # one task per message, by construction
-                batches = {"1": s["ok"]}
-                req_sizes = {"1": s["ok"]}
-            else:
-                req_sizes = s["request_batch_sizes"]
-            rep["batch_sizes"].setdefault(mode, {})[m] = {
-                "batches": batches,
-                "requests": req_sizes,
-                "triggers": dict(mr.triggers.get(m, {})),
-                "model_busy": _median_or_none(mr.model_busy.get(m)),
-                "model_busy_reps": mr.model_busy.get(m, []),
-            }
-            cold = dict(mr.cold.get(m, {}))
-            cold["steady_p50_ms"] = s["latency_all_ms"]["p50"]
-            runtime = mr.workers.get(m, {}).get("runtime") or {}
-            cold["worker_warmup_s"] = runtime.get("warmup_s")
-            rep["cold_start"].setdefault(mode, {})[m] = cold
+        for m, s in summary["modalities"].items():
+            modes[mode][m] = _mode_entry(mr, m, s, w)
+            _add_modality(rep, mode, m, s, mr)
         rep["generator"][mode] = summary["lag"]
         rep["outcomes"][mode] = _outcomes(mr)
     if res.limit:
-        modes["limit"] = {}
-        for m, lim in res.limit.items():
-            sp = spread(lim["throughput_reps"])
-            modes["limit"][m] = {
-                "throughput_rps": None if sp is None else sp["median"],
-                "throughput_spread": sp,
-                **lim,
-            }
+        modes["limit"] = _limit_entries(res.limit)
     rep["modes"] = modes
     rep["cdf_ms"] = {mode: _cdf_samples(mr) for mode, mr in res.modes.items()}
     rep["ratios"] = _ratios(modes)
     if "gateway" in res.modes:  # bench/gateway.py: the fleet through `fleet gateway`
-        gw = modes.get("gateway", {})
-        rep["gateway"] = {
-            "idle_overhead": res.modes["gateway"].gateway,
-            "throughput_over_direct": {
-                m: _ratio(gw[m]["throughput_rps"], modes.get("fleet", {}).get(m, {}).get(
-                    "throughput_rps"))
-                for m in gw
-            },
-        }  # fmt: skip
+        rep["gateway"] = _gateway_section(res, modes)
     rep["noise"] = _noise(modes)
     if res.metrics_cost:
         rep["metrics_cost"] = res.metrics_cost
     rep["warnings"] = _warnings(res, rep)
     return rep
+
+
+def _mode_entry(mr: ModeResult, m: str, s: dict[str, Any], w: Workload) -> dict[str, Any]:
+    """``modes.<mode>.<modality>``: throughput (req/s, its spread) and request counts."""
+    return {
+        "throughput_rps": s["throughput_rps"],
+        "throughput_spread": s["throughput_spread"],
+        "throughput_reps": s["throughput_reps"],
+        "drain_rps": s["drain_rps"],
+        "offered_rps": _offered_rps(mr, m, w),
+        "requests": s["requests"],
+        "ok": s["ok"],
+        "errors": sum(s["errors"].values()),
+    }
+
+
+def _add_modality(
+    rep: dict[str, Any], mode: str, m: str, s: dict[str, Any], mr: ModeResult
+) -> None:
+    """Write one modality's summary ``s`` under ``rep[<section>][mode][m]``."""
+
+    def put(key: str, value: Any) -> None:
+        rep[key].setdefault(mode, {})[m] = value
+
+    for key in ("latency_ms", "latency_all_ms", "queue_wait_ms", "compute_ms", "overhead_ms"):
+        put(key, s[key])
+    put("deadline_misses", {p: d["fraction"] for p, d in s["deadline"].items()})
+    put("deadlines", s["deadline"])
+    put("errors", s["errors"])
+    put(
+        "requests",
+        {
+            "measured": s["requests"],
+            "ok": s["ok"],
+            "errors": sum(s["errors"].values()),
+            "no_result": s["errors"].get(NO_RESULT, 0),
+            "events_seen": s["events_seen"],
+        },
+    )
+    put("batch_sizes", _batch_sizes(mode, m, s, mr))
+    cold = dict(mr.cold.get(m, {}))
+    cold["steady_p50_ms"] = s["latency_all_ms"]["p50"]
+    runtime = mr.workers.get(m, {}).get("runtime") or {}
+    cold["worker_warmup_s"] = runtime.get("warmup_s")
+    put("cold_start", cold)
+
+
+def _batch_sizes(mode: str, m: str, s: dict[str, Any], mr: ModeResult) -> dict[str, Any]:
+    """Batches by size, requests by the size of the batch they ran in, triggers, busy share."""
+    batches = {str(k): v for k, v in sorted(mr.batches.get(m, {}).items()) if v}
+    if mode == "baseline":  # one task per message, by construction
+        batches = {"1": s["ok"]}
+        req_sizes = {"1": s["ok"]}
+    else:
+        req_sizes = s["request_batch_sizes"]
+    return {
+        "batches": batches,
+        "requests": req_sizes,
+        "triggers": dict(mr.triggers.get(m, {})),
+        "model_busy": _median_or_none(mr.model_busy.get(m)),
+        "model_busy_reps": mr.model_busy.get(m, []),
+    }
+
+
+def _limit_entries(limit: dict[str, Any]) -> dict[str, Any]:
+    """``modes.limit``: the in-process limit per modality, with its median throughput."""
+    out: dict[str, Any] = {}
+    for m, lim in limit.items():
+        sp = spread(lim["throughput_reps"])
+        out[m] = {
+            "throughput_rps": None if sp is None else sp["median"],
+            "throughput_spread": sp,
+            **lim,
+        }
+    return out
+
+
+def _gateway_section(res: BenchResult, modes: dict[str, Any]) -> dict[str, Any]:
+    """The gateway's idle overhead and its throughput over the direct fleet's."""
+    gw = modes.get("gateway", {})
+    return {
+        "idle_overhead": res.modes["gateway"].gateway,
+        "throughput_over_direct": {
+            m: _ratio(gw[m]["throughput_rps"], modes.get("fleet", {}).get(m, {}).get(
+                "throughput_rps"))
+            for m in gw
+        },
+    }  # fmt: skip
 
 
 def _outcomes(mr: ModeResult) -> dict[str, Any]:

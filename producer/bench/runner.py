@@ -26,9 +26,7 @@ import shutil
 import statistics
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,6 +46,7 @@ from producer.bench.generator import ClosedLoop, OpenLoop, Sender
 from producer.bench.limit_run import limit_items, run_limit, used_sources
 from producer.bench.peers import PEER_MODES, PeerProcess, start_peer, unavailable_reason
 from producer.bench.records import NO_RESULT, Record, RecordTable, Timebase
+from producer.bench.results import MODES, BenchError, BenchOptions, BenchResult, ModeResult
 from producer.bench.schedule import ClosedPicker, Planned, open_schedule
 from producer.bench.sources import InputCatalog
 from producer.bench.stats import combine_lag, combine_reps, summarize_rep
@@ -58,63 +57,12 @@ from producer.stack import isolated_environment
 from shared.settings import Settings
 
 log = logging.getLogger("fleet.bench")
-MODES = ("fleet", "baseline", "limit")
 # gateway: the fleet through `fleet gateway` (bench/gateway.py); peers: bench/peers/
 ALL_MODES = (*MODES, "gateway", *PEER_MODES)
 SERVICE_MODES = {"fleet": "batch", "baseline": "baseline", "gateway": "batch"}
 WARM_PROBES = 5
 PROBE_TIMEOUT_S = 120.0
 EVENT_GRACE_S = 3.0  # task-succeeded follows the stored result; wait this long at most
-
-
-class BenchError(RuntimeError):
-    """The bench could not run (a worker did not start, a mode failed)."""
-
-
-@dataclass
-class BenchOptions:
-    """What to run. ``repetitions`` 0 means the workload's own."""
-
-    workload: Workload
-    modes: tuple[str, ...] = MODES
-    repetitions: int = 0
-    run_dir: Path | None = None
-
-
-@dataclass
-class ModeResult:
-    """One service mode (fleet or baseline): records and worker facts per repetition."""
-
-    mode: str
-    reps: list[list[Record]] = field(default_factory=list)
-    summaries: list[dict[str, Any]] = field(default_factory=list)
-    batches: dict[str, Counter[int]] = field(default_factory=dict)  # fleet_stats diffs
-    triggers: dict[str, Counter[str]] = field(default_factory=dict)
-    # per repetition: the model's share of its wall time (fleet_stats model_s diff / wall)
-    model_busy: dict[str, list[float]] = field(default_factory=dict)
-    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    cold: dict[str, dict[str, Any]] = field(default_factory=dict)
-    leftovers: int = 0
-    gateway: dict[str, Any] = field(default_factory=dict)  # gateway mode: idle overhead
-
-
-@dataclass
-class BenchResult:
-    workload: Workload
-    repetitions: int
-    started_utc: str
-    finished_utc: str = ""
-    duration_s: float = 0.0
-    run_dir: str = ""
-    modes: dict[str, ModeResult] = field(default_factory=dict)
-    limit: dict[str, Any] = field(default_factory=dict)
-    limit_error: str | None = None
-    settings_facts: dict[str, Any] = field(default_factory=dict)
-    redis_version: str = ""
-    load_avg_start: tuple[float, ...] = ()
-    load_avg_end: tuple[float, ...] = ()
-    notes: list[str] = field(default_factory=list)
-    metrics_cost: dict[str, Any] = field(default_factory=dict)  # bench/metricscost.py
 
 
 @contextlib.contextmanager
@@ -223,19 +171,7 @@ class Bench:
             for m, s in stats_before.items():
                 out.workers.setdefault(m, {})["runtime"] = s.get("runtime")
                 out.workers[m]["model"] = s.get("model")
-            for rep in range(self.reps):
-                table = RecordTable()
-                collector.table = table
-                tap.table = table
-                before = self._stats(client)
-                t0 = time.monotonic()
-                records = self._repetition(mode, rep, client, table, collector, fifo)
-                wall_s = time.monotonic() - t0
-                after = self._stats(client)
-                add_stats_diff(out, before, after, wall_s)
-                out.reps.append(records)
-                out.summaries.append(summarize_rep(records))
-                out.leftovers += self._clean_queues(client)
+            self._repetitions(mode, client, collector, tap, out, fifo)
             self._measured(mode, client)
             if tap.failed is not None:
                 res.notes.append(f"{mode}: the event tap failed ({tap.failed}); no queue/compute")
@@ -244,19 +180,47 @@ class Bench:
             collector.stop()
             if mode == "gateway":
                 stack.stop("gateway")
-            with self._spinner(f"{mode}: stopping workers"):
-                stoppers = [
-                    threading.Thread(target=stack.stop, args=(self._process_name(mode, m),))
-                    for m in self.modalities
-                ]
-                for t in stoppers:
-                    t.start()
-                for t in stoppers:
-                    t.join()
+            self._stop_workers(mode, stack)
             with contextlib.suppress(Exception):
                 client.app.backend.client.flushdb()
             client.app.close()
         return out
+
+    def _repetitions(
+        self,
+        mode: str,
+        client: FleetClient,
+        collector: ResultCollector,
+        tap: EventTap,
+        out: ModeResult,
+        fifo: int | None,
+    ) -> None:
+        """The measured repetitions, each with a fresh record table and its stats diff."""
+        for rep in range(self.reps):
+            table = RecordTable()
+            collector.table = table
+            tap.table = table
+            before = self._stats(client)
+            t0 = time.monotonic()
+            records = self._repetition(mode, rep, client, table, collector, fifo)
+            wall_s = time.monotonic() - t0
+            after = self._stats(client)
+            add_stats_diff(out, before, after, wall_s)
+            out.reps.append(records)
+            out.summaries.append(summarize_rep(records))
+            out.leftovers += self._clean_queues(client)
+
+    def _stop_workers(self, mode: str, stack: Any) -> None:
+        """Stop this mode's workers, all at once."""
+        with self._spinner(f"{mode}: stopping workers"):
+            stoppers = [
+                threading.Thread(target=stack.stop, args=(self._process_name(mode, m),))
+                for m in self.modalities
+            ]
+            for t in stoppers:
+                t.start()
+            for t in stoppers:
+                t.join()
 
     def _measured(self, mode: str, client: FleetClient) -> None:
         """After a mode's repetitions, its workers still up (``metricscost`` reads them)."""

@@ -22,7 +22,7 @@ def _range(sp: dict[str, float] | None) -> str:
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
     """The report as tables on stdout."""
     con = console or Console(width=140)
-    modes, n = report["modes"], report["repetitions"]
+    n = report["repetitions"]
     con.print(
         f"[bold]bench {report['workload']}[/bold]: {n} repetitions, "
         f"{report['machine']['cores']} cores, {report['duration_s']} s"
@@ -35,16 +35,26 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         _throughput(report, con)
     print_peers(report, con)
     if "gateway" in report:
-        g = report["gateway"]
-        for m, ratio in g["throughput_over_direct"].items():
-            rps = modes["gateway"][m]["throughput_rps"]
-            con.print(f"gateway {m}: {_f(rps)} requests/s through the HTTP gateway = "
-                      f"{_f(ratio, '.2f')}x the direct path (fleet) in this run")  # fmt: skip
-        o = g["idle_overhead"]
-        if o:
-            con.print(f"gateway p50 overhead (idle, sync, {o['n']} pairs): "
-                      f"{_f(o['overhead_p50_ms'], '.2f')} ms (direct p50 {o['direct_p50_ms']} "
-                      f"ms, gateway p50 {o['gateway_p50_ms']} ms)")  # fmt: skip
+        _print_gateway(report, con)
+    con.print(_latency_table(report))
+    con.print(_cold_table(report))
+    _print_notes(report, con)
+
+
+def _print_gateway(report: dict[str, Any], con: Console) -> None:
+    g = report["gateway"]
+    for m, ratio in g["throughput_over_direct"].items():
+        rps = report["modes"]["gateway"][m]["throughput_rps"]
+        con.print(f"gateway {m}: {_f(rps)} requests/s through the HTTP gateway = "
+                  f"{_f(ratio, '.2f')}x the direct path (fleet) in this run")  # fmt: skip
+    o = g["idle_overhead"]
+    if o:
+        con.print(f"gateway p50 overhead (idle, sync, {o['n']} pairs): "
+                  f"{_f(o['overhead_p50_ms'], '.2f')} ms (direct p50 {o['direct_p50_ms']} "
+                  f"ms, gateway p50 {o['gateway_p50_ms']} ms)")  # fmt: skip
+
+
+def _latency_table(report: dict[str, Any]) -> Table:
     lat = Table(title="Latency, ms from the scheduled send (median across repetitions)")
     for col in ("modality", "priority", "mode", "n", "p50", "p95", "p99", "max", "miss",
                 "queue p50", "compute p50", "drain/s"):  # fmt: skip
@@ -63,7 +73,10 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
                 miss_s = "-" if miss is None else f"{miss:.1%}"
                 drain = report["modes"][mode][m].get("drain_rps", {}).get(p)
                 lat.add_row(m, p, mode, str(s["n"]), *stats, miss_s, _f(q), _f(c), _f(drain))
-    con.print(lat)
+    return lat
+
+
+def _cold_table(report: dict[str, Any]) -> Table:
     cold = Table(title="Fresh worker and per-request overhead (ms)")
     for col in ("modality", "mode", "ready s", "first request", "warm idle", "idle overhead",
                 "steady p50", "overhead p50"):  # fmt: skip
@@ -74,7 +87,11 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
                          _f(c.get("warm_idle_ms")), _f(c.get("idle_overhead_ms")),
                          _f(c.get("steady_p50_ms")),
                          _f(report["overhead_ms"][mode].get(m)))  # fmt: skip
-    con.print(cold)
+    return cold
+
+
+def _print_notes(report: dict[str, Any], con: Console) -> None:
+    """Model busy share, the generator's lag, errors, warnings and the files written."""
     for mode, mods in report["batch_sizes"].items():
         for m, b in mods.items():
             if b.get("model_busy") is not None:

@@ -46,41 +46,53 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 from producer.bench.runner import BenchError, bench_environment
-from producer.bench.stats import spread
+from producer.bench.transport_env import (
+    bench_shm_root,
+    env_var,
+    memcpy_ms,
+    mount_of,
+    ms,
+    probe_read_ms,
+    redis_facts,
+    redis_memory,
+    remove_root,
+    shmem_hugepages,
+    used_memory,
+)
+from producer.bench.transport_report import (
+    METHOD,
+    PATHS,
+    PathRun,
+    busy_warnings,
+    done_when,
+    machine_facts,
+    print_transport_report,
+    size_label,
+    size_line,
+    size_summary,
+)
 from producer.bench.workload import REPO, Workload
 from workers.probe import byte_checksum
 
-PATHS = ("shm", "shm_fresh", "inline")
 PEEK_QUEUE = "peek"  # as long as "text": a peeked message has the real message's length
 MIN_MEMCPY_REPS = 5
 RESULT_TIMEOUT_S = 600.0
-SHM_OVER_INLINE_TARGET = 50.0  # done-when: shm at least 50x faster than inline (largest size)
-SHM_OVER_MEMCPY_TARGET = 2.0  # done-when: shm within 2x of one memcpy (largest size)
-MIB = 1 << 20
 
 
 def is_transport(w: Workload) -> bool:
     """Whether ``w`` is a tensor-transport workload (it has a ``tensor`` source)."""
     return any(s.kind == "tensor" for s in w.sources.values())
-
-
-def size_label(nbytes: int) -> str:
-    """``"1MB"``, ``"16MB"``, ``"128MB"`` for whole MiB (the report's keys), else ``"<n>B"``."""
-    return f"{nbytes // MIB}MB" if nbytes % MIB == 0 else f"{nbytes}B"
 
 
 def tensor_of(nbytes: int, seed: int = 0) -> np.ndarray:
@@ -89,28 +101,6 @@ def tensor_of(nbytes: int, seed: int = 0) -> np.ndarray:
     if nbytes % 4 == 0:
         return rng.standard_normal(nbytes // 4, dtype=np.float32)
     return rng.integers(0, 256, nbytes, dtype=np.uint8)
-
-
-def _ms(seconds: float) -> float:
-    return seconds * 1e3
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
-
-
-@dataclass
-class PathRun:
-    """One path at one size: end-to-end times and the parts the producer can see."""
-
-    e2e_ms: list[float] = field(default_factory=list)
-    encode_ms: list[float] = field(default_factory=list)  # put, or encode_inline
-    release_ms: list[float] = field(default_factory=list)
-    message_bytes: int | None = None
-    error: str | None = None
-
-    def median(self) -> float | None:
-        return statistics.median(self.e2e_ms) if self.e2e_ms else None
 
 
 class TransportBench:
@@ -151,7 +141,7 @@ class TransportBench:
         load_start = os.getloadavg()
         t_start = time.monotonic()
         with (
-            _env("FLEET_TRANSPORT__SHM_ROOT", str(shm_root)),
+            env_var("FLEET_TRANSPORT__SHM_ROOT", str(shm_root)),
             bench_environment(self.w, run_dir) as settings,
         ):
             stack = Stack(settings)
@@ -167,7 +157,7 @@ class TransportBench:
                 with self._step("stopping the stack"):
                     stack.down()
                 shutil.rmtree(run_dir / "redis", ignore_errors=True)
-                left = _remove_root(shm_root)
+                left = remove_root(shm_root)
         body["shm_root_left_after_stop"] = left
         if left:
             self.notes.append(f"files were left in the bench's shm root after the run: {left}")
@@ -198,7 +188,7 @@ class TransportBench:
                 "largest tensor: its shm path does not recycle"
             )
         files_before = sorted(os.listdir(store.root))
-        facts = _redis_facts(redis)
+        facts = redis_facts(redis)
         sizes: dict[str, Any] = {}
         try:
             for n in self.sizes:
@@ -206,8 +196,8 @@ class TransportBench:
                 # No spinner while measuring: its thread would take CPU from the paths.
                 self.console.print(f"{label}: memcpy, shm, shm fresh, inline ...")
                 sizes[label] = self._one_size(n, client, redis, store, fresh)
-                self._print_size(label, sizes[label])
-            facts["used_memory_end"] = _used_memory(redis)
+                self.console.print(size_line(label, sizes[label]))
+            facts["used_memory_end"] = used_memory(redis)
         finally:
             store.trim_pool()
             store.gc()
@@ -219,7 +209,7 @@ class TransportBench:
             "redis": facts,
             "transport": sizes,
             "shm_root": str(store.root),
-            "shm_filesystem": {**mount_of(store.root), "shmem_enabled": _shmem_hugepages()},
+            "shm_filesystem": {**mount_of(store.root), "shmem_enabled": shmem_hugepages()},
             "shm_files_before": files_before,
             "shm_files_after": files_after,
         }
@@ -230,8 +220,8 @@ class TransportBench:
         arr = tensor_of(nbytes)
         expected = byte_checksum(arr)
         n_fast = max(self.reps, MIN_MEMCPY_REPS)
-        memcpy = _memcpy_ms(arr, n_fast)
-        read = _probe_read_ms(store, self._reader, arr, n_fast)
+        memcpy = memcpy_ms(arr, n_fast)
+        read = probe_read_ms(store, self._reader, arr, n_fast)
         runs: dict[str, PathRun] = {}
         mem: dict[str, Any] = {}
         for path in PATHS:
@@ -243,10 +233,10 @@ class TransportBench:
                 run.e2e_ms.clear()
                 run.encode_ms.clear()
                 run.release_ms.clear()
-                before = _memory(redis)
+                before = redis_memory(redis)
                 for _ in range(self.reps):
                     send()
-                after = _memory(redis)
+                after = redis_memory(redis)
                 mem[path] = {
                     "used_memory_before": before["used_memory"],
                     "used_memory_after": after["used_memory"],
@@ -260,7 +250,7 @@ class TransportBench:
                 self.notes.append(f"{size_label(nbytes)} {path}: {run.error}")
                 with contextlib.suppress(Exception):
                     client.app.control.purge()
-        return _size_summary(nbytes, arr, memcpy, read, runs, mem, store)
+        return size_summary(nbytes, arr, memcpy, read, runs, mem, store)
 
     def _sender(
         self,
@@ -296,9 +286,9 @@ class TransportBench:
                 t4 = time.perf_counter()
                 res.forget()
             check(out)
-            run.e2e_ms.append(_ms(t2 - t0))
-            run.encode_ms.append(_ms(t1 - t0))
-            run.release_ms.append(_ms(t4 - t3))
+            run.e2e_ms.append(ms(t2 - t0))
+            run.encode_ms.append(ms(t1 - t0))
+            run.release_ms.append(ms(t4 - t3))
 
         def via_inline() -> None:
             t0 = time.perf_counter()
@@ -312,8 +302,8 @@ class TransportBench:
             finally:
                 res.forget()
             check(out)
-            run.e2e_ms.append(_ms(t2 - t0))
-            run.encode_ms.append(_ms(t1 - t0))
+            run.e2e_ms.append(ms(t2 - t0))
+            run.encode_ms.append(ms(t1 - t0))
 
         if path == "shm":
             return lambda: via_shm(store)
@@ -364,30 +354,10 @@ class TransportBench:
         load_start: tuple[float, ...],
         duration_s: float,
     ) -> dict[str, Any]:
-        from producer.bench.report import SCHEMA_VERSION, _cpu_model, _memory_gb
+        from producer.bench.report import SCHEMA_VERSION
 
-        sizes = body["transport"]
-        largest = size_label(max(self.sizes))
-        big = sizes.get(largest, {})
-        done_when = {
-            "size": largest,
-            "inline_over_shm": big.get("inline_over_shm"),
-            "shm_50x_faster_than_inline": _at_least(big.get("inline_over_shm"), 50.0),
-            "shm_over_memcpy": big.get("shm_over_memcpy"),
-            "shm_within_2x_memcpy": _at_most(big.get("shm_over_memcpy"), 2.0),
-            "shm_fresh_over_memcpy": big.get("shm_fresh_over_memcpy"),
-            "messages_under_64KB": all(
-                (s.get("message_bytes_shm") or 1 << 30) < 64 * 1024 for s in sizes.values()
-            ),
-        }
+        verdict = done_when(body["transport"], size_label(max(self.sizes)))
         load_end = os.getloadavg()
-        warnings = list(self.notes)
-        cores = os.cpu_count() or 1
-        if load_start[0] > 0.5 * cores:
-            warnings.append(
-                f"the machine was busy before the run (load average {load_start[0]:.2f} on "
-                f"{cores} cores): other processes competed with the bench"
-            )
         return {
             "schema": SCHEMA_VERSION,
             "workload": self.w.name,
@@ -398,312 +368,12 @@ class TransportBench:
             "duration_s": round(duration_s, 1),
             "repetitions": self.reps,
             "run_dir": str(run_dir),
-            "machine": {
-                "cores": os.cpu_count(),
-                "cpu": _cpu_model(),
-                "memory_gb": _memory_gb(),
-                "kernel": os.uname().release,
-                "python": sys.version.split()[0],
-                "numpy": np.__version__,
-                "load_avg_start": list(load_start),
-                "load_avg_end": list(load_end),
-            },
-            "method": {
-                "e2e": "producer perf_counter, from before put/encode to the result received "
-                "(closed loop, one request at a time, one warmup send per size and path)",
-                "ms": "median of the repetitions; spread gives min/median/max",
-                "memcpy_ms": "np.copyto into a preallocated, touched array; best of N",
-                "shm_over_memcpy": "median shm_ms / memcpy_ms",
-                "probe_read_ms": "ShmStore.get + byte_checksum in the producer, best of N: "
-                "the probe's own work on a mapped tensor",
-                "message_bytes": "raw Redis list entry (LRANGE of a probe sent to an "
-                "unconsumed queue of the same name length)",
-                "inline_limit": "raised to the tensor's size (the product refuses > 8 MiB)",
-            },
+            "machine": machine_facts(load_start, load_end),
+            "method": dict(METHOD),
             **body,
-            "done_when": done_when,
-            "warnings": warnings,
+            "done_when": verdict,
+            "warnings": [*self.notes, *busy_warnings(load_start)],
         }
-
-    def _print_size(self, label: str, s: dict[str, Any]) -> None:
-        parts = [f"{p} {_f(s.get(f'{p}_ms'))} ms" for p in ("memcpy", *PATHS)]
-        self.console.print(f"  {label}: " + ", ".join(parts))
-
-
-# -- helpers ----------------------------------------------------------------------------------
-def bench_shm_root() -> Path:
-    """The bench's own shm root: beside ``FLEET_TRANSPORT__SHM_ROOT`` when that is set (e.g.
-    on a tmpfs mounted with ``huge=within_size``), else in ``/dev/shm``."""
-    configured = os.environ.get("FLEET_TRANSPORT__SHM_ROOT")
-    parent = Path(configured).parent if configured else Path("/dev/shm")
-    return parent / f"mmfleet-{os.getuid()}-bench-{os.getpid()}"
-
-
-def mount_of(path: Path) -> dict[str, str]:
-    """Mount point, filesystem type and options of the filesystem holding ``path``."""
-    best = {"mountpoint": "", "fstype": "?", "options": "?"}
-    try:
-        lines = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return best
-    target = str(path.resolve())
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        mp = parts[1]
-        inside = target == mp or target.startswith(mp.rstrip("/") + "/")
-        if inside and len(mp) >= len(best["mountpoint"]):
-            best = {"mountpoint": mp, "fstype": parts[2], "options": parts[3]}
-    return best
-
-
-def _shmem_hugepages() -> str | None:
-    try:
-        return Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled").read_text().strip()
-    except OSError:
-        return None
-
-
-@contextlib.contextmanager
-def _env(key: str, value: str) -> Iterator[None]:
-    saved = os.environ.get(key)
-    os.environ[key] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = saved
-
-
-def _remove_root(root: Path) -> list[str]:
-    """Remove the bench's shm root; return what was still in it."""
-    try:
-        left = sorted(os.listdir(root))
-    except FileNotFoundError:
-        return []
-    shutil.rmtree(root, ignore_errors=True)
-    return left
-
-
-def _memcpy_ms(arr: np.ndarray, n: int) -> dict[str, float]:
-    dst = np.empty_like(arr)
-    np.copyto(dst, arr)  # touch every page of the destination first
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        np.copyto(dst, arr)
-        ts.append(_ms(time.perf_counter() - t0))
-    return {"best": min(ts), "median": statistics.median(ts)}
-
-
-def _probe_read_ms(store: Any, reader: Any, arr: np.ndarray, n: int) -> float:
-    """The probe's own work in-process: ``reader.get`` (a store set up as a worker's, reader
-    cache included) + the checksum of a segment ``store`` wrote; best of ``n``."""
-    ref = store.put(arr, detach=True)
-    try:
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            view = reader.get(ref)
-            byte_checksum(view)
-            del view
-            ts.append(_ms(time.perf_counter() - t0))
-    finally:
-        store.release(ref)
-    return min(ts)
-
-
-def _memory(redis: Any) -> dict[str, int]:
-    """``used_memory``, its peak, and ``used_memory`` less every client's I/O buffers.
-
-    Read atomically (MULTI). Raw ``used_memory`` moves by 32-64 KiB several times a second on
-    an idle stack (query buffers allocated per command, freed when a client idles); without
-    the clients' ``tot-mem`` it holds still to within a few hundred bytes.
-    """
-    pipe = redis.pipeline(transaction=True)
-    pipe.info("memory")
-    pipe.client_list()
-    info, clients = pipe.execute()
-    used = int(info["used_memory"])
-    return {
-        "used_memory": used,
-        "used_memory_peak": int(info["used_memory_peak"]),
-        "less_clients": used - sum(int(c.get("tot-mem", 0)) for c in clients),
-    }
-
-
-def _used_memory(redis: Any) -> int:
-    return _memory(redis)["used_memory"]
-
-
-def _redis_facts(redis: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"version": str(redis.info("server")["redis_version"])}
-    for key in ("proto-max-bulk-len", "client-query-buffer-limit", "maxmemory", "appendonly"):
-        try:
-            val = redis.config_get(key).get(key)
-        except Exception as exc:  # CONFIG may be renamed or refused
-            val = f"unavailable ({type(exc).__name__})"
-        out[key.replace("-", "_")] = int(val) if isinstance(val, str) and val.isdigit() else val
-    out["used_memory_start"] = _used_memory(redis)
-    return out
-
-
-def _size_summary(
-    nbytes: int,
-    arr: np.ndarray,
-    memcpy: dict[str, float],
-    read_ms: float,
-    runs: dict[str, PathRun],
-    mem: dict[str, Any],
-    store: Any,
-) -> dict[str, Any]:
-    shm, rec, inl = runs["shm"], runs["shm_fresh"], runs["inline"]
-    m = memcpy["best"]
-    out: dict[str, Any] = {
-        "nbytes": nbytes,
-        "dtype": str(arr.dtype),
-        "memcpy_ms": m,
-        "memcpy_median_ms": memcpy["median"],
-        "shm_ms": shm.median(),
-        "shm_fresh_ms": rec.median(),
-        "inline_ms": inl.median(),
-        "shm_over_memcpy": _ratio(shm.median(), m),
-        "shm_min_over_memcpy": _ratio(min(shm.e2e_ms, default=None), m),
-        "shm_fresh_over_memcpy": _ratio(rec.median(), m),
-        # The path alone: end to end less the probe's own full read of the mapped bytes
-        # (its consumer work, the same whatever the transport).
-        "shm_path_over_memcpy": _ratio(_less(shm.median(), read_ms), m),
-        "shm_fresh_path_over_memcpy": _ratio(_less(rec.median(), read_ms), m),
-        "inline_over_shm": _ratio(inl.median(), shm.median()),
-        "inline_over_shm_fresh": _ratio(inl.median(), rec.median()),
-        "message_bytes_shm": shm.message_bytes,
-        "message_bytes_shm_fresh": rec.message_bytes,
-        "message_bytes_inline": inl.message_bytes,
-        "probe_read_ms": read_ms,
-        "put_ms": _median(shm.encode_ms),
-        "put_fresh_ms": _median(rec.encode_ms),
-        "put_over_memcpy": _ratio(_median(shm.encode_ms), m),
-        "put_fresh_over_memcpy": _ratio(_median(rec.encode_ms), m),
-        "encode_inline_ms": _median(inl.encode_ms),
-        "release_ms": _median(shm.release_ms),
-        # What is left of the shm time once the put and the probe's own read are taken out:
-        # messaging (broker, result store) and mapping.
-        "shm_rest_ms": _rest(shm.median(), _median(shm.encode_ms), read_ms),
-        "spread_ms": {p: spread(r.e2e_ms) for p, r in runs.items()},
-        "samples_ms": {p: [round(x, 3) for x in r.e2e_ms] for p, r in runs.items()},
-        "redis_memory": mem,
-        # used_memory less clients' I/O buffers, after the measured series minus before.
-        "redis_memory_delta_shm": mem.get("shm", {}).get("less_clients_delta"),
-        "redis_memory_delta_inline": mem.get("inline", {}).get("less_clients_delta"),
-        "redis_peak_inline": mem.get("inline", {}).get("used_memory_peak_after"),
-        "errors": {p: r.error for p, r in runs.items() if r.error},
-        "pool_bytes_after": store.pool_bytes(),
-    }
-    return out
-
-
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
-def _less(total: float | None, part: float) -> float | None:
-    return None if total is None else total - part
-
-
-def _rest(total: float | None, put: float | None, read: float) -> float | None:
-    return None if total is None or put is None else total - put - read
-
-
-def _at_least(x: float | None, target: float) -> bool | None:
-    return None if x is None else x >= target
-
-
-def _at_most(x: float | None, target: float) -> bool | None:
-    return None if x is None else x <= target
-
-
-def _f(x: float | None, fmt: str = ".1f") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    if n < 10 * 1024:
-        return f"{n} B"
-    if n < 10 * MIB:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / MIB:.1f} MiB"
-
-
-# -- output -----------------------------------------------------------------------------------
-def print_transport_report(report: dict[str, Any], console: Console | None = None) -> None:
-    """The transport report as tables on stdout."""
-    con = console or Console(width=150)
-    n = report["repetitions"]
-    con.print(
-        f"[bold]bench {report['workload']}[/bold]: {n} repetitions per size and path, "
-        f"{report['machine']['cores']} cores, {report['duration_s']} s"
-    )
-    t = Table(title=f"Producer -> worker -> result, ms (median of {n}; memcpy: best)")
-    cols = ("size", "memcpy", "shm", "shm fresh", "inline", "shm/memcpy",
-            "fresh/memcpy", "inline/shm", "msg shm", "msg inline")  # fmt: skip
-    for c in cols:
-        t.add_column(c, justify="left" if c == "size" else "right")
-    for label, s in report["transport"].items():
-        sp = s.get("spread_ms", {})
-
-        def cell(path: str, s: dict[str, Any] = s, sp: dict[str, Any] = sp) -> str:
-            if s.get("errors", {}).get(path):
-                return "[red]refused[/red]"
-            r = sp.get(path)
-            rng = f" ({r['min']:.1f}-{r['max']:.1f})" if r else ""
-            return _f(s.get(f"{path}_ms")) + rng
-
-        t.add_row(
-            label,
-            _f(s.get("memcpy_ms"), ".2f"),
-            cell("shm"),
-            cell("shm_fresh"),
-            cell("inline"),
-            _f(s.get("shm_over_memcpy"), ".2f"),
-            _f(s.get("shm_fresh_over_memcpy"), ".2f"),
-            _f(s.get("inline_over_shm"), ".1f"),
-            _bytes(s.get("message_bytes_shm")),
-            _bytes(s.get("message_bytes_inline")),
-        )
-    con.print(t)
-    p = Table(title="Where the shm time goes, ms (medians; read = the probe's own get + checksum)")
-    for c in ("size", "put", "put fresh", "probe read", "rest", "release", "encode inline",
-              "redis memory delta, shm series (B)"):  # fmt: skip
-        p.add_column(c, justify="left" if c == "size" else "right")
-    for label, s in report["transport"].items():
-        p.add_row(
-            label,
-            _f(s.get("put_ms"), ".2f"),
-            _f(s.get("put_fresh_ms"), ".2f"),
-            _f(s.get("probe_read_ms"), ".2f"),
-            _f(s.get("shm_rest_ms"), ".2f"),
-            _f(s.get("release_ms"), ".2f"),
-            _f(s.get("encode_inline_ms"), ".1f"),
-            str(s.get("redis_memory_delta_shm")),
-        )
-    con.print(p)
-    d = report["done_when"]
-    con.print(
-        f"done-when at {d['size']}: inline/shm {_f(d['inline_over_shm'])}x "
-        f"(>= 50x: {d['shm_50x_faster_than_inline']}); shm/memcpy "
-        f"{_f(d['shm_over_memcpy'], '.2f')}x (<= 2x: {d['shm_within_2x_memcpy']}); "
-        f"(fresh files: {_f(d['shm_fresh_over_memcpy'], '.2f')}x); shm messages < 64 KB: "
-        f"{d['messages_under_64KB']}"
-    )
-    for wmsg in report.get("warnings", []):
-        con.print(f"[yellow]warning:[/yellow] {wmsg}")
-    for k, v in report.get("files", {}).items():
-        con.print(f"{k}: {v}")
 
 
 def run_transport(

@@ -118,14 +118,7 @@ def run_submit(
         typer.Exit: with the exit code of the outcome (see ``producer.cli.base``).
         CliProblem: the stack is not usable (exit 3), or ``wait_s`` is negative (exit 2).
     """
-    from producer.cli.diagnose import (
-        broker_errors,
-        broker_lost,
-        live_nodes,
-        live_summary,
-        no_worker_message,
-        require_broker,
-    )
+    from producer.cli.diagnose import broker_errors, broker_lost, require_broker
     from producer.client import FleetClient, ResultHandle
 
     check_seconds("--wait-s", wait_s)
@@ -138,12 +131,8 @@ def run_submit(
         require_broker(settings)
         client = FleetClient(settings)
         client.envelope(modality, {}, priority, timeout_s)  # modality, priority, timeout
-        if modality in MODALITIES and not live_nodes(settings, client, modality):
-            waiting = wait_s > 0 and not queue_anyway
-            msg = no_worker_message(modality, live_summary(settings, client), queued=not waiting)
-            if waiting:
-                fail(NoReadyWorker(msg.splitlines()[0]), hint=msg.splitlines()[1].strip())
-            typer.echo(f"warning: {msg}", err=True)
+        if modality in MODALITIES:
+            _check_live_worker(settings, client, modality, wait_s > 0 and not queue_anyway)
         inputs = make_inputs(client)
         try:
             handle = client.submit(modality, inputs, priority=priority, timeout_s=timeout_s)
@@ -158,15 +147,7 @@ def run_submit(
                 err=True,
             )
             return
-        try:
-            result = handle.get(timeout_s=wait_s)
-        except TimeoutError:
-            state = handle.state()
-            fail(
-                WaitTimeout(f"no final result within {wait_s:g} s; its state is {state}"),
-                handle.id,
-                hint=f"it may still run: `fleet result {handle.id}` or `fleet watch {handle.id}`",
-            )
+        result = _wait(handle, wait_s)
     except FleetError as exc:
         fail(exc, handle.id if handle is not None else None)
     except broker_errors() as exc:
@@ -175,6 +156,41 @@ def run_submit(
         if client is not None:
             client.close()  # a one-shot process: no released file kept for reuse
     emit({"id": handle.id, "result": jsonable(result, full)})
+
+
+def _check_live_worker(settings: Settings, client: Any, modality: str, waiting: bool) -> None:
+    """No live worker for ``modality``: fail when the caller would wait for it,
+    else warn on stderr that the request stays queued.
+
+    Raises:
+        typer.Exit: no ready worker and ``waiting``.
+    """
+    from producer.cli.diagnose import live_nodes, live_summary, no_worker_message
+
+    if live_nodes(settings, client, modality):
+        return
+    msg = no_worker_message(modality, live_summary(settings, client), queued=not waiting)
+    if waiting:
+        fail(NoReadyWorker(msg.splitlines()[0]), hint=msg.splitlines()[1].strip())
+    typer.echo(f"warning: {msg}", err=True)
+
+
+def _wait(handle: Any, wait_s: float) -> Any:
+    """The result within ``wait_s`` seconds.
+
+    Raises:
+        FleetError: the request failed.
+        typer.Exit: no final result in time.
+    """
+    try:
+        return handle.get(timeout_s=wait_s)
+    except TimeoutError:
+        state = handle.state()
+        fail(
+            WaitTimeout(f"no final result within {wait_s:g} s; its state is {state}"),
+            handle.id,
+            hint=f"it may still run: `fleet result {handle.id}` or `fleet watch {handle.id}`",
+        )
 
 
 @submit_app.command("text")

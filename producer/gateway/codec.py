@@ -148,6 +148,12 @@ def _json_numeric(values: list[Any], datatype: str, name: str) -> np.ndarray:
 
 
 def _decode_input(raw_in: Any, binary: memoryview, offset: int) -> tuple[InputTensor, int]:
+    """One input object, its data from JSON ``data`` or from ``binary`` at ``offset`` (its
+    ``binary_data_size``); returns the tensor and the offset past its binary data.
+
+    Raises:
+        InvalidInput: a missing or bad name, datatype, shape, size or data.
+    """
     obj = _obj(raw_in, "an input")
     name = obj.get("name")
     if not isinstance(name, str) or not name:
@@ -160,7 +166,6 @@ def _decode_input(raw_in: Any, binary: memoryview, offset: int) -> tuple[InputTe
         )
     shape = _shape(obj.get("shape"), name)
     params = _obj(obj.get("parameters"), f"input {name!r} parameters")
-    count = math.prod(shape)
     size = params.get("binary_data_size")
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -171,43 +176,60 @@ def _decode_input(raw_in: Any, binary: memoryview, offset: int) -> tuple[InputTe
             raise InvalidInput(
                 f"input {name!r}: binary_data_size {size} runs past the end of the body"
             )
-        chunk = binary[offset : offset + size]
-        offset += size
-        if datatype == "BYTES":
-            data: Any = parse_bytes_elements(chunk, name)
-            if len(data) != count:
-                raise InvalidInput(
-                    f"input {name!r}: {len(data)} BYTES elements for shape {list(shape)}"
-                )
-        else:
-            dtype = np.dtype(NUMPY_DTYPES[datatype])
-            if size != count * dtype.itemsize:
-                raise InvalidInput(
-                    f"input {name!r}: {size} bytes for shape {list(shape)} of {datatype} "
-                    f"(expected {count * dtype.itemsize})"
-                )
-            data = np.frombuffer(chunk, dtype=dtype).reshape(shape)
-        return InputTensor(name, datatype, shape, data, params), offset
+        data = _binary_data(binary[offset : offset + size], name, datatype, shape)
+        return InputTensor(name, datatype, shape, data, params), offset + size
     if "data" not in obj:
         raise InvalidInput(f"input {name!r} has neither 'data' nor binary_data_size")
-    raw = obj["data"]
+    data = _json_data(obj["data"], name, datatype, shape)
+    return InputTensor(name, datatype, shape, data, params), offset
+
+
+def _binary_data(chunk: memoryview, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+    """A binary chunk as BYTES elements (a list of bytes) or a numpy array of ``shape``.
+
+    Raises:
+        InvalidInput: the element count or byte size does not match ``shape``.
+    """
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        data = parse_bytes_elements(chunk, name)
+        if len(data) != count:
+            raise InvalidInput(
+                f"input {name!r}: {len(data)} BYTES elements for shape {list(shape)}"
+            )
+        return data
+    dtype = np.dtype(NUMPY_DTYPES[datatype])
+    size = len(chunk)
+    if size != count * dtype.itemsize:
+        raise InvalidInput(
+            f"input {name!r}: {size} bytes for shape {list(shape)} of {datatype} "
+            f"(expected {count * dtype.itemsize})"
+        )
+    return np.frombuffer(chunk, dtype=dtype).reshape(shape)
+
+
+def _json_data(raw: Any, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+    """JSON ``data`` (nested lists, or a scalar for one element) as UTF-8 bytes elements or
+    a numpy array of ``shape``.
+
+    Raises:
+        InvalidInput: the element count does not match ``shape``, or an element's type.
+    """
     flat: list[Any] = []
     if isinstance(raw, list):
         _flatten(raw, flat)
     else:
         flat.append(raw)  # a scalar for a one-element tensor
-    if len(flat) != count:
+    if len(flat) != math.prod(shape):
         raise InvalidInput(f"input {name!r}: {len(flat)} elements in data for shape {list(shape)}")
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in flat):
             raise InvalidInput(f"input {name!r}: BYTES data in JSON must be strings")
         try:
-            data = [v.encode("utf-8") for v in flat]
+            return [v.encode("utf-8") for v in flat]
         except UnicodeEncodeError:
             raise InvalidInput(f"input {name!r}: a string is not valid Unicode") from None
-    else:
-        data = _json_numeric(flat, datatype, name).reshape(shape)
-    return InputTensor(name, datatype, shape, data, params), offset
+    return _json_numeric(flat, datatype, name).reshape(shape)
 
 
 def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:

@@ -294,10 +294,7 @@ class JobService:
             FleetError: invalid input (400s), ``NoReadyWorker``, ``QueueFull``,
                 ``DeadlineUnreachable``, ``BrokerUnavailable``.
         """
-        if body_bytes > LARGE_INPUT_BYTES:
-            inputs, video = await self._io(fleet_inputs, spec, tensors)
-        else:
-            inputs, video = fleet_inputs(spec, tensors)
+        inputs, video = await self._decoded(spec, tensors, body_bytes)
         if task_id is not None and video is not None:
             # before the video is written to /dev/shm for nothing
             existing = await self.get_job(task_id)
@@ -310,14 +307,7 @@ class JobService:
             inputs = await self._io(self.client.video_inputs, video, None, task_id)
         refs = list(_wires(inputs, "shm"))
         try:
-            env: TaskEnvelope
-            if body_bytes > LARGE_INPUT_BYTES:
-                env = await self._io(
-                    self.client.envelope, spec.modality, inputs, priority, timeout_s
-                )
-            else:
-                env = self.client.envelope(spec.modality, inputs, priority, timeout_s)
-            env = env.model_copy(update={"model": spec.name})
+            env = await self._envelope(spec, inputs, priority, timeout_s, body_bytes)
             job = Job(
                 task_id,
                 spec.name,
@@ -346,6 +336,34 @@ class JobService:
             raise
         self._meter_of[task_id] = queue_of(spec.modality, env.priority)
         return job, True
+
+    async def _decoded(
+        self, spec: ModelSpec, tensors: list[Any], body_bytes: int
+    ) -> tuple[dict[str, Any], bytes | None]:
+        """``fleet_inputs`` of the request, off the event loop for a large body."""
+        if body_bytes > LARGE_INPUT_BYTES:
+            return await self._io(fleet_inputs, spec, tensors)
+        return fleet_inputs(spec, tensors)
+
+    async def _envelope(
+        self,
+        spec: ModelSpec,
+        inputs: dict[str, Any],
+        priority: str,
+        timeout_s: float | None,
+        body_bytes: int,
+    ) -> TaskEnvelope:
+        """The request's envelope for ``spec``'s model, off the event loop for a large body.
+
+        Raises:
+            FleetError: invalid input (the client's checks).
+        """
+        env: TaskEnvelope
+        if body_bytes > LARGE_INPUT_BYTES:
+            env = await self._io(self.client.envelope, spec.modality, inputs, priority, timeout_s)
+        else:
+            env = self.client.envelope(spec.modality, inputs, priority, timeout_s)
+        return env.model_copy(update={"model": spec.name})
 
     async def _claim(self, job: Job) -> tuple[bool, dict[str, int]]:
         """Create the job's document unless its id is taken (``SET NX``) and read its queue's

@@ -4,7 +4,7 @@ Tests marked ``gpu`` need CUDA and are skipped without it; they check what only 
 show: the worker's stream is not the default stream, the memory fraction is enforced, the
 staging arena does not grow, warmup pays the first batch's costs, copies overlap compute.
 The heavier ones run in spawned child processes (the same code as ``python -m
-workers.gpu_check``), so the memory fractions they set do not stay in this process.
+producer.gpucheck``), so the memory fractions they set do not stay in this process.
 
 The unmarked tests run everywhere: the script's skip path without CUDA, its child-process
 helper, and how each check judges its figures (fed canned figures).
@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 import torch
 
-from workers import gpu_check
-from workers.gpu_check import CheckFailed, run_in_children
+from producer.gpucheck import checks
+from producer.gpucheck.children import CheckFailed, run_in_children
+from producer.gpucheck.cli import SKIP_LINE
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_CUDA = torch.cuda.is_available()
@@ -36,7 +37,7 @@ gpu = [pytest.mark.gpu, needs_cuda]
 @pytest.mark.skipif(HAS_CUDA, reason="the skip path is for machines without CUDA")
 def test_gpu_check_skips_cleanly_without_cuda() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "workers.gpu_check"],
+        [sys.executable, "-m", "producer.gpucheck"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -44,7 +45,7 @@ def test_gpu_check_skips_cleanly_without_cuda() -> None:
         env=dict(os.environ),
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == gpu_check.SKIP_LINE
+    assert proc.stdout.strip() == SKIP_LINE
 
 
 def test_run_in_children_runs_each_in_its_own_process_in_order() -> None:
@@ -74,7 +75,7 @@ def _fake_children(figures: dict[str, Any]) -> Any:
 
 
 def _good_figures() -> dict[str, Any]:
-    """What each child reports on a healthy GPU (shapes as ``workers.gpu_check`` builds)."""
+    """What each child reports on a healthy GPU (shapes as ``producer.gpucheck.probes`` builds)."""
 
     def stream(_barrier: Any) -> dict[str, Any]:
         pid = stream.n = getattr(stream, "n", 100) + 1  # type: ignore[attr-defined]
@@ -143,9 +144,9 @@ def _good_figures() -> dict[str, Any]:
 
 
 def test_checks_judge_good_figures_as_passing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu_check, "run_in_children", _fake_children(_good_figures()))
+    monkeypatch.setattr(checks, "run_in_children", _fake_children(_good_figures()))
     lines: list[str] = []
-    results = gpu_check.run_checks(out=lines.append)
+    results = checks.run_checks(out=lines.append)
     assert [r.ok for r in results] == [True] * 5, lines
     assert all(line.startswith("gpu-check: [PASS]") for line in lines)
     assert "7168 MiB of 7189 MiB" in lines[1]
@@ -188,9 +189,9 @@ def test_checks_judge_bad_figures_as_failing(monkeypatch: pytest.MonkeyPatch) ->
     }
     # copy and compute ran one after the other
     figures["_child_overlap"][0].update(concurrent_ms=41.0, overlap_ratio=0.04)
-    monkeypatch.setattr(gpu_check, "run_in_children", _fake_children(figures))
+    monkeypatch.setattr(checks, "run_in_children", _fake_children(figures))
     lines: list[str] = []
-    results = gpu_check.run_checks(out=lines.append)
+    results = checks.run_checks(out=lines.append)
     assert [r.ok for r in results] == [False] * 5, lines
     assert "default stream" in results[0].detail
     assert "without raising" in results[1].detail
@@ -203,9 +204,9 @@ def test_a_check_that_raises_is_reported_as_failed(monkeypatch: pytest.MonkeyPat
     def boom(*_: Any, **__: Any) -> list[Any]:
         raise CheckFailed("child died")
 
-    monkeypatch.setattr(gpu_check, "run_in_children", boom)
+    monkeypatch.setattr(checks, "run_in_children", boom)
     lines: list[str] = []
-    (res,) = gpu_check.run_checks([gpu_check.check_overlap], out=lines.append)
+    (res,) = checks.run_checks([checks.check_overlap], out=lines.append)
     assert not res.ok and "child died" in res.detail
     assert lines[0].startswith("gpu-check: [FAIL]")
 
@@ -271,14 +272,14 @@ def test_stage_puts_inputs_on_the_device_without_growing(cuda_runtime: Any) -> N
 @pytest.mark.gpu
 @needs_cuda
 def test_each_process_gets_its_own_non_default_stream() -> None:
-    res = gpu_check.check_stream_per_process()
+    res = checks.check_stream_per_process()
     assert res.ok, res.detail
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_memory_fraction_is_enforced() -> None:
-    res = gpu_check.check_memory_fraction(fraction=0.05)
+    res = checks.check_memory_fraction(fraction=0.05)
     assert res.ok, res.detail
     assert res.figures["one_shot_raised"] and res.figures["fill_raised"]
     assert res.figures["reached_reserved_mb"] <= res.figures["fraction_mb"] + 1
@@ -287,19 +288,19 @@ def test_memory_fraction_is_enforced() -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_no_device_memory_growth_over_1000_batches() -> None:
-    res = gpu_check.check_arena_growth(batches=1000)
+    res = checks.check_arena_growth(batches=1000)
     assert res.ok, res.detail
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_warm_first_batch_is_faster_than_cold() -> None:
-    res = gpu_check.check_warm_vs_cold()
+    res = checks.check_warm_vs_cold()
     assert res.ok, res.detail
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_h2d_copy_overlaps_compute_on_another_stream() -> None:
-    res = gpu_check.check_overlap()
+    res = checks.check_overlap()
     assert res.ok, res.detail

@@ -9,6 +9,8 @@ import pytest
 from rich.console import Console
 
 from producer.bench import transport as tb
+from producer.bench import transport_env as tenv
+from producer.bench import transport_report as tr
 from producer.bench.workload import load_workload
 
 
@@ -18,7 +20,7 @@ class _Pool:
 
 
 def test_labels_and_tensors() -> None:
-    assert [tb.size_label(n) for n in (1 << 20, 16 << 20, 128 << 20, 1000)] == [
+    assert [tr.size_label(n) for n in (1 << 20, 16 << 20, 128 << 20, 1000)] == [
         "1MB", "16MB", "128MB", "1000B",
     ]  # fmt: skip
     t = tb.tensor_of(1 << 20)
@@ -29,20 +31,20 @@ def test_labels_and_tensors() -> None:
 
 
 def test_memcpy_best_is_at_most_the_median() -> None:
-    m = tb._memcpy_ms(np.ones(1 << 16, np.float32), 5)
+    m = tenv.memcpy_ms(np.ones(1 << 16, np.float32), 5)
     assert 0 < m["best"] <= m["median"]
 
 
 def summary(**errors: str) -> dict:
     runs = {
-        "shm": tb.PathRun([10.0, 12.0, 11.0], [4.0, 5.0, 4.5], [0.1], message_bytes=900),
-        "shm_fresh": tb.PathRun([16.0, 17.0, 18.0], [8.0, 8.0, 8.0], message_bytes=901),
-        "inline": tb.PathRun([550.0, 600.0, 500.0], [100.0], message_bytes=200_000_000),
+        "shm": tr.PathRun([10.0, 12.0, 11.0], [4.0, 5.0, 4.5], [0.1], message_bytes=900),
+        "shm_fresh": tr.PathRun([16.0, 17.0, 18.0], [8.0, 8.0, 8.0], message_bytes=901),
+        "inline": tr.PathRun([550.0, 600.0, 500.0], [100.0], message_bytes=200_000_000),
     }
     for path, msg in errors.items():
-        runs[path] = tb.PathRun(error=msg)
+        runs[path] = tr.PathRun(error=msg)
     mem = {"shm": {"less_clients_delta": 48}}
-    return tb._size_summary(
+    return tr.size_summary(
         128 << 20, np.ones(4, np.float32), {"best": 5.0, "median": 6.0}, 3.0, runs, mem, _Pool()
     )
 
@@ -85,6 +87,6 @@ def test_a_refused_path_is_an_outcome_not_a_number() -> None:
         "warnings": ["128MB inline: refused"],
     }
     buf = io.StringIO()
-    tb.print_transport_report(report, Console(file=buf, width=200))
+    tr.print_transport_report(report, Console(file=buf, width=200))
     text = buf.getvalue()
     assert "refused" in text and "128MB" in text and "1MB" in text and "inline/shm" in text

@@ -71,12 +71,12 @@ from shared.errors import InvalidInput, ModelError, PayloadTooLarge, VideoDecode
 from shared.transport import TensorRef
 from workers.models.base import Prepared, require_loaded
 from workers.models.image import ImageAdapter
+from workers.models.imaging import normalize_frames
 from workers.models.tensors import TensorIO
 from workers.models.videodecode import (
     SampledVideo,
     VideoInfo,
     VideoLimits,
-    normalize_frames,
     probe_video,
     sample_frames,
 )

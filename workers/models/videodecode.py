@@ -50,7 +50,6 @@ import numpy as np
 from PIL import Image
 
 from shared.errors import FleetError, PayloadTooLarge, VideoDecodeError
-from workers.models.imaging import IMAGENET_MEAN, IMAGENET_STD
 
 ALLOWED_DEMUXERS: tuple[str, ...] = (
     *("mov", "mp4", "m4a", "3gp", "3g2", "mj2"),
@@ -61,10 +60,6 @@ ALLOWED_DEMUXERS: tuple[str, ...] = (
 """FFmpeg demuxer names allowed to open a video (MP4/MOV family, Matroska/WebM, AVI,
 MPEG-TS). Passed as FFmpeg's ``format_whitelist``: nothing else is even probed."""
 
-# Same constants and arithmetic as workers.models.imaging.decode_image, so a frame embeds
-# exactly like the same RGB picture sent to the image worker as a PNG.
-_SCALE = (1.0 / (255.0 * np.asarray(IMAGENET_STD, dtype=np.float64))).astype(np.float32)
-_BIAS = (-np.asarray(IMAGENET_MEAN, dtype=np.float64) / np.asarray(IMAGENET_STD)).astype(np.float32)
 _MAX_DETAIL = 200
 _AVIO_BUFFER = 64 * 1024  # bytes FFmpeg asks for per read
 
@@ -340,16 +335,6 @@ def square_rgb(img: Image.Image, size: int) -> np.ndarray:
     return np.asarray(img.resize((size, size), Image.Resampling.BICUBIC, box=box), dtype=np.uint8)
 
 
-def normalize_frames(frames: np.ndarray) -> np.ndarray:
-    """uint8 ``(n, s, s, 3)`` RGB -> float32 ``(n, 3, s, s)`` ImageNet-normalized.
-
-    Bit-identical to what :func:`workers.models.imaging.decode_image` produces for the same
-    pixels.
-    """
-    arr = frames.astype(np.float32) * _SCALE + _BIAS
-    return np.ascontiguousarray(arr.transpose(0, 3, 1, 2))
-
-
 def sample_frames(
     data: Any,
     *,
@@ -386,84 +371,123 @@ def sample_frames(
         raise ValueError(f"max_frames must be >= 1, got {max_frames}")
     t_start = time.perf_counter()
     container, stream, info = _open(data, limits, threads)
-    step = 1.0 / sample_fps
-    frame_dt = 1.0 / info.fps if info.fps else 0.0
-    taken: list[np.ndarray] = []
-    stamps: list[float] = []
-    decoded = 0
-    t0: float | None = None
-    last_rel = 0.0
-    next_t = 0.0
-    error: str | None = None
-    capped = False
+    walk = _Walk(step=1.0 / sample_fps, frame_dt=1.0 / info.fps if info.fps else 0.0)
     try:
-        frames = container.decode(stream)
-        while True:
-            try:
-                frame = next(frames)
-            except StopIteration:
-                break
-            except FleetError:
-                raise
-            except Exception as e:  # av.FFmpegError (InvalidDataError...), EOFError, ...
-                error = f"{type(e).__name__}: {_detail(e)}"
-                break
-            t = frame.time
-            if t is None:  # no timestamps: count frames at the declared rate
-                t = decoded * (frame_dt or step)
-            decoded += 1
-            if t0 is None:
-                t0 = t
-            rel = max(0.0, float(t) - t0)
-            last_rel = max(last_rel, rel)
-            if rel + 1e-6 >= next_t:
-                try:
-                    taken.append(square_rgb(frame.to_image(), size))
-                except Exception as e:
-                    error = f"frame at {rel:.2f} s cannot be converted to RGB: {_detail(e)}"
-                    break
-                stamps.append(round(rel, 6))
-                next_t += step
-                while next_t <= rel:  # a gap in the video: no catching up with old targets
-                    next_t += step
-                if on_frame is not None:
-                    on_frame(len(taken))
-                if len(taken) >= max_frames:
-                    # Unknown duration: we cannot tell, so say the rest was not looked at.
-                    capped = info.declared_s is None or _continues(info, rel + frame_dt, frame_dt)
-                    break
-            if decoded >= limits.max_decoded_frames:
-                capped = True
-                break
+        _decode_sampled(container.decode(stream), walk, info, size, max_frames, limits, on_frame)
     finally:
         container.close()
     decode_s = time.perf_counter() - t_start
-    if not taken:
-        why = f" ({error})" if error else " (the stream ended before its first frame)"
+    if not walk.taken:
+        why = f" ({walk.error})" if walk.error else " (the stream ended before its first frame)"
         raise VideoDecodeError(
             f"no frame could be decoded from the {info.codec} video in {info.format}{why}"
         )
-    end = last_rel + frame_dt
-    partial, reason = False, None
-    if error is not None and not capped:
-        partial, reason = True, f"decoding stopped at {end:.2f} s: {error}"
-    elif not capped and _continues(info, end, frame_dt):
-        partial = True
-        reason = (
-            f"the data ended at {end:.2f} s of the {info.declared_s:.2f} s the header declares "
-            "(truncated file?)"
-        )
+    end = walk.last_rel + walk.frame_dt
+    partial, reason = _partial(info, end, walk)
     return SampledVideo(
-        frames=np.stack(taken),
-        timestamps_s=stamps,
+        frames=np.stack(walk.taken),
+        timestamps_s=walk.stamps,
         info=info,
-        decoded_frames=decoded,
+        decoded_frames=walk.decoded,
         decoded_until_s=round(end, 6),
         partial=partial,
         partial_reason=reason,
-        capped=capped,
+        capped=walk.capped,
         decode_s=decode_s,
     )
+
+
+@dataclass(slots=True)
+class _Walk:
+    """Where the decoding of one video stands: the sampling step and the frame period (s),
+    frames taken and their times (s from the first frame), how it stopped."""
+
+    step: float
+    frame_dt: float
+    taken: list[np.ndarray] = field(default_factory=list)
+    stamps: list[float] = field(default_factory=list)
+    decoded: int = 0
+    t0: float | None = None
+    last_rel: float = 0.0
+    next_t: float = 0.0
+    error: str | None = None
+    capped: bool = False
+
+
+def _decode_sampled(
+    frames: Any,
+    w: _Walk,
+    info: VideoInfo,
+    size: int,
+    max_frames: int,
+    limits: VideoLimits,
+    on_frame: Callable[[int], None] | None,
+) -> None:
+    """Decode ``frames`` into ``w`` until the stream ends, a frame fails, ``max_frames`` are
+    taken or ``limits.max_decoded_frames`` are decoded.
+
+    Raises:
+        FleetError: as raised by the decoder (a limit); other decoder errors end the walk.
+    """
+    while True:
+        try:
+            frame = next(frames)
+        except StopIteration:
+            break
+        except FleetError:
+            raise
+        except Exception as e:  # av.FFmpegError (InvalidDataError...), EOFError, ...
+            w.error = f"{type(e).__name__}: {_detail(e)}"
+            break
+        t = frame.time
+        if t is None:  # no timestamps: count frames at the declared rate
+            t = w.decoded * (w.frame_dt or w.step)
+        w.decoded += 1
+        if w.t0 is None:
+            w.t0 = t
+        rel = max(0.0, float(t) - w.t0)
+        w.last_rel = max(w.last_rel, rel)
+        if rel + 1e-6 >= w.next_t:
+            if not _take(frame, rel, w, size, on_frame):
+                break
+            if len(w.taken) >= max_frames:
+                # Unknown duration: we cannot tell, so say the rest was not looked at.
+                w.capped = info.declared_s is None or _continues(info, rel + w.frame_dt, w.frame_dt)
+                break
+        if w.decoded >= limits.max_decoded_frames:
+            w.capped = True
+            break
+
+
+def _take(
+    frame: Any, rel: float, w: _Walk, size: int, on_frame: Callable[[int], None] | None
+) -> bool:
+    """Sample ``frame`` (at ``rel`` s) into ``w``; False (with ``w.error``) if it cannot be
+    converted to RGB."""
+    try:
+        w.taken.append(square_rgb(frame.to_image(), size))
+    except Exception as e:
+        w.error = f"frame at {rel:.2f} s cannot be converted to RGB: {_detail(e)}"
+        return False
+    w.stamps.append(round(rel, 6))
+    w.next_t += w.step
+    while w.next_t <= rel:  # a gap in the video: no catching up with old targets
+        w.next_t += w.step
+    if on_frame is not None:
+        on_frame(len(w.taken))
+    return True
+
+
+def _partial(info: VideoInfo, end: float, w: _Walk) -> tuple[bool, str | None]:
+    """Whether the video was cut short before ``end`` s, and why (``None`` when it was not)."""
+    if w.error is not None and not w.capped:
+        return True, f"decoding stopped at {end:.2f} s: {w.error}"
+    if not w.capped and _continues(info, end, w.frame_dt):
+        return True, (
+            f"the data ended at {end:.2f} s of the {info.declared_s:.2f} s the header declares "
+            "(truncated file?)"
+        )
+    return False, None
 
 
 def _continues(info: VideoInfo, end_s: float, frame_dt: float) -> bool:
