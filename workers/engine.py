@@ -80,6 +80,7 @@ from shared.errors import (
 from shared.keys import delivery_count_key
 from shared.metrics import FleetMetrics
 from shared.priority import Priority
+from shared.redis_client import Waiter
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
 from workers import broker, telemetry
@@ -212,7 +213,7 @@ class Engine:
         )
         self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)
         self.faults = FaultInjector(settings.debug.fault_injection)
-        self.writer = ResultWriter(app)
+        self.writer = ResultWriter(app, Waiter.of(settings))
         ttl = max(IN_FLIGHT_TTL_S, settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
         self.inflight = InFlight(app.backend.client, int(ttl))
         self.keeper: LeaseKeeper | None = None
@@ -283,12 +284,11 @@ class Engine:
 
     def start_leases(self) -> None:
         """Start renewing the leases of every message this process holds (batch mode)."""
-        import redis
-
+        from shared.redis_client import redis_client
         from workers import lease
 
-        client = redis.Redis.from_url(
-            self.settings.redis_url("worker"), socket_timeout=5.0, socket_connect_timeout=2.0
+        client = redis_client(
+            self.settings, "worker", socket_timeout=5.0, socket_connect_timeout=2.0
         )
         self.keeper = LeaseKeeper(client, self.settings.redis.lease_renew_s)
         lease.install(self.keeper)

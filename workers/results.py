@@ -31,6 +31,7 @@ from celery import Celery
 
 from shared import keys
 from shared.errors import FleetError
+from shared.redis_client import Waiter
 
 # KEYS: final marker, result key. ARGV: encoded meta, ttl_s (0 = none), "1" to keep a
 # document already stored (Celery's own REVOKED, written by its revoke command). Returns 1
@@ -87,9 +88,15 @@ def exception_dict(err: FleetError) -> dict[str, Any]:
 
 
 class ResultWriter:
-    """Writes :class:`Outcome` lists to Celery's Redis result backend in one pipeline."""
+    """Writes :class:`Outcome` lists to Celery's Redis result backend in one pipeline.
 
-    def __init__(self, app: Celery) -> None:
+    ``waiter`` (Redis behind Sentinel): the pipeline ends with ``WAIT``, so results are on a
+    replica before the caller acks their messages; a failover after the ack cannot lose a
+    result whose message is gone (``shared.redis_client.Waiter``).
+    """
+
+    def __init__(self, app: Celery, waiter: Waiter | None = None) -> None:
+        self.waiter = waiter
         self.backend = app.backend
         self.expires_s = int(self.backend.expires or 0)
         self.failure_expires_s = int(getattr(self.backend, "failure_expires", 0) or self.expires_s)
@@ -158,7 +165,12 @@ class ResultWriter:
                 )
             if also_delete:
                 pipe.delete(*also_delete)
+            waited = self.waiter is not None and self.waiter.due()
+            if waited:
+                pipe.execute_command(*self.waiter.args())
             replies = pipe.execute()
+        if waited:
+            self.waiter.record(replies[-1])
         written = [bool(r) for r in replies[: len(outcomes)]]
         self.duplicates += written.count(False)
         return written

@@ -195,11 +195,10 @@ def worker_pid(stack_pid: int) -> int:
 
 
 def drive(a, settings, stack, spawned_pid: int) -> int:
-    import redis
-
     from producer.client import FleetClient
     from shared import keys
     from shared.priority import Priority
+    from shared.redis_client import redis_client
 
     pid = spawned_pid
     with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -211,10 +210,7 @@ def drive(a, settings, stack, spawned_pid: int) -> int:
         if line.strip()
     ]
     client = FleetClient(settings, role="admin")
-    user, password = settings.redis_credentials("admin")
-    r = redis.Redis(
-        host=settings.redis.host, port=settings.redis.port, username=user, password=password
-    )
+    r = redis_client(settings)
     sub = r.pubsub(ignore_subscribe_messages=True)
     sub.psubscribe(f"{keys.RESULT_KEY_PREFIX}*")
     done = [0]
