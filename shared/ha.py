@@ -20,7 +20,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from shared.redis_client import Waiter
+from shared.redis_client import Waiter, execute_waiting
 
 
 class WaitingPut:
@@ -34,7 +34,7 @@ class WaitingPut:
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         waiter = self._put_waiter()
         ch: Any = self
-        if waiter is None or "_publish_batch" in kwargs or not waiter.due():
+        if waiter is None or "_publish_batch" in kwargs:
             return super()._put(queue, message, **kwargs)  # type: ignore[misc]
         key = ch._q_for_pri(queue, ch._get_message_priority(message, reverse=False))
         with ch.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
@@ -42,9 +42,9 @@ class WaitingPut:
             if ch._expires and queue in ch._expires:
                 for p in ch.priority_steps:
                     pipe.pexpire(ch._q_for_pri(queue, p), ch._expires[queue])
-            pipe.execute_command(*waiter.args())
-            replies = pipe.execute()
-        waiter.record(replies[-1])
+            # ReplicationUncertain is a connection error: kombu's publish retry sends the
+            # message again, to the new primary
+            execute_waiting(client, pipe, waiter)
 
     def _put_waiter(self) -> Waiter | None:
         if self._waiter is None and self.wait_replicas > 0:

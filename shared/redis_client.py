@@ -64,6 +64,24 @@ def sentinel_master(settings: Settings, user: str | None, password: str, **kw: A
     )
 
 
+def node_client(
+    settings: Settings, host: str, port: int, role: str = "admin", **kw: Any
+) -> redis.Redis:
+    """A client of one data node (``host:port``) as ``role``, whatever its role in
+    replication: for the stack's own checks and the HA drills, never for fleet traffic."""
+    user, password = settings.redis_credentials(role)
+    return redis.Redis(
+        host=host, port=port, db=settings.redis.db, username=user, password=password, **kw
+    )
+
+
+def sentinel_node(settings: Settings, host: str, port: int, **kw: Any) -> redis.Redis:
+    """A client of one sentinel (its password), for the stack's checks and drills."""
+    kw.setdefault("socket_timeout", 2.0)
+    kw.setdefault("socket_connect_timeout", 1.0)
+    return redis.Redis(host=host, port=port, password=settings.sentinel_password(), **kw)
+
+
 def async_redis_client(settings: Settings, role: str, max_connections: int = 64) -> Any:
     """A ``redis.asyncio.Redis`` of the primary as ``role``: without sentinels on a
     blocking pool of ``max_connections`` (a burst waits for a connection instead of failing
@@ -96,18 +114,29 @@ def async_redis_client(settings: Settings, role: str, max_connections: int = 64)
     )
 
 
+class ReplicationUncertain(redis.ConnectionError):
+    """A write that ``WAIT`` could not confirm on a replica went to a node the sentinels no
+    longer name as primary (a failover under way): it may be discarded when that node is
+    demoted. Nothing is confirmed; the caller retries it (a duplicate is harmless: final
+    results are first-wins, ``workers.results``)."""
+
+
 class Waiter:
-    """When a write must wait for replicas (``WAIT numreplicas timeout``) and what to do
-    when none answers.
+    """When a write waits for replicas (``WAIT numreplicas timeout``) and what a short
+    answer means.
 
-    ``WAIT`` blocks until ``replicas`` replicas have acknowledged every write this
-    connection made so far (replication is one ordered stream), or ``timeout_ms``. When it
-    times out short (no replica attached: after a primary's SIGKILL the promoted replica
-    has none until the old primary returns) the write stands unreplicated, as it would
-    without ``WAIT``, and the waiter stops waiting for ``backoff_s`` so that each write
-    does not pay the whole timeout; it tries again after that.
+    ``WAIT`` blocks until ``replicas`` replicas have acknowledged every write its
+    connection made so far (replication is one ordered stream), or ``timeout_ms``. A short
+    answer has two causes, told apart by asking the sentinels which node is primary:
 
-    Thread safety: any thread may call :meth:`due` and :meth:`record`.
+    - the node written to is no longer the primary (``SENTINEL FAILOVER``: the replica was
+      promoted, the old primary not demoted yet): the write may be lost, so
+      :func:`execute_waiting` raises :class:`ReplicationUncertain` and the caller retries;
+    - it is the primary but has no replica (after a primary's SIGKILL, until the old one
+      returns as a replica): the write stands, as it would without ``WAIT``, and the waiter
+      stops waiting for ``backoff_s`` so that each write does not pay the whole timeout.
+
+    Thread safety: any thread may call every method.
     """
 
     def __init__(self, replicas: int, timeout_ms: int, backoff_s: float = 2.0) -> None:
@@ -115,6 +144,7 @@ class Waiter:
         self.timeout_ms = timeout_ms
         self.backoff_s = backoff_s
         self.short = 0  # WAITs that returned fewer replicas than asked
+        self.uncertain = 0  # of those, on a node that was no longer the primary
         self._skip_until = 0.0  # monotonic
         self._lock = threading.Lock()
 
@@ -132,23 +162,82 @@ class Waiter:
         """The command: ``("WAIT", replicas, timeout_ms)``."""
         return ("WAIT", self.replicas, self.timeout_ms)
 
-    def record(self, acked: Any, now: float | None = None) -> bool:
-        """Take ``WAIT``'s reply (replicas that acknowledged); return whether it sufficed.
-        A short reply pauses waiting for ``backoff_s``."""
+    def enough(self, acked: Any) -> bool:
+        """Whether ``WAIT``'s reply (replicas that acknowledged) is enough."""
         try:
-            ok = int(acked) >= self.replicas
+            return int(acked) >= self.replicas
         except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            with self._lock:
-                self.short += 1
+            return False
+
+    def short_answer(self, primary: bool, now: float | None = None) -> None:
+        """Record a short ``WAIT``; ``primary``: the node is still the primary (then pause
+        waiting for ``backoff_s``)."""
+        with self._lock:
+            self.short += 1
+            if primary:
                 self._skip_until = (time.monotonic() if now is None else now) + self.backoff_s
+            else:
+                self.uncertain += 1
+        if primary:
             log.warning(
-                "WAIT: %s of %d replicas acknowledged within %d ms; writes go on unreplicated "
-                "for %.0f s",
-                acked,
-                self.replicas,
+                "WAIT: no replica acknowledged within %d ms and the primary has none attached: "
+                "writes go on unreplicated for %.0f s",
                 self.timeout_ms,
                 self.backoff_s,
             )
-        return ok
+
+
+SETTLED_PRIMARY_FLAGS_BAD = ("failover_in_progress", "s_down", "o_down")
+
+
+def still_primary(client: redis.Redis, host: str, port: int) -> bool:
+    """Whether ``host:port`` is the primary the sentinels name now, with no failover under
+    way (always true for a client without Sentinel); false when no sentinel answers.
+
+    A sentinel keeps naming the old primary until the failover ends, though the replica
+    may already be promoted (the old primary's writes are then lost when it is demoted):
+    ``failover_in_progress`` (and ``s_down``/``o_down``) count as "not the primary"."""
+    pool = client.connection_pool
+    manager = getattr(pool, "sentinel_manager", None)
+    if manager is None:
+        return True
+    for sentinel in list(manager.sentinels):
+        try:
+            state = sentinel.sentinel_master(pool.service_name)
+        except redis.RedisError:
+            continue
+        flags = str(state.get("flags", ""))
+        if any(f in flags for f in SETTLED_PRIMARY_FLAGS_BAD):
+            return False
+        return (str(state["ip"]), int(state["port"])) == (str(host), int(port))
+    return False
+
+
+def execute_waiting(client: redis.Redis, pipe: Any, waiter: Waiter | None) -> list[Any]:
+    """Execute ``pipe`` (a pipeline of ``client``), followed by ``WAIT`` on the same
+    connection when ``waiter`` says it is due; return the pipeline's replies (``WAIT``'s
+    not among them).
+
+    Raises:
+        ReplicationUncertain: ``WAIT`` answered short and the node is no longer the primary.
+        redis.RedisError: as ``pipe.execute()``.
+    """
+    if waiter is None or not waiter.due():
+        return list(pipe.execute())
+    conn = client.connection_pool.get_connection()
+    pipe.connection = conn  # execute() runs on it; its reset() gives it back to the pool
+    host, port = conn.host, conn.port
+    pipe.execute_command(*waiter.args())
+    replies = list(pipe.execute())
+    acked = replies.pop()
+    if waiter.enough(acked):
+        return replies
+    primary = still_primary(client, host, port)
+    waiter.short_answer(primary)
+    if not primary:
+        # every connection of the pool asks the sentinels again when it reconnects
+        client.connection_pool.disconnect()
+        raise ReplicationUncertain(
+            f"{host}:{port} is no longer the primary and no replica confirmed the write"
+        )
+    return replies

@@ -88,6 +88,10 @@ class RedisSettings(_Section):
     # Without a replica attached (the old primary not back yet) writes go on unreplicated.
     wait_replicas: int = Field(default=1, ge=0)
     wait_timeout_ms: int = Field(default=250, ge=1)
+    # The sentinels `fleet up --ha` starts: a primary silent this long is down (then a
+    # quorum of 2 fails over); a failover not done within the timeout is tried again.
+    sentinel_down_after_ms: int = Field(default=2000, ge=100)
+    sentinel_failover_timeout_ms: int = Field(default=10000, ge=1000)
 
     @field_validator("sentinels")
     @classmethod
