@@ -134,7 +134,8 @@ class Waiter:
       :func:`execute_waiting` raises :class:`ReplicationUncertain` and the caller retries;
     - it is the primary but has no replica (after a primary's SIGKILL, until the old one
       returns as a replica): the write stands, as it would without ``WAIT``, and the waiter
-      stops waiting for ``backoff_s`` so that each write does not pay the whole timeout.
+      stops waiting for ``backoff_s`` so that each write does not pay the whole timeout;
+      meanwhile each write is checked with the sentinels after it is made instead.
 
     Thread safety: any thread may call every method.
     """
@@ -191,53 +192,65 @@ SETTLED_PRIMARY_FLAGS_BAD = ("failover_in_progress", "s_down", "o_down")
 
 
 def still_primary(client: redis.Redis, host: str, port: int) -> bool:
-    """Whether ``host:port`` is the primary the sentinels name now, with no failover under
-    way (always true for a client without Sentinel); false when no sentinel answers.
+    """Whether every answering sentinel names ``host:port`` as the primary, with no
+    failover under way (always true for a client without Sentinel); false when none
+    answers.
 
-    A sentinel keeps naming the old primary until the failover ends, though the replica
-    may already be promoted (the old primary's writes are then lost when it is demoted):
-    ``failover_in_progress`` (and ``s_down``/``o_down``) count as "not the primary"."""
+    The sentinel leading a failover keeps naming the old primary until the failover ends,
+    though the replica may already be promoted (``failover_in_progress``), and the other
+    sentinels learn of the switch a moment later (their hello messages): any sentinel that
+    disagrees, or flags the primary ``failover_in_progress``, ``s_down`` or ``o_down``,
+    makes the answer "no"."""
     pool = client.connection_pool
     manager = getattr(pool, "sentinel_manager", None)
     if manager is None:
         return True
+    answered = 0
     for sentinel in list(manager.sentinels):
         try:
             state = sentinel.sentinel_master(pool.service_name)
         except redis.RedisError:
             continue
+        answered += 1
         flags = str(state.get("flags", ""))
         if any(f in flags for f in SETTLED_PRIMARY_FLAGS_BAD):
             return False
-        return (str(state["ip"]), int(state["port"])) == (str(host), int(port))
-    return False
+        if (str(state["ip"]), int(state["port"])) != (str(host), int(port)):
+            return False
+    return answered > 0
 
 
 def execute_waiting(client: redis.Redis, pipe: Any, waiter: Waiter | None) -> list[Any]:
-    """Execute ``pipe`` (a pipeline of ``client``), followed by ``WAIT`` on the same
-    connection when ``waiter`` says it is due; return the pipeline's replies (``WAIT``'s
-    not among them).
+    """Execute ``pipe`` (a pipeline of ``client``) so that its writes survive a failover:
+    followed by ``WAIT`` on the same connection; while the waiter backs off (the primary
+    has no replica), checked afterwards with the sentinels instead. Returns the pipeline's
+    replies (``WAIT``'s not among them).
 
     Raises:
-        ReplicationUncertain: ``WAIT`` answered short and the node is no longer the primary.
+        ReplicationUncertain: the writes went to a node that is no longer (or not surely)
+            the primary, unconfirmed by a replica: they may be lost; retry them.
         redis.RedisError: as ``pipe.execute()``.
     """
-    if waiter is None or not waiter.due():
+    if waiter is None:
         return list(pipe.execute())
     conn = client.connection_pool.get_connection()
     pipe.connection = conn  # execute() runs on it; its reset() gives it back to the pool
-    host, port = conn.host, conn.port
-    pipe.execute_command(*waiter.args())
+    waited = waiter.due()
+    if waited:
+        pipe.execute_command(*waiter.args())
     replies = list(pipe.execute())
-    acked = replies.pop()
-    if waiter.enough(acked):
-        return replies
-    primary = still_primary(client, host, port)
-    waiter.short_answer(primary)
+    host, port = conn.host, conn.port  # after execute: a retry may have reconnected it
+    if waited:
+        if waiter.enough(replies.pop()):
+            return replies
+        primary = still_primary(client, host, port)
+        waiter.short_answer(primary)
+    else:
+        primary = still_primary(client, host, port)
     if not primary:
         # every connection of the pool asks the sentinels again when it reconnects
         client.connection_pool.disconnect()
         raise ReplicationUncertain(
-            f"{host}:{port} is no longer the primary and no replica confirmed the write"
+            f"{host}:{port} is not surely the primary and no replica confirmed the write"
         )
     return replies

@@ -307,3 +307,33 @@ def _await_new_primary(
             return now, time.monotonic()
         time.sleep(0.05)
     return None, time.monotonic()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m producer.chaos.ha`` (``make ha-check``): run the drills, print each row,
+    write the report; exit 1 when a scenario misses the goal."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m producer.chaos.ha", description=__doc__)
+    p.add_argument("--requests", type=int, default=2000, help="requests per scenario")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--text-workers", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("reports/ha.json"))
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    opts = HaOptions(
+        requests=a.requests,
+        scenarios=tuple(s for s in a.scenarios.split(",") if s),
+        text_workers=a.text_workers,
+        out=a.out,
+    )
+    report = run(opts)
+    missed = {r["name"]: misses_of(r) for r in report["scenarios"] if misses_of(r)}
+    for name, m in missed.items():
+        print(f"ha: {name} misses the goal: {', '.join(m)}")
+    print(f"ha: report written to {a.out}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
