@@ -16,8 +16,9 @@ final-state publishes on the result channels, results that changed, the workers'
 lines of finished runs). Row keys beside the chaos ones: ``failover_s`` (fault until the
 sentinels name a new primary), ``recover_s`` (fault until requests complete again on the
 new primary), ``drain_s`` (fault until every request was final), ``primary_before`` and
-``primary_after``, ``wait_short`` (publishes and result writes whose ``WAIT`` found no
-replica, seen by this producer).
+``primary_after``, ``submit_retries`` (submits the producer sent again), ``waiters`` and
+``waiters_ok`` (clients blocked in ``get()`` across the fault, and those that got their
+result).
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ from producer import stack_ha
 from producer.chaos.load import texts
 from producer.chaos.observe import Publishes, Runs, locate, poll_outcomes
 from producer.chaos.tally import Seen, row
-from producer.client import FleetClient, SubmitRequest
+from producer.client import FleetClient, ResultHandle, SubmitRequest
 from producer.stack import Stack, free_port, isolated_environment, port_in_use
 from shared.redis_client import redis_client, sentinel_node
 
 log = logging.getLogger("fleet.chaos")
 
 RECOVER_LIMIT_S = 15.0
+WAITERS = 10  # requests a client waits for in get() across the fault
 LATE_S = 3.0  # after all are final, watch this long more for late duplicates
 SCENARIOS = ("sentinel_failover", "primary_sigkill")
 
@@ -119,7 +121,8 @@ def run(opts: HaOptions) -> dict[str, Any]:
                         f"ha: {name}: sent {r['sent']} completed {r['completed']} lost "
                         f"{r['lost']} dup_results {r['duplicated_results']} dup_runs "
                         f"{r['duplicated_executions']} failover_s {r['failover_s']} "
-                        f"recover_s {r['recover_s']} drain_s {r['drain_s']}"
+                        f"recover_s {r['recover_s']} drain_s {r['drain_s']} get() "
+                        f"{r['waiters_ok']}/{r['waiters']}"
                     )
             finally:
                 pubs.stop()
@@ -157,6 +160,8 @@ def misses_of(r: dict[str, Any]) -> list[str]:
         out.append(f"{r['duplicated_results']} duplicated results")
     if r["recover_s"] is None or r["recover_s"] > RECOVER_LIMIT_S:
         out.append(f"recover_s {r['recover_s']} > {RECOVER_LIMIT_S}")
+    if r.get("waiters_ok") != r.get("waiters"):
+        out.append(f"get() answered {r.get('waiters_ok')} of {r.get('waiters')} waiting clients")
     return out
 
 
@@ -168,6 +173,7 @@ class _Sender:
         self.client = client
         self.seen = seen
         self.errors = 0
+        self.handles: dict[str, ResultHandle] = {}
         self._lock = threading.Lock()
 
     def send(self, reqs: list[SubmitRequest], deadline_s: float = 120.0) -> None:
@@ -184,6 +190,7 @@ class _Sender:
                 time.sleep(0.2)
         with self._lock:
             self.seen.sent.extend(h.id for h in handles)
+            self.handles.update((h.id, h) for h in handles)
 
 
 def _requests(n: int, rng_seed: int) -> list[SubmitRequest]:
@@ -237,6 +244,14 @@ def _scenario(
     while len(done_at) < opts.fault_at * len(first) and time.monotonic() < end:
         time.sleep(0.05)
     trickler.start()
+    # Clients blocked in get() (Celery's result consumer, subscribed on the primary) across
+    # the fault: the last requests of the first batch finish after it.
+    waiting = [sender.handles[r.task_id] for r in first[-WAITERS:] if r.task_id]
+    waited: list[bool] = []
+    waiter_thread = threading.Thread(
+        target=_wait_all, args=(st, waiting, waited), name="ha-get", daemon=True
+    )
+    waiter_thread.start()
     time.sleep(0.5)
     before = stack_ha.current_primary(st)
     t_fault = time.monotonic()
@@ -255,6 +270,7 @@ def _scenario(
         seen.all_final_s = max(done_at.values())
     stop_polling.set()
     poller.join(10)
+    waiter_thread.join(120)
     time.sleep(LATE_S)
     seen.last = poll_outcomes(client, ids)
     seen.publishes = pubs.counts.copy()
@@ -273,9 +289,26 @@ def _scenario(
         primary_before=f"{before[0]}:{before[1]}" if before else None,
         primary_after=f"{after[0]}:{after[1]}" if after else None,
         submit_retries=sender.errors,
+        waiters=len(waiting),
+        waiters_ok=sum(waited),
     )
     pubs.counts.clear()
     return out
+
+
+def _wait_all(st: Stack, handles: list[ResultHandle], out: list[bool]) -> None:
+    """``get()`` each handle with a client of its own (its own result subscription)."""
+    client = FleetClient(st.s)
+    try:
+        for h in handles:
+            try:
+                mine = ResultHandle(client, h.id, h.envelope)
+                out.append("result" in mine.outcome(timeout_s=90.0))
+            except Exception as exc:
+                log.warning("get() of %s failed: %s", h.id, exc)
+                out.append(False)
+    finally:
+        client.close()
 
 
 def _fault(st: Stack, name: str, primary: tuple[str, int] | None) -> str | None:
