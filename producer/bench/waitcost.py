@@ -5,7 +5,9 @@ replica and three sentinels (``producer.stack_ha``, no workers) on free loopback
 submits ``requests`` texts with ``FleetClient.submit_many`` (one publish per request, as the
 bench generator sends them) ``rounds`` times each way, alternating: ``wait_replicas = 1``
 (each publish is ``LPUSH`` + ``WAIT`` on one connection) and ``wait_replicas = 0`` (the
-same Sentinel setup, no ``WAIT``). Prints one JSON line per round and the medians.
+same Sentinel setup, no ``WAIT``); and 5,000 bare ``LPUSH`` pipelines of 1 KiB on one
+connection, with and without ``WAIT 1 250`` (microseconds each). Prints one JSON line per
+round and the medians.
 """
 
 from __future__ import annotations
@@ -40,6 +42,23 @@ def _round(settings: Any, n: int) -> float:
         client.close()
 
 
+def _raw(settings: Any, n: int, wait: bool) -> float:
+    """Microseconds per ``LPUSH`` (one pipeline each, ``+ WAIT 1 250`` when ``wait``) of a
+    1 KiB value on one connection of the primary (through the sentinels)."""
+    r = redis_client(settings, "producer")
+    payload = b"x" * 1024
+    t0 = time.perf_counter()
+    for _ in range(n):
+        pipe = r.pipeline(transaction=False)
+        pipe.lpush("text-waitcost", payload)
+        if wait:
+            pipe.execute_command("WAIT", 1, 250)
+        pipe.execute()
+    us = (time.perf_counter() - t0) / n * 1e6
+    redis_client(settings).delete("text-waitcost")
+    return us
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m producer.bench.waitcost", description=__doc__)
     p.add_argument("--requests", type=int, default=3000)
@@ -55,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         "FLEET_TRANSPORT__SHM_ROOT": f"/dev/shm/mmfleet-waitcost-{os.getpid()}",
     }
     rates: dict[str, list[float]] = {"wait": [], "no_wait": []}
+    raw: dict[str, list[float]] = {"wait": [], "no_wait": []}
     with (
         tempfile.TemporaryDirectory(prefix="fleet-waitcost-") as tmp,
         isolated_environment(Path(tmp), overrides) as settings,
@@ -69,12 +89,32 @@ def main(argv: list[str] | None = None) -> int:
                     rate = _round(s, a.requests)
                     rates[name].append(rate)
                     admin.delete(*[k for k in admin.scan_iter("text*")] or ["-"])
-                    print(json.dumps({"round": r, "mode": name, "submits_per_s": round(rate, 1)}))
+                    us = _raw(settings, 5000, name == "wait")
+                    raw[name].append(us)
+                    print(
+                        json.dumps(
+                            {
+                                "round": r,
+                                "mode": name,
+                                "submits_per_s": round(rate, 1),
+                                "lpush_us": round(us, 1),
+                            }
+                        )
+                    )
         finally:
             st.down()
     med = {k: round(statistics.median(v), 1) for k, v in rates.items()}
     cost = 1 - med["wait"] / med["no_wait"]
-    print(json.dumps({"median_submits_per_s": med, "wait_cost_share": round(cost, 3)}))
+    med_us = {k: round(statistics.median(v), 1) for k, v in raw.items()}
+    print(
+        json.dumps(
+            {
+                "median_submits_per_s": med,
+                "wait_cost_share": round(cost, 3),
+                "median_lpush_us": med_us,
+            }
+        )
+    )
     return 0
 
 
