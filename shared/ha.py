@@ -5,7 +5,7 @@ sentinels, connections following a failover) whose ``_put`` sends each message's
 and a ``WAIT`` in one pipeline on one connection (``shared.redis_client.Waiter``): once a
 publish returns, the message is on a replica too, and a failover that follows cannot lose
 it. Producers use it (``shared.celery_app``); batching workers use
-``workers.broker.SentinelTransport``, which adds their fetch, leases and bell.
+``workers.broker_ha.SentinelTransport``, which adds their fetch, leases and bell.
 
 Transport options (Celery ``broker_transport_options``), beside kombu's ``master_name`` and
 ``sentinel_kwargs``:

@@ -83,7 +83,7 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
         app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"
         # The baseline stays plain Celery: kombu's own transport, one BRPOP per message.
         app.conf.broker_transport = (
-            "workers.broker:SentinelTransport" if settings.ha else "workers.broker:Transport"
+            "workers.broker_ha:SentinelTransport" if settings.ha else "workers.broker:Transport"
         )
         app.conf.broker_transport_options = {
             **app.conf.broker_transport_options,

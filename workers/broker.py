@@ -26,7 +26,7 @@ Transport options (Celery ``broker_transport_options``):
     fetch_max_bytes: most payload bytes taken per round trip (default 8 MiB; the first
         message is always taken): large images do not hold Redis for long.
 
-:class:`SentinelTransport` is the same behind Redis Sentinel (``sentinel://`` URLs).
+``workers.broker_ha.SentinelTransport`` is the same behind Redis Sentinel.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError as RedisResponseError
 
 from shared import keys
-from shared.ha import WaitingPut
 from workers import lease
 
 log = logging.getLogger("fleet.broker")
@@ -503,27 +502,3 @@ def _is_wakeup(reply: Any) -> bool:
         event = reply[2] if len(reply) > 2 else b""
         return (event if isinstance(event, bytes) else str(event).encode()) in PUSH_EVENTS
     return kind in (b"pong", "pong")
-
-
-class SentinelChannel(WaitingPut, kombu_redis.SentinelChannel, Channel):
-    """:class:`Channel` (batched take, leases, the bell) on a primary found through Redis
-    Sentinel (kombu's ``SentinelChannel`` pools: every connection asks the sentinels for
-    the primary when it connects, so a channel reconnecting after a failover reaches the
-    promoted replica), publishing with ``WAIT`` (``shared.ha``)."""
-
-    from_transport_options = (
-        *Channel.from_transport_options,
-        "master_name",
-        "min_other_sentinels",
-        "sentinel_kwargs",
-        "sentinel_fanout_compat",
-        "wait_replicas",
-        "wait_timeout_ms",
-    )
-
-
-class SentinelTransport(Transport):
-    """:class:`Transport` with :class:`SentinelChannel` (``sentinel://`` broker URLs)."""
-
-    default_port = 26379
-    Channel = SentinelChannel

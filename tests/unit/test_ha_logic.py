@@ -122,3 +122,36 @@ def test_down_stops_sentinels_then_the_replica_then_the_primary(tmp_path: Path) 
     for name in ("redis", "redis-replica", "sentinel-0", "sentinel-1", "worker-text"):
         (st.pids / f"{name}.pid").write_text("999999999")  # no such process
     assert st.down() == ["worker-text", "sentinel-0", "sentinel-1", "redis-replica", "redis"]
+
+
+def test_the_gateways_async_client_follows_the_sentinels(tmp_path: Path) -> None:
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
+    from shared.redis_client import async_redis_client
+
+    client = async_redis_client(ha_settings(tmp_path), "producer", max_connections=64)
+    pool = client.connection_pool
+    assert isinstance(pool, SentinelConnectionPool)
+    assert pool.service_name == "mmfleet" and pool.max_connections == 64
+    assert pool.connection_kwargs["username"] == "producer"
+
+
+def test_workers_take_batches_on_sentinel_pools() -> None:
+    from kombu.transport import redis as kombu_redis
+
+    from shared.ha import WaitingPut
+    from workers import broker
+    from workers.broker_ha import SentinelChannel
+
+    mro = SentinelChannel.__mro__
+    assert (
+        mro.index(WaitingPut) < mro.index(kombu_redis.SentinelChannel) < mro.index(broker.Channel)
+    )
+    opts = set(SentinelChannel.from_transport_options)
+    assert {
+        "fetch_limit",
+        "fetch_notify",
+        "master_name",
+        "sentinel_kwargs",
+        "wait_replicas",
+    } <= opts
