@@ -215,7 +215,7 @@ class Engine:
         self.faults = FaultInjector(settings.debug.fault_injection)
         self.writer = ResultWriter(app, Waiter.of(settings))
         ttl = max(IN_FLIGHT_TTL_S, settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
-        self.inflight = InFlight(app.backend.client, int(ttl))
+        self.inflight = InFlight(app.backend.client, int(ttl), Waiter.of(settings))
         self.keeper: LeaseKeeper | None = None
         self._by_id: dict[str, Work] = {}  # held or running, by task id (twins join these)
         self._arriving: dict[str, list[Any]] = {}  # arrived, not yet admitted -> its twins

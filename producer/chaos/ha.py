@@ -216,6 +216,7 @@ def _scenario(
     reqs = _requests(opts.requests, seed)
     n_trickle = int(len(reqs) * opts.trickle_share)
     first, trickle = reqs[: len(reqs) - n_trickle], reqs[len(reqs) - n_trickle :]
+    trickle_ids = {r.task_id for r in trickle}
     for i in range(0, len(first), 200):
         sender.send(first[i : i + 200])
     done_at: dict[str, float] = {}  # id -> monotonic time it was first seen final
@@ -289,6 +290,7 @@ def _scenario(
         primary_before=f"{before[0]}:{before[1]}" if before else None,
         primary_after=f"{after[0]}:{after[1]}" if after else None,
         submit_retries=sender.errors,
+        lost_sent_at_fault=sum(1 for t in out["lost_ids"] if t in trickle_ids),
         waiters=len(waiting),
         waiters_ok=sum(waited),
     )
