@@ -12,7 +12,6 @@ found. Everything else, and the SIGKILL scenario entirely, must hold.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
