@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from producer import stack_ha
 from producer.chaos.load import texts
 from producer.chaos.observe import Publishes, Runs, locate, poll_outcomes
@@ -317,10 +319,16 @@ def _fault(st: Stack, name: str, primary: tuple[str, int] | None) -> str | None:
     """Do the scenario's harm; return the process it killed, if any."""
     if name == "sentinel_failover":
         host, port = st.s.sentinel_addresses()[0]
-        sentinel_node(st.s, host, port).execute_command(
-            "SENTINEL", "FAILOVER", st.s.redis.master_name
-        )
-        return None
+        sentinel = sentinel_node(st.s, host, port)
+        deadline = time.monotonic() + 30
+        while True:  # NOGOODSLAVE: the sentinels have not judged the replica fit yet
+            try:
+                sentinel.execute_command("SENTINEL", "FAILOVER", st.s.redis.master_name)
+                return None
+            except redis.ResponseError as exc:
+                if "NOGOODSLAVE" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     if name == "primary_sigkill":
         assert primary is not None, "no primary to kill"
         victim = next(n for n in stack_ha.NODES if stack_ha.node_port(st, n) == primary[1])

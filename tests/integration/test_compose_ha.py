@@ -131,7 +131,14 @@ def test_the_start_scripts_build_a_sentinel_setup_that_fails_over(tmp_path: Path
         )
         assert producer.lpush("text", "x") == 1
         assert producer.execute_command("WAIT", 1, 2000) == 1  # the producer may WAIT
-        sentinel.execute_command("SENTINEL", "FAILOVER", "mmfleet")
+        deadline = time.monotonic() + 30
+        while True:  # a replica the sentinels met a moment ago may not be eligible yet
+            try:
+                sentinel.execute_command("SENTINEL", "FAILOVER", "mmfleet")
+                break
+            except redis.ResponseError as exc:
+                assert "NOGOODSLAVE" in str(exc) and time.monotonic() < deadline, exc
+                time.sleep(0.5)
         deadline = time.monotonic() + 30
         while sentinel.sentinel_get_master_addr_by_name("mmfleet")[1] != ports["redis-replica"]:
             assert time.monotonic() < deadline, "no failover"
