@@ -13,7 +13,7 @@ COST_ROUND_S ?= 0
 PYTEST_ARGS ?=
 UP_ARGS ?=
 
-.PHONY: venv peers precision up down status flower demo test lint bench soak chaos gpu-check coldstart scaleout k8s-render clean
+.PHONY: venv peers precision up down status flower demo test lint bench soak chaos gpu-check coldstart scaleout k8s-render ha-check clean
 
 venv: $(VENV)/.installed
 
@@ -77,6 +77,14 @@ soak: venv
 # CI runs the short version (tests/integration/test_chaos_short.py).
 chaos: venv
 	$(BIN)/fleet chaos
+
+# Redis high availability: a primary, a replica and 3 sentinels on loopback, 2 text workers;
+# SENTINEL FAILOVER, then SIGKILL of the primary, each with HA_REQUESTS requests in flight;
+# every request's final state counted (reports/ha.json). CI: tests/integration/test_ha_failover.py.
+HA_REQUESTS ?= 2000
+ha-check: venv
+	@mkdir -p reports
+	$(BIN)/python -m producer.chaos.ha --requests $(HA_REQUESTS) --out reports/ha.json
 
 # Kubernetes: cold start and service rate of one fresh worker per modality (what the startup
 # probe budget and the KEDA targets in deploy/k8s derive from; deploy/k8s/measured.json).

@@ -158,6 +158,7 @@ class FleetClient:
         self, settings: Settings, app: Celery | None = None, *, role: str = "producer"
     ) -> None:
         self.settings = settings
+        self.role = role
         self.app = app or make_app(settings, name="fleet-producer", role=role)
         tracing.configure(settings, "fleet-producer")  # off unless [tracing] says so
 

@@ -67,12 +67,10 @@ class QueueCollector(Collector):
     """
 
     def __init__(self, settings: Settings, client: Any = None) -> None:
-        import redis
+        from shared.redis_client import redis_client
 
         self.settings = settings
-        self.client = client or redis.Redis.from_url(
-            settings.redis_url("operator"), socket_timeout=5.0
-        )
+        self.client = client or redis_client(settings, "operator", socket_timeout=5.0)
         self.queues = all_queues()
         self.reader = QueueReader(self.client, self.queues)
         self.steps = step_labels(settings)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from producer import stack_ha
 from producer.stack_ports import (  # noqa: F401 - part of this module's interface
     free_port,
     isolated_environment,
@@ -114,6 +115,8 @@ class Stack:
         if not self.s.redis.password:
             for role in (ADMIN, *ROLES):
                 ensure_secret(self.s.redis_password_file(role))
+        if self.s.ha and not self.s.redis.sentinel_password:
+            ensure_secret(self.dir / "redis-sentinel.password")
         if not self.s.flower.password:
             ensure_secret(self.dir / "flower.password")
 
@@ -179,18 +182,14 @@ class Stack:
         return user_lines(passwords, r.db, version)
 
     def redis_ping(self) -> bool:
-        import redis
+        return self.node_ping(self.s.redis.port)
+
+    def node_ping(self, port: int) -> bool:
+        """Whether the Redis node on ``port`` (of ``[redis] host``) answers PING as admin."""
+        from shared.redis_client import node_client
 
         try:
-            user, password = self.s.redis_credentials("admin")
-            client = redis.Redis(
-                host=self.s.redis.host,
-                port=self.s.redis.port,
-                username=user,
-                password=password,
-                socket_timeout=1.0,
-            )
-            return bool(client.ping())
+            return bool(node_client(self.s, self.s.redis.host, port, socket_timeout=1.0).ping())
         except Exception:
             return False
 
@@ -340,7 +339,9 @@ class Stack:
         self.write_state()
         started: list[Proc] = []
         try:
-            if not self.alive("redis"):
+            if self.s.ha:  # primary, replica, sentinels (producer.stack_ha)
+                started += stack_ha.start_all(self)
+            elif not self.alive("redis"):
                 started.append(self.start_redis())
             for m, i in workers:
                 if not self.alive(self.worker_name(m, i)):
@@ -375,6 +376,8 @@ class Stack:
         out = []
         if not self.alive("redis"):
             out.append(("redis", s.redis.host, s.redis.port, "Redis", "FLEET_REDIS__PORT"))
+        if s.ha:
+            out += stack_ha.planned_ports(self)
         for m, i in workers:
             port = replica_metrics_port(s.metrics.port_base, m, i) if s.metrics.enabled else None
             name = self.worker_name(m, i)
@@ -410,7 +413,12 @@ class Stack:
         """The addresses ``stack.json`` records, from these settings."""
         s = self.s
         return {
-            "redis": {"host": s.redis.host, "port": s.redis.port, "db": s.redis.db},
+            "redis": {
+                "host": s.redis.host,
+                "port": s.redis.port,
+                "db": s.redis.db,
+                **({"sentinels": list(s.redis.sentinels)} if s.ha else {}),
+            },
             "flower": {"host": s.flower.host, "port": s.flower.port},
             "gateway": {"host": s.gateway.host, "port": s.gateway.port},
             "metrics": {
@@ -424,7 +432,9 @@ class Stack:
     def recorded_env(self) -> dict[str, str]:
         """:meth:`recorded` as ``FLEET_<SECTION>__<KEY>`` variables."""
         return {
-            f"FLEET_{section.upper()}__{key.upper()}": str(value)
+            f"FLEET_{section.upper()}__{key.upper()}": (
+                json.dumps(value) if isinstance(value, list) else str(value)
+            )
             for section, values in self.recorded().items()
             for key, value in values.items()
         }
@@ -451,7 +461,10 @@ class Stack:
         return their names."""
         names = sorted(p.stem for p in self.pids.glob("*.pid")) if self.pids.exists() else []
         names = [n for n in names if n not in keep]
-        order = [n for n in names if n != "redis"] + [n for n in names if n == "redis"]
+        # Redis last (workers ack on their way out); with HA the sentinels before the data
+        # nodes (no failover while stopping), the replica before the primary.
+        last = (*sorted(n for n in names if n.startswith("sentinel-")), "redis-replica", "redis")
+        order = [n for n in names if n not in last] + [n for n in last if n in names]
         for name in order:
             self.stop(name, timeout_s)
         if not keep:

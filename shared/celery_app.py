@@ -9,11 +9,16 @@ Decisions (see DESIGN.md, Failure semantics):
 - One queue per modality; priorities inside each through the Redis transport's
   ``priority_steps`` (one list per step, 0 served first). REALTIME requests go to the
   modality's ``.realtime`` queue, which workers read on a channel of its own.
+- Redis behind Sentinel (``[redis] sentinels``): ``sentinel://`` URLs, kombu's Sentinel
+  transport with publishes that ``WAIT`` for a replica (``shared.ha``), Celery's
+  ``SentinelBackend``; the master name and the sentinels' password as transport options.
 - Task events on (``worker_send_task_events``, ``task_send_sent_event``) so Flower sees
   every request.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from celery import Celery
 from kombu import Queue
@@ -50,8 +55,13 @@ def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
             # for them every restore_scan_interval_s (kombu's default scans every 100 s).
             "unacked_restore_interval": settings.redis.restore_scan_interval_s,
             "unacked_restore_throttle": 1,
+            **sentinel_options(settings),
+            **wait_options(settings),
         },
-        result_backend_transport_options={"retry_policy": {"timeout": 5.0}},
+        result_backend_transport_options={
+            "retry_policy": {"timeout": 5.0},
+            **sentinel_options(settings),
+        },
         result_expires=settings.redis.result_expires_s,
         result_extended=False,
         worker_send_task_events=True,
@@ -66,4 +76,25 @@ def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=True,
         enable_utc=True,
     )
+    if settings.ha:
+        app.conf.broker_transport = "shared.ha:SentinelTransport"
     return app
+
+
+def sentinel_options(settings: Settings) -> dict[str, Any]:
+    """kombu's and Celery's Sentinel transport options (``master_name``, the sentinels'
+    password in ``sentinel_kwargs``); empty without sentinels."""
+    if not settings.ha:
+        return {}
+    return {
+        "master_name": settings.redis.master_name,
+        "sentinel_kwargs": {"password": settings.sentinel_password(), "socket_timeout": 5.0},
+    }
+
+
+def wait_options(settings: Settings) -> dict[str, Any]:
+    """The publish's ``WAIT`` options (``shared.ha``); empty without sentinels."""
+    if not settings.ha:
+        return {}
+    r = settings.redis
+    return {"wait_replicas": r.wait_replicas, "wait_timeout_ms": r.wait_timeout_ms}

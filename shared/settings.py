@@ -77,6 +77,32 @@ class RedisSettings(_Section):
     visibility_timeout_s: int = 3600
     restore_scan_interval_s: float = 10.0  # how often a worker returns expired unacked messages
     result_expires_s: int = 86400
+    # High availability (Redis Sentinel, shared.redis_client): with sentinels ("host:port"
+    # each), every process asks them for the primary of ``master_name`` and follows it
+    # through a failover; host and port above are then only where `fleet up --ha` starts
+    # the primary (the replica on port + 1). The sentinels' own password: sentinel_password,
+    # else <run_dir>/redis-sentinel.password.
+    sentinels: list[str] = Field(default_factory=list)
+    master_name: str = "mmfleet"
+    sentinel_password: str | None = None
+    # With sentinels: a publish, and a batch's final results before their ack, wait until
+    # this many replicas have them (WAIT), at most wait_timeout_ms; 0 turns WAIT off.
+    # Without a replica attached (the old primary not back yet) writes go on unreplicated.
+    wait_replicas: int = Field(default=1, ge=0)
+    wait_timeout_ms: int = Field(default=250, ge=1)
+    # The sentinels `fleet up --ha` starts: a primary silent this long is down (then a
+    # quorum of 2 fails over); a failover not done within the timeout is tried again.
+    sentinel_down_after_ms: int = Field(default=2000, ge=100)
+    sentinel_failover_timeout_ms: int = Field(default=10000, ge=1000)
+
+    @field_validator("sentinels")
+    @classmethod
+    def _host_ports(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            host, _, port = entry.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"sentinel {entry!r} is not host:port")
+        return v
 
     @property
     def lease_renew_s(self) -> float:
@@ -407,14 +433,45 @@ class Settings(BaseSettings):
             return self.flower.password
         return (self.run_dir / "flower.password").read_text().strip()
 
+    @property
+    def ha(self) -> bool:
+        """Whether the fleet finds its Redis through Sentinel (``[redis] sentinels``)."""
+        return bool(self.redis.sentinels)
+
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """``[(host, port), ...]`` of the configured sentinels."""
+        out = []
+        for entry in self.redis.sentinels:
+            host, _, port = entry.rpartition(":")
+            out.append((host, int(port)))
+        return out
+
+    def sentinel_password(self) -> str:
+        """The sentinels' password: ``FLEET_REDIS__SENTINEL_PASSWORD`` or
+        ``<run_dir>/redis-sentinel.password`` (``fleet up --ha`` creates it).
+
+        Raises:
+            FileNotFoundError: neither is set.
+        """
+        if self.redis.sentinel_password:
+            return self.redis.sentinel_password
+        return (self.run_dir / "redis-sentinel.password").read_text().strip()
+
     def redis_url(self, role: str = "admin") -> str:
-        """A ``redis://`` URL with the credentials of ``role`` (see :meth:`redis_credentials`).
+        """A ``redis://`` URL with the credentials of ``role`` (see :meth:`redis_credentials`);
+        with sentinels, kombu's and Celery's ``sentinel://`` form: one URL per sentinel joined
+        by ``;``, each with the role's credentials for the primary (the master name and the
+        sentinels' password travel in transport options: ``shared.celery_app``).
 
         Raises:
             FileNotFoundError: as :meth:`redis_credentials`.
         """
         user, password = self.redis_credentials(role)
         auth = f"{quote(user or '', safe='')}:{quote(password, safe='')}"
+        if self.ha:
+            return ";".join(
+                f"sentinel://{auth}@{h}:{p}/{self.redis.db}" for h, p in self.sentinel_addresses()
+            )
         return f"redis://{auth}@{self.redis.host}:{self.redis.port}/{self.redis.db}"
 
     def modality(self, name: str) -> ModalityConfig:

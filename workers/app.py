@@ -84,7 +84,9 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
     if mode == "batch":
         app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"
         # The baseline stays plain Celery: kombu's own transport, one BRPOP per message.
-        app.conf.broker_transport = "workers.broker:Transport"
+        app.conf.broker_transport = (
+            "workers.broker_ha:SentinelTransport" if settings.ha else "workers.broker:Transport"
+        )
         app.conf.broker_transport_options = {
             **app.conf.broker_transport_options,
             "fetch_limit": engine.cfg.device.fetch_limit,

@@ -25,6 +25,8 @@ Transport options (Celery ``broker_transport_options``):
     fetch_limit: most messages taken per round trip (default 64; 1 = kombu's behaviour).
     fetch_max_bytes: most payload bytes taken per round trip (default 8 MiB; the first
         message is always taken): large images do not hold Redis for long.
+
+``workers.broker_ha.SentinelTransport`` is the same behind Redis Sentinel.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ from kombu.transport.virtual import QoS as VirtualQoS
 
 from shared.errors import DeadlineExceeded, FleetError, ModelError, Revoked
 from shared.metrics import FleetMetrics
+from shared.redis_client import Waiter
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
 from workers import broker, telemetry
@@ -88,12 +89,11 @@ IN_FLIGHT_TTL_S = 7 * 86400
 
 
 def lease_client(settings: Settings) -> Any:
-    """The Redis client the lease keeper renews, acks and gives back through."""
-    import redis
+    """The Redis client the lease keeper renews, acks and gives back through (the primary,
+    through the sentinels when they are configured)."""
+    from shared.redis_client import redis_client
 
-    return redis.Redis.from_url(
-        settings.redis_url("worker"), socket_timeout=5.0, socket_connect_timeout=2.0
-    )
+    return redis_client(settings, "worker", socket_timeout=5.0, socket_connect_timeout=2.0)
 
 
 class Engine:
@@ -131,9 +131,9 @@ class Engine:
         )
         self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)
         self.faults = FaultInjector(settings.debug.fault_injection)
-        self.writer = ResultWriter(app)
+        self.writer = ResultWriter(app, Waiter.of(settings))
         ttl = max(IN_FLIGHT_TTL_S, settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
-        self.inflight = InFlight(app.backend.client, int(ttl))
+        self.inflight = InFlight(app.backend.client, int(ttl), Waiter.of(settings))
         self.deliveries = Deliveries(self.inflight)
         self.keeper: LeaseKeeper | None = None
         self.stats = EngineStats()

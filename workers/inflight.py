@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shared import keys
+from shared.redis_client import Waiter, execute_waiting
 
 MAX_DELIVERIES = 3  # deliveries whose worker died running them, after which a message is poison
 FINAL = -1  # _BEGIN's answer for a request that has its final result already
@@ -53,10 +54,15 @@ class InFlight:
         client: a ``redis.Redis`` client.
         ttl_s: how long a counter outlives its last increment (it must outlive every
             redelivery of a dead worker's message).
+        waiter: Redis behind Sentinel: a ``FINAL`` answer is confirmed on the primary
+            before a copy is acked unrun. An old primary keeps answering until it is
+            demoted, and a final marker it holds from a write no replica confirmed is lost
+            with it; acking a copy on its word would lose the request.
     """
 
-    def __init__(self, client: Any, ttl_s: int) -> None:
+    def __init__(self, client: Any, ttl_s: int, waiter: Waiter | None = None) -> None:
         self.client = client
+        self.waiter = waiter
         self.ttl_s = ttl_s
         self._begin = client.register_script(_BEGIN)
 
@@ -73,7 +79,18 @@ class InFlight:
         for tid in task_ids:
             ks += [keys.final_key(tid), keys.delivery_count_key(tid)]
         args = [self.ttl_s, *("1" if c else "0" for c in count)]
-        return [int(x) for x in self._begin(keys=ks, args=args)]
+        states = [int(x) for x in self._begin(keys=ks, args=args)]
+        if self.waiter is not None and FINAL in states:
+            finals = [i for i, st in enumerate(states) if st == FINAL]
+            with self.client.pipeline(transaction=False) as pipe:
+                for i in finals:
+                    pipe.exists(keys.final_key(task_ids[i]))
+                # ReplicationUncertain: the caller runs the batch (writes are first-wins)
+                found = execute_waiting(self.client, pipe, self.waiter)
+            for i, present in zip(finals, found, strict=True):
+                if not present:
+                    states[i] = 0
+        return states
 
     def arrive(self, task_ids: Sequence[str]) -> list[int]:
         """Count one delivery of each id; returns each counter (deliveries so far).

@@ -22,6 +22,7 @@ A failure's ``result`` is Celery's JSON exception encoding with the fleet's code
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,12 +31,16 @@ from typing import TYPE_CHECKING, Any
 from shared import keys
 from shared.errors import FleetError
 
+log = logging.getLogger("fleet.results")
+
 if TYPE_CHECKING:  # the engine's Celery-free parts import Outcome from here
     from celery import Celery
 
+    from shared.redis_client import Waiter
+
 # KEYS: final marker, result key. ARGV: encoded meta, ttl_s (0 = none), "1" to keep a
-# document already stored (Celery's own REVOKED, written by its revoke command). Returns 1
-# if written.
+# document already stored (Celery's own REVOKED, written by its revoke command), "0" not to
+# PUBLISH (the caller publishes once a replica has the write). Returns 1 if written.
 _WRITE_FIRST = """
 local ttl = tonumber(ARGV[2])
 local set
@@ -51,7 +56,7 @@ if ttl > 0 then
 else
   redis.call('SET', KEYS[2], ARGV[1])
 end
-redis.call('PUBLISH', KEYS[2], ARGV[1])
+if ARGV[4] ~= '0' then redis.call('PUBLISH', KEYS[2], ARGV[1]) end
 return 1
 """
 
@@ -88,9 +93,18 @@ def exception_dict(err: FleetError) -> dict[str, Any]:
 
 
 class ResultWriter:
-    """Writes :class:`Outcome` lists to Celery's Redis result backend in one pipeline."""
+    """Writes :class:`Outcome` lists to Celery's Redis result backend in one pipeline.
 
-    def __init__(self, app: Celery) -> None:
+    ``waiter`` (Redis behind Sentinel): the pipeline ends with ``WAIT``, so results are on a
+    replica before the caller acks their messages; a failover after the ack cannot lose a
+    result whose message is gone (``shared.redis_client.Waiter``). Their ``PUBLISH`` follows
+    once ``WAIT`` confirmed them (one more round trip): a write a failover then discards
+    (it raises ``ReplicationUncertain``, nothing is acked, the request runs again) was never
+    announced, so a subscribed client sees one final result, not two.
+    """
+
+    def __init__(self, app: Celery, waiter: Waiter | None = None) -> None:
+        self.waiter = waiter
         self.backend = app.backend
         self.expires_s = int(self.backend.expires or 0)
         self.failure_expires_s = int(getattr(self.backend, "failure_expires", 0) or self.expires_s)
@@ -147,19 +161,44 @@ class ResultWriter:
         """
         if not outcomes:
             return []
-        with self.backend.client.pipeline(transaction=False) as pipe:
+        import redis  # here, not at import: the engine's Celery-free parts import this module
+
+        from shared.redis_client import execute_waiting
+
+        client = self.backend.client
+        publish_later = self.waiter is not None
+        stored: list[tuple[str, bytes | str]] = []
+        with client.pipeline(transaction=False) as pipe:
             for o in outcomes:
                 key = self.backend.get_key_for_task(o.task_id)
                 value = self.backend.encode(self.meta(o))
+                stored.append((key, value))
                 ttl = self.failure_expires_s if o.error is not None else self.expires_s
                 self._script(0)(
                     keys=[keys.final_key(o.task_id), key],
-                    args=[value, ttl, "1" if o.keep_existing else "0"],
+                    args=[
+                        value,
+                        ttl,
+                        "1" if o.keep_existing else "0",
+                        "0" if publish_later else "1",
+                    ],
                     client=pipe,
                 )
             if also_delete:
                 pipe.delete(*also_delete)
-            replies = pipe.execute()
+            replies = execute_waiting(client, pipe, self.waiter)
         written = [bool(r) for r in replies[: len(outcomes)]]
+        if publish_later and any(written):
+            # The results are stored and replicated: a lost announcement costs only
+            # subscribers a wait (Celery's result consumer reads stored results when it
+            # subscribes again), never the results: the batch is acked all the same.
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    for (key, value), w in zip(stored, written, strict=True):
+                        if w:
+                            pipe.publish(key, value)
+                    pipe.execute()
+            except redis.RedisError as exc:
+                log.warning("announcing %d stored results failed: %s", sum(written), exc)
         self.duplicates += written.count(False)
         return written

@@ -74,10 +74,10 @@ class SegmentRenewer:
 
     def client(self) -> redis.Redis:
         if self._client is None:
-            import redis
+            from shared.redis_client import redis_client
 
-            self._client = redis.Redis.from_url(
-                self.settings.redis_url(self.role), socket_timeout=5.0, socket_connect_timeout=2.0
+            self._client = redis_client(
+                self.settings, self.role, socket_timeout=5.0, socket_connect_timeout=2.0
             )
         return self._client
 

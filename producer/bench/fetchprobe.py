@@ -200,11 +200,9 @@ def _count_results(settings) -> tuple[list[int], threading.Condition, threading.
     import redis
 
     from shared import keys
+    from shared.redis_client import redis_client
 
-    user, password = settings.redis_credentials("admin")
-    r = redis.Redis(
-        host=settings.redis.host, port=settings.redis.port, username=user, password=password
-    )
+    r = redis_client(settings)
     sub = r.pubsub(ignore_subscribe_messages=True)
     sub.psubscribe(f"{keys.RESULT_KEY_PREFIX}*")
     done = [0]

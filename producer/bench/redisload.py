@@ -46,6 +46,7 @@ import redis
 from producer.client import FleetClient, SubmitRequest
 from producer.stack import Stack, isolated_environment
 from shared import keys
+from shared.redis_client import redis_client
 
 REPO = Path(__file__).resolve().parents[2]
 SHM_ROOT = Path("/dev/shm") / f"mmfleet-bench-{os.getpid()}"
@@ -170,7 +171,7 @@ def measure(requests: int, idle_s: float, workdir: Path) -> dict[str, Any]:
         stack = Stack(settings)
         stack.up(["text"], flower=False)
         client = FleetClient(settings)
-        admin = redis.Redis.from_url(settings.redis_url())
+        admin = redis_client(settings)
         try:
             texts = [
                 t

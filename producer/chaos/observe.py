@@ -28,9 +28,9 @@ class Publishes:
     results that a subscribed client could both see.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, client: redis.Redis) -> None:
         self.counts: Counter[str] = Counter()
-        self._r = redis.Redis.from_url(url)
+        self._r = client
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-pubsub", daemon=True)
         self._ready = threading.Event()

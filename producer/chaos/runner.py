@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from producer.chaos.faults import FAULTS, Ctx, parse_target, pid_of
 from producer.chaos.load import Load
 from producer.chaos.observe import Publishes, Runs, locate, poll_outcomes
@@ -29,6 +27,7 @@ from producer.chaos.scenarios import LoadSpec, Scenario
 from producer.chaos.tally import Seen, row, verdict
 from producer.client import FleetClient
 from producer.stack import Stack, free_port, isolated_environment
+from shared.redis_client import redis_client
 
 log = logging.getLogger("fleet.chaos")
 
@@ -84,7 +83,7 @@ def run(opts: Options) -> dict[str, Any]:
                 modality, instance = parse_target(name)
                 st.start_worker(modality, instance=instance)
             client = FleetClient(settings)
-            pubs = Publishes(settings.redis_url())
+            pubs = Publishes(redis_client(settings))
             pubs.start()
             try:
                 for i, sc in enumerate(opts.scenarios):
@@ -127,7 +126,7 @@ def _scenario(
     runs.mark()
     pids = {n: pid_of(st, n) for n in names}
     load = Load(client, opts.load, opts.with_video and sc.modality == "video", seed).start()
-    r = redis.Redis.from_url(st.s.redis_url(), socket_timeout=5)
+    r = redis_client(st.s, socket_timeout=5)
     ctx = Ctx(st, client, r, load, sc, seen)
     try:
         time.sleep(opts.load.warmup_s)

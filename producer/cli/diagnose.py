@@ -103,6 +103,17 @@ def probe_client(settings: Settings, user: str | None, password: str) -> Any:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
+    if settings.ha:
+        from shared.redis_client import sentinel_master
+
+        return sentinel_master(
+            settings,
+            user,
+            password,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=ANSWER_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),
+        )
     return redis.Redis(
         host=settings.redis.host,
         port=settings.redis.port,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Annotated
@@ -11,6 +12,8 @@ import typer
 from producer.cli.base import CliProblem, ExitCode, app, cli_settings, emit
 from shared.keys import realtime_queue_name
 from shared.settings import MODALITIES
+
+DEFAULT_SENTINEL_PORTS = (26379, 26380, 26381)  # `fleet up --ha` without [redis] sentinels
 
 
 @app.command()
@@ -87,6 +90,14 @@ def up(
     ] = "",
     flower: Annotated[bool, typer.Option(help="start Flower")] = True,
     gateway: Annotated[bool, typer.Option(help="start the HTTP gateway (fleet gateway)")] = True,
+    ha: Annotated[
+        bool,
+        typer.Option(
+            help="Redis high availability: a primary, a replica (port + 1) and 3 sentinels "
+            "([redis] sentinels, default 127.0.0.1:26379-26381); every process follows "
+            "the primary through the sentinels"
+        ),
+    ] = False,
 ) -> None:
     """Start Redis, the workers, Flower and the HTTP gateway in the background; return when
     all answer (exit 3 with the cause when one cannot start)."""
@@ -104,6 +115,10 @@ def up(
             ExitCode.REFUSED,
         )
     settings = cli_settings()
+    if ha and not settings.ha:  # the processes it starts inherit the variable
+        sentinels = [f"{settings.redis.host}:{p}" for p in DEFAULT_SENTINEL_PORTS]
+        os.environ["FLEET_REDIS__SENTINELS"] = json.dumps(sentinels)
+        settings = cli_settings()
     stack = Stack(settings)
     running = {n for n, ok in stack.status().items() if ok and n.startswith("worker-")}
     try:

@@ -70,19 +70,12 @@ class Gateway:
         self.jobs: JobService | None = None
 
     async def start(self) -> None:
-        import redis.asyncio as aioredis
-
         from producer.client import FleetClient
+        from shared.redis_client import async_redis_client
 
         client = FleetClient(self.settings)
-        # The producer's own credentials: the URL its Celery app was built with.
-        url = str(client.app.conf.broker_url)
-        # A blocking pool: a burst of requests waits for a connection (each holds one for
-        # a round trip) instead of failing with "Too many connections".
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=64, timeout=10, health_check_interval=30
-        )
-        redis = aioredis.Redis(connection_pool=pool)
+        # The producer's own credentials, as its Celery app.
+        redis = async_redis_client(self.settings, client.role, max_connections=64)
         self.jobs = JobService(client, redis, self.models)
         await self.jobs.start()
 

@@ -238,3 +238,47 @@ def test_missing_config_file_is_a_clear_error(
     monkeypatch.setenv("FLEET_CONFIG", str(tmp_path / "nope.toml"))
     with pytest.raises(FileNotFoundError, match=r"nope\.toml"):
         load_settings()
+
+
+def test_sentinels_turn_the_url_into_kombus_sentinel_form() -> None:
+    s = load_settings(
+        redis={
+            "user": "producer",
+            "password": "p@ss",
+            "db": 3,
+            "sentinels": ["127.0.0.1:26379", "10.0.0.2:26380"],
+        }
+    )
+    assert s.ha
+    assert s.sentinel_addresses() == [("127.0.0.1", 26379), ("10.0.0.2", 26380)]
+    assert s.redis_url("producer") == (
+        "sentinel://producer:p%40ss@127.0.0.1:26379/3;sentinel://producer:p%40ss@10.0.0.2:26380/3"
+    )
+
+
+def test_without_sentinels_the_url_is_the_plain_one() -> None:
+    s = load_settings(redis={"password": "pw", "port": 6401})
+    assert not s.ha
+    assert s.redis_url() == "redis://:pw@127.0.0.1:6401/0"
+
+
+def test_sentinels_come_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_REDIS__SENTINELS", '["127.0.0.1:26379", "127.0.0.1:26380"]')
+    assert load_settings().redis.sentinels == ["127.0.0.1:26379", "127.0.0.1:26380"]
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1", ":26379", "host:port", "host:70000"])
+def test_a_sentinel_that_is_not_host_port_is_refused(bad: str) -> None:
+    with pytest.raises(ValidationError, match="host:port"):
+        load_settings(redis={"sentinels": [bad]})
+
+
+def test_the_sentinel_password_comes_from_the_setting_or_the_run_dir(tmp_path: Path) -> None:
+    (tmp_path / "redis-sentinel.password").write_text("from-file\n")
+    s = load_settings(stack={"run_dir": tmp_path}, redis={"sentinels": ["127.0.0.1:1"]})
+    assert s.sentinel_password() == "from-file"
+    s = load_settings(
+        stack={"run_dir": tmp_path},
+        redis={"sentinels": ["127.0.0.1:1"], "sentinel_password": "set"},
+    )
+    assert s.sentinel_password() == "set"

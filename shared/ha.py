@@ -1,0 +1,68 @@
+"""kombu transports for a Redis behind Sentinel, whose publishes wait for a replica.
+
+:class:`SentinelTransport` is kombu's own Sentinel transport (the primary found through the
+sentinels, connections following a failover) whose ``_put`` sends each message's ``LPUSH``
+and a ``WAIT`` in one pipeline on one connection (``shared.redis_client.Waiter``): once a
+publish returns, the message is on a replica too, and a failover that follows cannot lose
+it. Producers use it (``shared.celery_app``); batching workers use
+``workers.broker_ha.SentinelTransport``, which adds their fetch, leases and bell.
+
+Transport options (Celery ``broker_transport_options``), beside kombu's ``master_name`` and
+``sentinel_kwargs``:
+    wait_replicas: replicas a publish waits for (0: no ``WAIT``).
+    wait_timeout_ms: the longest wait.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
+
+from shared.redis_client import Waiter, execute_waiting
+
+
+class WaitingPut:
+    """A kombu Redis channel mixin: each message's ``LPUSH`` is followed by ``WAIT`` on the
+    same connection (one round trip), unless the waiter is backing off."""
+
+    wait_replicas = 0
+    wait_timeout_ms = 250
+    _waiter: Waiter | None = None
+
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+        waiter = self._put_waiter()
+        ch: Any = self
+        if waiter is None or "_publish_batch" in kwargs:
+            return super()._put(queue, message, **kwargs)  # type: ignore[misc]
+        key = ch._q_for_pri(queue, ch._get_message_priority(message, reverse=False))
+        with ch.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+            pipe.lpush(key, dumps(message))
+            if ch._expires and queue in ch._expires:
+                for p in ch.priority_steps:
+                    pipe.pexpire(ch._q_for_pri(queue, p), ch._expires[queue])
+            # ReplicationUncertain is a connection error: kombu's publish retry sends the
+            # message again, to the new primary
+            execute_waiting(client, pipe, waiter)
+
+    def _put_waiter(self) -> Waiter | None:
+        if self._waiter is None and self.wait_replicas > 0:
+            self._waiter = Waiter(int(self.wait_replicas), int(self.wait_timeout_ms))
+        return self._waiter
+
+
+class SentinelChannel(WaitingPut, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel whose publishes wait for a replica."""
+
+    from_transport_options = (
+        *kombu_redis.SentinelChannel.from_transport_options,
+        "wait_replicas",
+        "wait_timeout_ms",
+    )
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with :class:`SentinelChannel`."""
+
+    Channel = SentinelChannel
