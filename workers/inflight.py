@@ -21,10 +21,12 @@ same delivery and are not counted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared import keys
-from shared.redis_client import Waiter, execute_waiting
+
+if TYPE_CHECKING:  # redis stays out of the engine parts' imports (workers.poison uses this)
+    from shared.redis_client import Waiter
 
 MAX_DELIVERIES = 3  # deliveries whose worker died running them, after which a message is poison
 FINAL = -1  # _BEGIN's answer for a request that has its final result already
@@ -86,6 +88,8 @@ class InFlight:
                 for i in finals:
                     pipe.exists(keys.final_key(task_ids[i]))
                 # ReplicationUncertain: the caller runs the batch (writes are first-wins)
+                from shared.redis_client import execute_waiting
+
                 found = execute_waiting(self.client, pipe, self.waiter)
             for i, present in zip(finals, found, strict=True):
                 if not present:
