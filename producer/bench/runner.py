@@ -381,14 +381,19 @@ class Bench:
         return self._peers[modality].name if mode in PEER_MODES else f"worker-{modality}"
 
     def _text_inputs(self, n: int = 8) -> list[tuple[str, int]]:
-        """(source, index) of the workload's first ``n`` non-blank texts (the overhead
-        probes must succeed: a workload may also send edge cases that are refused)."""
-        srcs = [k for k in used_sources(self.w) if self.catalog.modality(k) == "text"]
+        """(source, index) of the workload's first ``n`` plain texts (the overhead probes
+        must succeed: a workload may also send edge cases that are refused, blank or with no
+        token after normalisation): line sources first, then by name, so every run picks
+        the same."""
+        srcs = sorted(
+            (k for k in used_sources(self.w) if self.catalog.modality(k) == "text"),
+            key=lambda k: (self.w.sources[k].kind != "lines", k),
+        )
         out = [
             (src, i)
             for src in srcs
             for i in range(self.catalog.size(src))
-            if str(self.catalog.get(src, i).get("text", "")).strip()
+            if _plain(str(self.catalog.get(src, i).get("text", "")))
         ]
         return out[:n]
 
@@ -467,3 +472,8 @@ def summarize_mode(mr: ModeResult, w: Workload) -> dict[str, Any]:
         "modalities": combine_reps(mr.summaries),
         "lag": combine_lag(mr.summaries, arrivals),
     }
+
+
+def _plain(text: str) -> bool:
+    """An ordinary text: at least three ASCII letters or digits, at most 1,000 characters."""
+    return len(text) <= 1000 and sum(c.isascii() and c.isalnum() for c in text) >= 3
