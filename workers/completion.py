@@ -302,6 +302,7 @@ class Handoff:
 
     def __init__(self, completer: Completer, loop: Loop, store_early: Callable[[], bool]) -> None:
         self.completer, self.loop, self.store_early = completer, loop, store_early
+        self.on_drain: Callable[[], None] = lambda: None  # after each drain (loop thread)
         self._items: deque[Posted] = deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -325,6 +326,10 @@ class Handoff:
             # thread-safe); the ack still comes after the result.
             self.completer.store(done)
         self._items.extend(items)
+        self.wake()
+
+    def wake(self) -> None:
+        """Have the loop thread drain (and call ``on_drain``) soon (any thread)."""
         with contextlib.suppress(BlockingIOError):  # pipe full: a wake-up is pending anyway
             os.write(self._wake_w, b"x")
 
@@ -337,3 +342,4 @@ class Handoff:
         while self._items:
             items.append(self._items.popleft())
         self.completer.handle(items)
+        self.on_drain()

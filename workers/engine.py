@@ -74,7 +74,7 @@ from workers.inflight import MAX_DELIVERIES, InFlight
 from workers.lanes import Lanes
 from workers.lease import LeaseKeeper
 from workers.models import make_adapter
-from workers.poison import Deliveries
+from workers.poison import Deliveries, Isolation
 from workers.results import Outcome, ResultWriter
 from workers.runtime import DeviceRuntime
 from workers.telemetry import Tracing
@@ -135,6 +135,7 @@ class Engine:
         ttl = max(IN_FLIGHT_TTL_S, settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
         self.inflight = InFlight(app.backend.client, int(ttl), Waiter.of(settings))
         self.deliveries = Deliveries(self.inflight)
+        self.isolation = Isolation()
         self.keeper: LeaseKeeper | None = None
         self.stats = EngineStats()
         self.metrics = FleetMetrics(modality, model=cfg.model)
@@ -173,7 +174,11 @@ class Engine:
             latency=self.batcher.model,
             faults=self.faults,
             progress=progress,
+            isolation=self.isolation,
         )
+        # Arrivals deferred while a suspect ran are admitted once it ends (loop thread).
+        self.isolation.on_clear = self.handoff.wake
+        self.handoff.on_drain = self._resume_admission
         self.lanes = Lanes(
             self.batcher,
             self.runtime,
@@ -226,7 +231,7 @@ class Engine:
         the rest back to its queue at once. Called on the worker's shutdown, after Celery
         stopped consuming; results and acks are then written from the inference thread."""
         timeout_s = self.cfg.soft_shutdown_timeout_s if timeout_s is None else timeout_s
-        self._admit()  # what arrived last, then what the loop thread had not handled yet
+        self._admit(block=True)  # what arrived last, then what the loop had not handled yet
         self.drain()
         with self._lock:
             self.loop.inline = True
@@ -368,31 +373,50 @@ class Engine:
             self.stats.twins += 1
             return True
 
-    def _admit(self) -> None:
-        """Count the deliveries of the messages that arrived, then decode and hold them."""
-        batch, self._admitting = self._admitting, []
-        if not batch:
-            return
-        counts = self.deliveries.arrive([req.id for req, _ in batch])
-        decoded = []
-        for (req, env), count in zip(batch, counts, strict=True):
-            with self._lock:
-                twins = self._arriving.pop(req.id, [])
-            if self._hold(req, env, count, twins) and count > 0:
-                decoded.append(req.id)
-        self.deliveries.decoded(decoded)
+    def _admit(self, block: bool = False) -> None:
+        """Count the deliveries of the messages that arrived, decode them, give back the
+        counts of those that decoded, and only then hold them for the batcher: none of a
+        group runs while its group-mates are still counted (``workers.poison``).
 
-    def _hold(self, req: Any, env: TaskEnvelope, count: int, twins: list[Any]) -> bool:
-        """Admit one request and give it to the batcher; False if it was refused."""
+        While a suspect runs (or waits to) the arrivals wait unread, unless ``block``."""
+        if not self._admitting:
+            return
+        if not self.isolation.try_admit(block=block or not self.loop.running):
+            return  # admitted by _resume_admission once the suspect ends
+        try:
+            batch, self._admitting = self._admitting, []
+            counts = self.deliveries.arrive([req.id for req, _ in batch])
+            held: list[Pending] = []
+            decoded: list[str] = []
+            for (req, env), count in zip(batch, counts, strict=True):
+                with self._lock:
+                    twins = self._arriving.pop(req.id, [])
+                pending = self._decode(req, env, count, twins)
+                if pending is not None:
+                    held.append(pending)
+                    if count > 0:
+                        decoded.append(req.id)
+            self.deliveries.decoded(decoded)
+        finally:
+            self.isolation.admitted()
+        with self._lock:
+            for pending in held:
+                self._by_id[pending.id] = pending.item
+                self.lanes.hold(pending)
+
+    def _resume_admission(self) -> None:
+        """Admit what waited while a suspect ran (loop thread, after each drain)."""
+        if self._admitting:
+            self._admit()
+
+    def _decode(self, req: Any, env: TaskEnvelope, count: int, twins: list[Any]) -> Pending | None:
+        """Admit one request (decode it); ``None`` if it was refused (settled here)."""
         pending = self.admission.admit(req, env, count, twins)
         if isinstance(pending, FleetError):
             for r in (req, *twins):
                 self.completer.refuse(r, pending, env.priority)
-            return False
-        with self._lock:
-            self._by_id[req.id] = pending.item
-            self.lanes.hold(pending)
-        return True
+            return None
+        return pending
 
     def _worker_store(self) -> Any:
         from shared.transport import process_store

@@ -40,6 +40,7 @@ from workers.batcher import LatencyModel, Pending, Trigger
 from workers.circuit import CircuitBreaker
 from workers.faults import FaultInjector
 from workers.models.base import ModelAdapter
+from workers.poison import Isolation
 from workers.results import Outcome
 from workers.runtime import DeviceRuntime
 from workers.work import Done, Observers, Posted, Progress, ProgressThrottle, Retry, Started, Work
@@ -117,6 +118,7 @@ class BatchRunner:
         breaker: the model's circuit breaker.
         retry: the modality's retry policy.
         latency: the batcher's latency model (observed after clean batches).
+        isolation: runs a suspect batch alone (shared with the engine's admission).
         clock: monotonic seconds (injected by tests).
     """
 
@@ -133,6 +135,7 @@ class BatchRunner:
         latency: LatencyModel,
         faults: FaultInjector,
         progress: ProgressThrottle | None = None,
+        isolation: Isolation | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.modality, self.adapter, self.runtime = modality, adapter, runtime
@@ -141,6 +144,7 @@ class BatchRunner:
         self.breaker, self.retry, self.latency = breaker, retry, latency
         self.faults = faults
         self.progress = progress or ProgressThrottle()
+        self.isolation = isolation or Isolation()
         self.clock = clock
         self._trim_count = itertools.count(1)
 
@@ -156,15 +160,17 @@ class BatchRunner:
             self.post([Done(w, w.req, Outcome(w.req.id, error=err)) for w in batch])
             return
         self.runtime.yield_now()
-        batch = self.host.gate(batch)
-        if not batch:
-            return
-        self.post([Started(batch)])
-        self.metrics.eco.started([self.metrics.eco.queue_of(w.req) for w in batch])
-        failed, ready = self._preprocess(batch)
-        t0 = time.perf_counter()
-        ran = self._run_isolating(ready)
-        elapsed = time.perf_counter() - t0
+        # A suspect runs alone: a death now is blamed on it only (workers.poison.Isolation).
+        with self.isolation.running(any(w.suspect for w in batch)):
+            batch = self.host.gate(batch)
+            if not batch:
+                return
+            self.post([Started(batch)])
+            self.metrics.eco.started([self.metrics.eco.queue_of(w.req) for w in batch])
+            failed, ready = self._preprocess(batch)
+            t0 = time.perf_counter()
+            ran = self._run_isolating(ready)
+            elapsed = time.perf_counter() - t0
         self.stats.model_s += elapsed
         if ready and all(d.outcome.error is None for d in ran):
             self.latency.observe(batch[0].prepared.bucket, len(ready), elapsed)

@@ -15,6 +15,8 @@ Faults (checked right before a batch containing the request runs):
 - ``"slow:S"``       the batch takes S more seconds (a long video, a hung model call).
 - ``"crash_prepare"`` the worker process exits while decoding the request's input (a media
                      header that crashes a decoder).
+- ``"slow_prepare:S"`` decoding the request's input takes S more seconds (a large image on a
+                     busy host: what else happens meanwhile must not be blamed on it).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class FaultInjector:
         """Act on a fault due while the request's input is decoded."""
         if spec == "crash_prepare":
             os._exit(70)
+        if spec and spec.startswith("slow_prepare:"):
+            time.sleep(float(spec.split(":", 1)[1]))
 
     def before_batch(self, batch: Sequence[tuple[str, str | None]]) -> None:
         """Raise the injected fault of a batch of ``(request_id, spec)``, if any."""

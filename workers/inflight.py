@@ -5,8 +5,8 @@ One round trip per batch (``_BEGIN``), for every member:
 - if ``fleet:final:<id>`` exists, the request already has its final result (a redelivered
   or duplicated copy of a finished request): it is not run, only acked
   (``workers.results`` writes that marker with the first final result);
-- else, if it was not counted at arrival (Redis was away then), its in-flight counter is
-  incremented now.
+- else, on its first run in this delivery, its in-flight counter is incremented (the
+  arrival's count was given back once it decoded).
 
 The in-flight counter ``fleet:deliveries:<id>`` is incremented when a delivery arrives,
 before its input is decoded (:meth:`InFlight.arrive`, one round trip per fetch), and given

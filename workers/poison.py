@@ -9,7 +9,11 @@ the decisions and the safety nets around them, so they can be tested without Red
 - what is left counts the deliveries whose worker died decoding or running them; a delivery
   that finds ``max_deliveries`` deaths fails ``WORKER_LOST`` instead of running;
 - a delivery with an earlier death (a *suspect*) runs in a bucket of its own, so it cannot
-  take innocent batch-mates down with it again;
+  take innocent batch-mates down with it again, and alone on the worker (:class:`Isolation`):
+  no other batch runs and no arrival is being decoded meanwhile, so a death while it runs is
+  blamed on it only;
+- an arrival group is given back (uncounted) before any of its members may run, so a member
+  that kills the worker is not blamed twice, nor its group-mates once;
 - Redis refusing a count never stops a request: counting is a safety net, and result
   writes are first-wins.
 """
@@ -18,14 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from shared.errors import WorkerLost
 from workers.inflight import FINAL, MAX_DELIVERIES
 from workers.work import Work
 
-__all__ = ["Counters", "Deliveries", "suspect_bucket"]
+__all__ = ["Counters", "Deliveries", "Isolation", "suspect_bucket"]
 
 log = logging.getLogger("fleet.engine")
 
@@ -111,3 +116,79 @@ class Deliveries:
         """Give back the counts of requests that did not die (a shutdown, returned unrun)."""
         with contextlib.suppress(Exception):
             self.counters.uncount([w.req.id for w in works if w.counted])
+
+
+class Isolation:
+    """Who may run beside whom, so that a worker's death is blamed only on what caused it.
+
+    A *suspect* batch (a delivery whose worker died before) runs alone: it waits until no
+    other batch runs and no arrival group is counted-but-not-given-back (decoding), and
+    while it waits or runs no other batch starts and arrivals are not counted. Other
+    batches run beside each other and beside decoding arrivals (a first death may blame a
+    decoding request once; its redelivery is then a suspect and runs alone).
+
+    Batch threads block here; the consumer's event loop never does: :meth:`try_admit`
+    answers at once, and ``on_clear`` (any thread) is called once the last suspect ends so
+    that the deferred arrivals are admitted then.
+    """
+
+    def __init__(self, on_clear: Callable[[], None] | None = None) -> None:
+        self.on_clear = on_clear or (lambda: None)
+        self._cond = threading.Condition()
+        self._batches = 0  # other batches running
+        self._admitting = 0  # arrival groups counted, not yet given back
+        self._suspects = 0  # suspects running or waiting to
+        self._suspect_running = False
+
+    def try_admit(self, block: bool = False) -> bool:
+        """Start counting an arrival group; ``False`` (when not ``block``) while a suspect
+        runs or waits: count it once :attr:`on_clear` is called."""
+        with self._cond:
+            if self._suspects and not block:
+                return False
+            self._cond.wait_for(lambda: not self._suspects)
+            self._admitting += 1
+            return True
+
+    def admitted(self) -> None:
+        """The group started by :meth:`try_admit` is given back (or failed to count)."""
+        with self._cond:
+            self._admitting -= 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def running(self, suspect: bool) -> Iterator[None]:
+        """Hold while a batch runs (batch threads); a suspect one runs alone."""
+        with self._cond:
+            if suspect:
+                self._suspects += 1
+                self._cond.wait_for(
+                    lambda: not (self._batches or self._admitting or self._suspect_running)
+                )
+                self._suspect_running = True
+            else:
+                self._cond.wait_for(lambda: not self._suspects)
+                self._batches += 1
+        clear = False
+        try:
+            yield
+        finally:
+            with self._cond:
+                if suspect:
+                    self._suspects -= 1
+                    self._suspect_running = False
+                    clear = not self._suspects
+                else:
+                    self._batches -= 1
+                self._cond.notify_all()
+            if clear:
+                self.on_clear()
+
+    def snapshot(self) -> dict[str, int]:
+        """Counts now (for tests and stats)."""
+        with self._cond:
+            return {
+                "batches": self._batches,
+                "admitting": self._admitting,
+                "suspects": self._suspects,
+            }

@@ -53,6 +53,7 @@ class Work:
         attempts: in-place retries so far (0 on the first run).
         started_s: when its (last) batch started (monotonic seconds; 0.0 before).
         counted: its in-flight counter was incremented for this delivery (``workers.poison``).
+        suspect: an earlier delivery's worker died with it: it runs alone (``workers.poison``).
         twins: more copies of this task id, held: acked (or given back) with it.
     """
 
@@ -66,6 +67,7 @@ class Work:
     batch_id: str = ""
     batch_size: int = 0
     counted: bool = False
+    suspect: bool = False
     twins: list[Any] = field(default_factory=list)
 
     def pending(self, arrival_s: float, bucket: str | None = None) -> Pending:

@@ -146,3 +146,34 @@ def test_poison_message_ends_as_worker_lost_and_innocents_survive(
     if not fault_stack.alive("worker-text"):
         fault_stack.start_worker("text")
     assert innocent.get(30)["dim"] == 384
+
+
+def test_an_input_decoding_while_a_suspect_crashes_the_worker_is_not_blamed(
+    fclient: FleetClient, fault_stack: Any
+) -> None:
+    """A suspect (a delivery whose worker died before) runs with no decode in progress: a
+    request decoding while the suspect kills the worker did not kill it, and must not be
+    counted as a death (three such counts refused an innocent request ``WORKER_LOST``)."""
+    from producer.stack import StackError
+
+    if not fault_stack.alive("worker-text"):
+        fault_stack.start_worker("text")
+    poison = fclient.submit("text", {"text": words(17), "_inject": "crash"}, priority="bulk")
+    # Submitted right after the poison: each redelivery fetches both, and the innocent's
+    # decoding (1.5 s) is under way when the poison's batch would run.
+    slow = fclient.submit(
+        "text", {"text": words(18), "_inject": "slow_prepare:1.5"}, priority="bulk"
+    )
+    restarts, deadline = 0, time.monotonic() + 150
+    while poison.state() != "FAILURE" and time.monotonic() < deadline:
+        if not fault_stack.alive("worker-text"):
+            fault_stack.stop("worker-text", timeout_s=1)
+            restarts += 1
+            with contextlib.suppress(StackError):
+                fault_stack.start_worker("text")
+        time.sleep(0.1)
+    assert poison.outcome(timeout_s=5)["error"]["code"] == "WORKER_LOST"
+    assert restarts == 3
+    if not fault_stack.alive("worker-text"):
+        fault_stack.start_worker("text")
+    assert slow.get(60)["dim"] == 384
