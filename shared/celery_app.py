@@ -77,7 +77,10 @@ def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
         enable_utc=True,
     )
     if settings.ha:
-        app.conf.broker_transport = "shared.ha:SentinelTransport"
+        from shared.ha import PRODUCER_TRANSPORT, pin_sentinel_transport
+
+        app.conf.broker_transport = PRODUCER_TRANSPORT
+        pin_sentinel_transport(PRODUCER_TRANSPORT)  # kept through kombu's failover switch
     return app
 
 

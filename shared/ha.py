@@ -7,6 +7,13 @@ publish returns, the message is on a replica too, and a failover that follows ca
 it. Producers use it (``shared.celery_app``); batching workers use
 ``workers.broker_ha.SentinelTransport``, which adds their fetch, leases and bell.
 
+kombu takes the ``;``-joined ``sentinel://`` URLs for failover alternates, and when a
+connection attempt fails it switches to the next one, re-deriving the transport from the
+URL's scheme (``kombu.Connection.switch``): kombu's own Sentinel transport, whose publishes
+do not wait and whose workers have no batched fetch or leases.
+:func:`pin_sentinel_transport` makes ``sentinel://`` name the fleet's transport in the
+process, so a connection keeps it through every switch.
+
 Transport options (Celery ``broker_transport_options``), beside kombu's ``master_name`` and
 ``sentinel_kwargs``:
     wait_replicas: replicas a publish waits for (0: no ``WAIT``).
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
@@ -66,3 +74,20 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     """kombu's Sentinel transport with :class:`SentinelChannel`."""
 
     Channel = SentinelChannel
+
+
+PRODUCER_TRANSPORT = "shared.ha:SentinelTransport"
+WORKER_TRANSPORT = "workers.broker_ha:SentinelTransport"
+
+
+def pin_sentinel_transport(transport: str = PRODUCER_TRANSPORT) -> None:
+    """Make ``sentinel://`` URLs resolve to ``transport`` (``"module:Class"``) in this
+    process (module docstring: kombu's failover switch). The worker's transport, once
+    pinned, stays: its publishes wait as the producer's do, and it adds the batched fetch
+    and leases a worker's consumer needs."""
+    aliases = kombu_transport.TRANSPORT_ALIASES
+    if aliases.get("sentinel") == WORKER_TRANSPORT and transport == PRODUCER_TRANSPORT:
+        return
+    aliases["sentinel"] = transport
+    # resolved names are cached by kombu (get_transport_cls)
+    kombu_transport._transport_cache.pop("sentinel", None)

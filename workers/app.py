@@ -84,9 +84,13 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
     if mode == "batch":
         app.tasks[task_name(modality)].Strategy = "workers.strategy:batching_strategy"
         # The baseline stays plain Celery: kombu's own transport, one BRPOP per message.
-        app.conf.broker_transport = (
-            "workers.broker_ha:SentinelTransport" if settings.ha else "workers.broker:Transport"
-        )
+        if settings.ha:
+            from shared.ha import WORKER_TRANSPORT, pin_sentinel_transport
+
+            app.conf.broker_transport = WORKER_TRANSPORT
+            pin_sentinel_transport(WORKER_TRANSPORT)  # kept through kombu's failover switch
+        else:
+            app.conf.broker_transport = "workers.broker:Transport"
         app.conf.broker_transport_options = {
             **app.conf.broker_transport_options,
             "fetch_limit": engine.cfg.device.fetch_limit,

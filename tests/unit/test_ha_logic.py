@@ -155,3 +155,47 @@ def test_workers_take_batches_on_sentinel_pools() -> None:
         "sentinel_kwargs",
         "wait_replicas",
     } <= opts
+
+
+@pytest.fixture()
+def _restore_sentinel_alias() -> Iterator[None]:
+    from kombu import transport as kombu_transport
+
+    alias = kombu_transport.TRANSPORT_ALIASES["sentinel"]
+    yield
+    kombu_transport.TRANSPORT_ALIASES["sentinel"] = alias
+    kombu_transport._transport_cache.pop("sentinel", None)
+
+
+@pytest.mark.usefixtures("_restore_sentinel_alias")
+def test_a_producer_connection_keeps_waiting_publishes_after_kombu_switches_sentinel(
+    tmp_path: Path,
+) -> None:
+    """kombu takes the ``;``-joined sentinel URLs for failover alternates, and its switch to
+    the next one after a connection error re-derives the transport from the URL's scheme:
+    the producer's publishes then went out without ``WAIT`` (lost in ``SENTINEL FAILOVER``)."""
+    from shared.ha import SentinelTransport, WaitingPut
+
+    app = make_app(ha_settings(tmp_path), role="producer")
+    with app.connection_for_write() as conn:
+        assert isinstance(conn.transport, SentinelTransport)
+        conn.maybe_switch_next()  # what ensure_connection does after a failed attempt
+        assert conn.port == 26402
+        assert isinstance(conn.transport, SentinelTransport)
+        assert issubclass(conn.transport.Channel, WaitingPut)
+
+
+@pytest.mark.usefixtures("_restore_sentinel_alias")
+def test_a_worker_connection_keeps_its_fetch_and_leases_after_a_switch(tmp_path: Path) -> None:
+    from kombu import Connection
+
+    from shared.ha import pin_sentinel_transport
+    from workers.broker_ha import SentinelTransport as WorkerSentinel
+
+    s = ha_settings(tmp_path)
+    pin_sentinel_transport("workers.broker_ha:SentinelTransport")
+    make_app(s, role="producer")  # a producer app in the worker's process: the worker's stays
+    conn = Connection(s.redis_url("worker"), transport="workers.broker_ha:SentinelTransport")
+    for _ in range(3):
+        conn.maybe_switch_next()
+        assert isinstance(conn.transport, WorkerSentinel)
