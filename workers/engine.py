@@ -78,7 +78,7 @@ from workers.poison import Deliveries, Isolation
 from workers.results import Outcome, ResultWriter
 from workers.runtime import DeviceRuntime
 from workers.telemetry import Tracing
-from workers.warmup import WarmQueue, WarmStep, split_plan, warm_plan
+from workers.warmup import WarmQueue, WarmStep, split_plan, warm_plan, warming_pays
 from workers.work import Done, EngineStats, Observers, Posted, ProgressThrottle, Work
 
 __all__ = ["Engine"]
@@ -311,19 +311,29 @@ class Engine:
         plan = warm_plan(self.adapter.buckets(), largest)
         before = self.cfg.batching.warmup_buckets_before_ready if self._threaded else None
         first, rest = split_plan(plan, before)
-        for step in first:
-            self._warm_step(step)
+        runs = [self._warm_step(step) for step in first]
+        if rest and not warming_pays(runs):
+            log.info(
+                "background warmup skipped (%d steps): a new shape's first run costs no more "
+                "than its next here (first/second s: %s)",
+                len(rest),
+                ", ".join(f"{a:.3f}/{b:.3f}" for a, b in runs[1:]),
+            )
+            rest = []
         self.lanes.warm_later = WarmQueue(rest)
 
-    def _warm_step(self, step: WarmStep) -> None:
+    def _warm_step(self, step: WarmStep) -> tuple[float, float]:
+        """Run ``step`` twice; observe the second run; ``(first_s, second_s)``."""
         inputs = self.adapter.example_inputs(step.n, step.bucket)
         samples = [self.adapter.preprocess(self.adapter.prepare(i)) for i in inputs]
+        times = []
         for _ in range(2):
             t0 = time.perf_counter()
             with self.runtime.batch_context():
                 self.adapter.run_batch(samples)
-            elapsed = time.perf_counter() - t0
-        self.batcher.model.observe(step.bucket, step.n, elapsed)
+            times.append(time.perf_counter() - t0)
+        self.batcher.model.observe(step.bucket, step.n, times[1])
+        return times[0], times[1]
 
     def run_one(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run one request alone, in the calling thread (baseline mode: plain Celery).

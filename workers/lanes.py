@@ -49,7 +49,7 @@ class Lanes:
         run: Callable[[list[Work], Trigger | None], None],
         crashed: Callable[[list[Pending]], None],
         expire: Callable[[list[Pending]], None],
-        warm_step: Callable[[WarmStep], None],
+        warm_step: Callable[[WarmStep], object],
     ) -> None:
         self.batcher, self.runtime = batcher, runtime
         self.run, self.crashed, self.expire, self.warm_step = run, crashed, expire, warm_step

@@ -10,6 +10,13 @@ never run. So ``[batching] warmup_buckets_before_ready`` buckets (the shortest f
 warmed before the worker takes traffic, and the others by the main inference thread whenever
 it has no batch to run (:class:`WarmQueue`). A bucket a batch needs before it was warmed
 simply pays its one-time costs in that batch; the latency model learns it from real batches.
+
+Warming later only pays where a new shape's first run costs more than its next: on CUDA
+(allocations, kernel selection per shape), not for a TorchScript model on the CPU, where
+after the process's very first run a new shape runs as fast the first time as the second.
+There a background step only takes a core (a batch of 32 at the longest bucket for seconds)
+from the traffic, REALTIME included. :func:`warming_pays` decides from the steps warmed
+before ready: without a first run notably slower than its second, nothing is left for later.
 """
 
 from __future__ import annotations
@@ -51,6 +58,23 @@ def split_plan(
     first = [s for steps in plan[:k] for s in steps]
     rest = [s for steps in plan[k:] for s in steps]
     return first, rest
+
+
+FIRST_RUN_EXCESS = 0.25  # a first run this much slower than the second: warming pays
+
+
+def warming_pays(runs: Sequence[tuple[float, float]], excess: float = FIRST_RUN_EXCESS) -> bool:
+    """Whether warming the rest of the plan pays on this device, from the ``(first_s,
+    second_s)`` run times of the steps warmed before ready, in order.
+
+    The process's very first run is left out (it pays the model's one-time costs, which no
+    later shape pays again). True when a later step's first run took more than
+    ``1 + excess`` times its second, or when no step is left to judge by (warm as planned).
+    """
+    judged = list(runs)[1:]
+    if not judged:
+        return True
+    return any(first > second * (1.0 + excess) for first, second in judged)
 
 
 class WarmQueue:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from workers.warmup import WarmQueue, WarmStep, split_plan, warm_plan
+from workers.warmup import WarmQueue, WarmStep, split_plan, warm_plan, warming_pays
 
 
 def test_plan_warms_each_bucket_at_one_and_its_largest_size() -> None:
@@ -50,3 +50,21 @@ def test_queue_runs_each_step_once_across_threads() -> None:
         t.join()
     assert sorted(ran, key=lambda s: int(s.bucket or 0)) == steps
     assert q.done == 50 and len(q) == 0 and not q.run_one(run)
+
+
+def test_warming_later_is_skipped_where_new_shapes_cost_no_more_the_first_time() -> None:
+    # measured shape of a TorchScript text model on the CPU: only the very first run is slow
+    cpu = [(0.075, 0.032), (0.0503, 0.0473), (0.0094, 0.0089), (0.0937, 0.0878)]
+    assert warming_pays(cpu) is False
+
+
+def test_warming_later_pays_where_a_new_shape_is_slow_the_first_time() -> None:
+    cuda_like = [(2.5, 0.004), (0.060, 0.0040), (0.0042, 0.0040)]  # one shape 15x: CUDA
+    assert warming_pays(cuda_like) is True
+    assert warming_pays([(0.1, 0.05), (0.126, 0.1)]) is True  # just over 25 %
+    assert warming_pays([(0.1, 0.05), (0.124, 0.1)]) is False  # just under
+
+
+def test_with_nothing_to_judge_by_the_plan_is_kept() -> None:
+    assert warming_pays([]) is True
+    assert warming_pays([(3.0, 0.01)]) is True  # only the process's first run: not judged
