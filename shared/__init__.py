@@ -1,4 +1,25 @@
-"""The fleet's common code: settings, task schema, tensor transport, errors, metrics."""
+"""The fleet's common code: settings, task schema, tensor transport, errors, metrics.
+
+Structure (one concern per module)::
+
+    settings.py                typed settings (configs/fleet.toml + FLEET_*), load_settings
+      settings_redis.py        [redis], and the credentials and URLs derived from it
+      settings_paths.py        config files, the run directory, secret files
+    model_options.py           the typed options of each model kind
+    schema.py, priority.py     the task envelope; priority classes and deadlines
+    errors.py                  the error hierarchy, each with a stable code
+    keys.py                    every Celery name and Redis key
+    celery_app.py              the Celery app factory (producers and workers)
+    redis_client.py, ha.py     direct Redis clients; Sentinel transports (WAIT)
+    acl.py                     the Redis ACL users of the fleet's roles
+    queue_stats.py             queue depth and demand (``fleet exporter``)
+    metrics.py, metrics_ecosystem.py, metrics_null.py  Prometheus series (or none)
+    tracing.py                 OpenTelemetry tracing (off by default)
+    procs.py                   process liveness on this host
+    transport/                 /dev/shm tensor transport (its package docstring maps it)
+
+Import settings names from ``shared.settings``.
+"""
 
 import os
 

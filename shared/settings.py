@@ -20,17 +20,20 @@ a writable checkout), else ``$XDG_STATE_HOME/mmfleet/run`` (``~/.local/state/mmf
 
 Secrets (Redis and Flower passwords) are never in the TOML file: they come from the
 environment or from files under ``stack.run_dir`` that ``fleet up`` creates with mode 0600.
+
+Modules: this one holds the sections, :class:`Settings` and :func:`load_settings`;
+``shared.settings_redis`` the ``[redis]`` section and the credentials and URLs derived from it
+(mixed into :class:`Settings`); ``shared.settings_paths`` the config files, the run directory
+and secret files. Import every name from here.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -41,6 +44,44 @@ from pydantic_settings import (
 )
 
 from shared.model_options import AnyModelOptions
+from shared.settings_paths import (
+    REPO_CONFIG,
+    config_paths,
+    ensure_secret,
+    locate_run_dir,
+    project_root,
+    user_run_dir,
+)
+from shared.settings_redis import RedisAccess, RedisSettings
+
+__all__ = [
+    "DELIVERIES_COVERED",
+    "MIN_TTL_JANITOR_INTERVALS",
+    "MODALITIES",
+    "PRIORITY_NAMES",
+    "BatchingConfig",
+    "DebugSettings",
+    "DeviceConfig",
+    "EventSettings",
+    "FlowerSettings",
+    "GatewaySettings",
+    "Limits",
+    "MetricsSettings",
+    "ModalityConfig",
+    "PriorityClass",
+    "RedisSettings",
+    "Settings",
+    "StackSettings",
+    "TracingSettings",
+    "TransportSettings",
+    "config_paths",
+    "ensure_secret",
+    "load_settings",
+    "locate_run_dir",
+    "merge_model_aliases",
+    "project_root",
+    "user_run_dir",
+]
 
 MODALITIES: tuple[str, ...] = ("text", "image", "video", "xmodal")
 PRIORITY_NAMES: tuple[str, ...] = ("realtime", "high", "normal", "bulk")
@@ -49,77 +90,10 @@ DELIVERIES_COVERED = 4
 # A renewed tensor lease must outlast a janitor's renewal margin (shared.transport.lifetime:
 # 2 intervals) by one interval: default_ttl_s >= this many janitor intervals.
 MIN_TTL_JANITOR_INTERVALS = 3
-_REPO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.toml"
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RedisSettings(_Section):
-    host: str = "127.0.0.1"
-    port: int = 6390
-    db: int = 0
-    # Explicit credentials (an external Redis, compose, Kubernetes): every role of this
-    # process connects with them. Without a password, each process connects as the ACL user
-    # of its role (shared.acl) with the password `fleet up` generated for it under run_dir.
-    user: str | None = None
-    password: str | None = None
-    # Batching workers hold a lease on every message they hold (workers.lease): a dead
-    # worker's messages are back in their queue within lease_s, a live worker's never leave.
-    lease_s: float = Field(default=10.0, ge=1.0, le=3600.0)
-    # Batching workers wait for messages on push notifications (the server needs
-    # notify-keyspace-events Kl; `fleet up` sets it) and take each with an atomic script;
-    # false, or a server without them: kombu's BRPOP, which loses the message in flight
-    # when a worker is killed.
-    fetch_notify: bool = True
-    # The last resort for consumers without leases (baseline workers, plain Celery).
-    visibility_timeout_s: int = 3600
-    restore_scan_interval_s: float = 10.0  # how often a worker returns expired unacked messages
-    result_expires_s: int = 86400
-    # High availability (Redis Sentinel, shared.redis_client): with sentinels ("host:port"
-    # each), every process asks them for the primary of ``master_name`` and follows it
-    # through a failover; host and port above are then only where `fleet up --ha` starts
-    # the primary (the replica on port + 1). The sentinels' own password: sentinel_password,
-    # else <run_dir>/redis-sentinel.password.
-    sentinels: list[str] = Field(default_factory=list)
-    master_name: str = "mmfleet"
-    sentinel_password: str | None = None
-    # With sentinels: a publish, and a batch's final results before their ack, wait until
-    # this many replicas have them (WAIT), at most wait_timeout_ms; 0 turns WAIT off.
-    # Without a replica attached (the old primary not back yet) writes go on unreplicated.
-    wait_replicas: int = Field(default=1, ge=0)
-    wait_timeout_ms: int = Field(default=250, ge=1)
-    # The sentinels `fleet up --ha` starts: a primary silent this long is down (then a
-    # quorum of 2 fails over); a failover not done within the timeout is tried again.
-    sentinel_down_after_ms: int = Field(default=2000, ge=100)
-    sentinel_failover_timeout_ms: int = Field(default=10000, ge=1000)
-
-    @field_validator("sentinels")
-    @classmethod
-    def _host_ports(cls, v: list[str]) -> list[str]:
-        for entry in v:
-            host, _, port = entry.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"sentinel {entry!r} is not host:port")
-        return v
-
-    @property
-    def lease_renew_s(self) -> float:
-        """How often a worker renews its leases (seconds)."""
-        return self.lease_s / 5.0
-
-    @property
-    def lease_scan_s(self) -> float:
-        """How often a batching worker returns lapsed leases' messages (seconds)."""
-        return min(self.restore_scan_interval_s, self.lease_s / 10.0)
-
-    @property
-    def lease_expiry_s(self) -> float:
-        """Age of a lease's last renewal after which its message is returned (seconds):
-        the lease less one renewal period and one scan, so a dead worker's messages are back
-        within ``lease_s`` of its death."""
-        return self.lease_s - self.lease_renew_s - self.lease_scan_s
 
 
 class StackSettings(_Section):
@@ -279,7 +253,7 @@ class ModalityConfig(_Section):
     device: DeviceConfig = Field(default_factory=DeviceConfig)
 
 
-class Settings(BaseSettings):
+class Settings(RedisAccess, BaseSettings):
     """All fleet settings. Build with :func:`load_settings`."""
 
     model_config = SettingsConfigDict(
@@ -380,7 +354,7 @@ class Settings(BaseSettings):
             self.stack.run_dir,
             explicit="FLEET_STACK__RUN_DIR" in {k.upper() for k in os.environ},
             cwd=Path.cwd(),
-            package_root=_REPO_CONFIG.parent.parent,
+            package_root=REPO_CONFIG.parent.parent,
             user_dir=user_run_dir(os.environ),
         )
 
@@ -394,33 +368,6 @@ class Settings(BaseSettings):
         """Where :attr:`run_dir` came from, in words (for messages)."""
         return self._located_run_dir[1]
 
-    def redis_password(self) -> str:
-        """The admin password: ``FLEET_REDIS__PASSWORD`` or ``<run_dir>/redis.password``.
-
-        Raises:
-            FileNotFoundError: neither is set (run ``fleet up`` first, or set the variable).
-        """
-        if self.redis.password:
-            return self.redis.password
-        return (self.run_dir / "redis.password").read_text().strip()
-
-    def redis_password_file(self, role: str) -> Path:
-        """Where ``fleet up`` keeps the password of ``role`` (``admin``: ``redis.password``)."""
-        return self.run_dir / ("redis.password" if role == "admin" else f"redis-{role}.password")
-
-    def redis_credentials(self, role: str) -> tuple[str | None, str]:
-        """``(user, password)`` for a process playing ``role`` (``producer``, ``worker``,
-        ``operator`` or ``admin``; see ``shared.acl``). ``FLEET_REDIS__PASSWORD`` (and
-        ``FLEET_REDIS__USER``) win for every role; else the role's file under ``run_dir``.
-
-        Raises:
-            FileNotFoundError: no password set and no file for the role (run ``fleet up``).
-        """
-        if self.redis.password:
-            return self.redis.user, self.redis.password
-        password = self.redis_password_file(role).read_text().strip()
-        return (None if role == "admin" else role), password
-
     def gateway_token(self) -> str:
         """The gateway's bearer token: ``FLEET_GATEWAY__TOKEN``, else ``<run_dir>/gateway.token``
         (created with mode 0600 on first use, like the Redis password)."""
@@ -432,47 +379,6 @@ class Settings(BaseSettings):
         if self.flower.password:
             return self.flower.password
         return (self.run_dir / "flower.password").read_text().strip()
-
-    @property
-    def ha(self) -> bool:
-        """Whether the fleet finds its Redis through Sentinel (``[redis] sentinels``)."""
-        return bool(self.redis.sentinels)
-
-    def sentinel_addresses(self) -> list[tuple[str, int]]:
-        """``[(host, port), ...]`` of the configured sentinels."""
-        out = []
-        for entry in self.redis.sentinels:
-            host, _, port = entry.rpartition(":")
-            out.append((host, int(port)))
-        return out
-
-    def sentinel_password(self) -> str:
-        """The sentinels' password: ``FLEET_REDIS__SENTINEL_PASSWORD`` or
-        ``<run_dir>/redis-sentinel.password`` (``fleet up --ha`` creates it).
-
-        Raises:
-            FileNotFoundError: neither is set.
-        """
-        if self.redis.sentinel_password:
-            return self.redis.sentinel_password
-        return (self.run_dir / "redis-sentinel.password").read_text().strip()
-
-    def redis_url(self, role: str = "admin") -> str:
-        """A ``redis://`` URL with the credentials of ``role`` (see :meth:`redis_credentials`);
-        with sentinels, kombu's and Celery's ``sentinel://`` form: one URL per sentinel joined
-        by ``;``, each with the role's credentials for the primary (the master name and the
-        sentinels' password travel in transport options: ``shared.celery_app``).
-
-        Raises:
-            FileNotFoundError: as :meth:`redis_credentials`.
-        """
-        user, password = self.redis_credentials(role)
-        auth = f"{quote(user or '', safe='')}:{quote(password, safe='')}"
-        if self.ha:
-            return ";".join(
-                f"sentinel://{auth}@{h}:{p}/{self.redis.db}" for h, p in self.sentinel_addresses()
-            )
-        return f"redis://{auth}@{self.redis.host}:{self.redis.port}/{self.redis.db}"
 
     def modality(self, name: str) -> ModalityConfig:
         """The config of one modality.
@@ -531,92 +437,6 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return base
 
 
-def project_root(cwd: Path, package_root: Path) -> Path | None:
-    """The project checkout to run from: the nearest directory at or above ``cwd`` holding
-    ``configs/fleet.toml`` and ``pyproject.toml``, else ``package_root`` (the source tree
-    this package was loaded from) when it is such a checkout and writable; else ``None``."""
-
-    def is_root(d: Path) -> bool:
-        return (d / "configs" / "fleet.toml").is_file() and (d / "pyproject.toml").is_file()
-
-    for d in (cwd, *cwd.parents):
-        if is_root(d):
-            return d
-    if is_root(package_root) and os.access(package_root, os.W_OK):
-        return package_root
-    return None
-
-
-def user_run_dir(env: Mapping[str, str]) -> Path:
-    """The per-user run directory: ``$XDG_STATE_HOME/mmfleet/run``, default
-    ``~/.local/state/mmfleet/run``."""
-    state = env.get("XDG_STATE_HOME") or str(
-        Path(env.get("HOME", "~")).expanduser() / ".local" / "state"
-    )
-    return Path(state) / "mmfleet" / "run"
-
-
-def locate_run_dir(
-    configured: Path, *, explicit: bool, cwd: Path, package_root: Path, user_dir: Path
-) -> tuple[Path, str]:
-    """Where the stack's run directory is, and why (for messages). No I/O but ``stat``.
-
-    Args:
-        configured: ``[stack] run_dir`` as configured (absolute or relative).
-        explicit: it was set with ``FLEET_STACK__RUN_DIR``: a relative path is relative to
-            ``cwd``, as any path on a command line.
-        cwd: the current directory; package_root: this package's source tree.
-        user_dir: the per-user fallback (:func:`user_run_dir`).
-
-    Returns:
-        ``(absolute path, source)``; the source names the setting, the project root or the
-        per-user location.
-    """
-    if explicit:
-        return (cwd / configured).resolve(), "set by FLEET_STACK__RUN_DIR"
-    if configured.is_absolute():
-        return configured, "set by [stack] run_dir in the config"
-    root = project_root(cwd, package_root)
-    if root is not None:
-        return (root / configured).resolve(), f"in the project root {root}"
-    return user_dir, "the per-user location (no project checkout found)"
-
-
-def config_paths() -> list[Path]:
-    """The TOML files in use, merged in order (later files override keys of earlier ones).
-
-    ``$FLEET_CONFIG`` is one path or several joined by ``:`` (e.g. the defaults plus an
-    overlay: ``configs/fleet.toml:configs/overlays/gpu.toml``); without it,
-    ``configs/fleet.toml`` of the current directory or the nearest one above it, else the
-    copy beside this package's source tree.
-
-    Raises:
-        FileNotFoundError: a file named in ``$FLEET_CONFIG`` does not exist.
-    """
-    env = os.environ.get("FLEET_CONFIG")
-    if env:
-        paths = [Path(p) for p in env.split(os.pathsep) if p]
-        for p in paths:
-            if not p.is_file():
-                raise FileNotFoundError(f"FLEET_CONFIG names {p}, which does not exist")
-        return paths
-    cwd = Path.cwd()
-    for d in (cwd, *cwd.parents):
-        if (d / "configs" / "fleet.toml").is_file():
-            return [d / "configs" / "fleet.toml"] if d != cwd else [Path("configs/fleet.toml")]
-    return [_REPO_CONFIG]
-
-
 def load_settings(**overrides: Any) -> Settings:
     """Load settings from the TOML file and environment; ``overrides`` win over both."""
     return Settings(**overrides)
-
-
-def ensure_secret(path: Path) -> str:
-    """Read a secret file, creating it (mode 0600, 32 url-safe chars) if it does not exist."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(24))
-    return path.read_text().strip()

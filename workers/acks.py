@@ -11,18 +11,25 @@ outcome is exactly that of ``Request.acknowledge()`` for each.
 
 Anything it does not recognise (no lease keeper, another transport, a message acked
 already, a ``no_ack`` consumer) goes through ``Request.acknowledge()`` unchanged.
+
+:func:`give_back` is the other way out of the window: messages returned to their queues at
+once, unrun (shutdown, or results and acks Redis kept refusing).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from celery.worker import state as worker_state
 from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual import QoS as VirtualQoS
 
 from workers import lease
 from workers.lease import LeaseKeeper
+
+if TYPE_CHECKING:
+    from workers.telemetry import Tracing
 
 
 def ack_batch(requests: Iterable[Any], keeper: LeaseKeeper | None = None) -> int:
@@ -71,3 +78,32 @@ def _no_ack(msg: Any) -> bool:
     consumers = getattr(msg.channel, "no_ack_consumers", None)
     tag = (msg.delivery_info or {}).get("consumer_tag")
     return bool(consumers) and tag in consumers
+
+
+def give_back(reqs: Iterable[Any], keeper: LeaseKeeper | None, tracing: Tracing) -> int:
+    """Return messages to their queues at once, unrun (their prefetch slots are freed).
+
+    Args:
+        reqs: ``celery.worker.request.Request`` objects held by this worker; those acked
+            already are skipped.
+        keeper: the lease keeper that moves them back (``None``: nothing moves them; their
+            visibility timeout will).
+        tracing: ends each request's span with ``outcome="given_back"``.
+
+    Returns:
+        How many were given back (the engine's ``given_back`` counter).
+    """
+    reqs = list(reqs)
+    tags = [r.message.delivery_tag for r in reqs if not r.acknowledged]
+    if keeper is not None:
+        keeper.give_back(tags)
+    for r in reqs:
+        if r.acknowledged:
+            continue
+        qos = getattr(r.message.channel, "qos", None)
+        if qos is not None:
+            VirtualQoS.ack(qos, r.message.delivery_tag)  # forget it: frees the slot
+        r.acknowledged = True  # nothing may ack it any more: another worker owns it
+        worker_state.task_ready(r)
+        tracing.finished(r, None, outcome="given_back")
+    return len(tags)

@@ -26,7 +26,8 @@ Transport options (Celery ``broker_transport_options``):
     fetch_max_bytes: most payload bytes taken per round trip (default 8 MiB; the first
         message is always taken): large images do not hold Redis for long.
 
-``workers.broker_ha.SentinelTransport`` is the same behind Redis Sentinel.
+``workers.broker_ha.SentinelTransport`` is the same behind Redis Sentinel; the take script
+itself is in ``workers.broker_take``.
 """
 
 from __future__ import annotations
@@ -46,70 +47,11 @@ from redis.exceptions import ResponseError as RedisResponseError
 
 from shared import keys
 from workers import lease
+from workers.broker_take import TAKE_MANY, TakeRefused
 
 log = logging.getLogger("fleet.broker")
 
 _NOTIFY_PROBE_S = 1.0  # how long a channel waits for its probe's keyspace notification
-
-# Takes up to ARGV[1] messages, and at most ARGV[3] bytes of them (always at least one),
-# walking the priority lists (all KEYS but the last two) in order and emptying each before
-# the next, and records each in kombu's unacked hash and index (the last two KEYS) in the
-# same atomic step, so no message is ever out of Redis without its unacked entry. The entry
-# is kombu's format, ``[payload, exchange, routing_key]`` with the payload's JSON kept byte
-# for byte, scored with ARGV[2] (the worker's clock, as kombu scores it).
-# The delivery tag and info are read from the payload's last 4 KiB, where kombu's JSON puts
-# ``properties`` (after the body): Redis is single-threaded, and decoding a whole 10 MiB
-# payload here would stall every client for tens of milliseconds. Only a small payload
-# whose tail does not have them is decoded; one that cannot be read is pushed back where
-# it was and the walk stops: kombu's own path takes it next.
-# Returns a flat array: key, item, key, item, ...
-_TAKE_MANY = """
-local n = #KEYS - 2
-local hash, index = KEYS[n + 1], KEYS[n + 2]
-local left = tonumber(ARGV[1])
-local budget = tonumber(ARGV[3] or '0')
-local taken = 0
-local out = {}
-local function props(item)
-  local tail = string.sub(item, -4096)
-  local tag = string.match(tail, '"delivery_tag"%s*:%s*"([^"\\]+)"')
-  local info = string.match(tail, '"delivery_info"%s*:%s*(%b{})')
-  if tag and info then
-    local ex = string.match(info, '"exchange"%s*:%s*"([^"\\]*)"')
-    local rk = string.match(info, '"routing_key"%s*:%s*"([^"\\]*)"')
-    if ex and rk then return tag, ex, rk end
-  end
-  if #item > 65536 then return nil end
-  local ok, msg = pcall(cjson.decode, item)
-  local p = ok and type(msg) == 'table' and msg['properties']
-  local i = type(p) == 'table' and p['delivery_info']
-  if type(p) ~= 'table' or type(p['delivery_tag']) ~= 'string' or type(i) ~= 'table' then
-    return nil
-  end
-  return p['delivery_tag'], i['exchange'], i['routing_key']
-end
-for k = 1, n do
-  local key = KEYS[k]
-  while left > 0 and (budget <= 0 or taken < budget) do
-    local item = redis.call('RPOP', key)
-    if not item then break end
-    local tag, ex, rk = props(item)
-    if not tag then
-      redis.call('RPUSH', key, item)
-      return out
-    end
-    local entry = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
-    redis.call('HSET', hash, tag, entry)
-    redis.call('ZADD', index, ARGV[2], tag)
-    out[#out + 1] = key
-    out[#out + 1] = item
-    left = left - 1
-    taken = taken + #item
-  end
-  if left == 0 or (budget > 0 and taken >= budget) then break end
-end
-return out
-"""
 
 
 class QoS(kombu_redis.QoS):
@@ -192,7 +134,7 @@ class Channel(kombu_redis.Channel):
     # worker killed then loses it. With push notifications (``notify-keyspace-events Kl``)
     # the channel's BRPOP connection instead subscribes to its lists' keyspace channels
     # (pushes wake it; pops, including its own takes', are ignored), and every message is
-    # taken by ``_TAKE_MANY``, which pops and records in one atomic step: no message is ever
+    # taken by ``TAKE_MANY``, which pops and records in one atomic step: no message is ever
     # out of Redis without its unacked entry. A PING on the subscribed connection wakes the
     # channel when Redis may still hold messages (its last take was full) and nothing new is
     # pushed. Without the server setting, or for channels the script cannot serve, kombu's
@@ -279,7 +221,7 @@ class Channel(kombu_redis.Channel):
         self._last_take = time.monotonic()
         try:
             items = self._take(max(want, 1), self._fetch_client())
-        except _TakeRefused:  # retried by the next kick, not at every notification
+        except TakeRefused:  # retried by the next kick, not at every notification
             self._maybe_more, self._retry_at = True, time.monotonic() + KICK_INTERVAL_S
             raise kombu_redis.Empty() from None
         self._maybe_more = len(items) >= want
@@ -378,12 +320,12 @@ class Channel(kombu_redis.Channel):
 
     def _take_more(self) -> list[tuple[bytes, bytes]]:
         """Up to the window's free slots (less the one BRPOP took) from the same keys, each
-        already recorded as unacked (see ``_TAKE_MANY``)."""
+        already recorded as unacked (see ``TAKE_MANY``)."""
         free = self.qos.can_consume_max_estimate()
         n = min(self.fetch_limit, free if free is not None else self.fetch_limit) - 1
         try:
             return self._take(n, self.client)
-        except _TakeRefused:
+        except TakeRefused:
             return []
         except self.connection_errors:
             # The message BRPOP took is still delivered; the rest wait in Redis.
@@ -404,7 +346,7 @@ class Channel(kombu_redis.Channel):
         keys += [self.unacked_key, self.unacked_index_key]
         try:
             if self._take_many is None:
-                self._take_many = client.register_script(_TAKE_MANY)
+                self._take_many = client.register_script(TAKE_MANY)
             flat = self._take_many(
                 keys=keys, args=[n, repr(time.time()), self.fetch_max_bytes], client=client
             )
@@ -412,7 +354,7 @@ class Channel(kombu_redis.Channel):
             # Refused before it ran (NOPERM: an ACL denies scripts; NOSCRIPT after a
             # failover is reloaded by redis-py): nothing was taken.
             log.warning("fetching messages refused (%s); retrying", exc)
-            raise _TakeRefused() from exc
+            raise TakeRefused() from exc
         return list(zip(flat[0::2], flat[1::2], strict=True))
 
     def _batchable(self, queues: list[str]) -> bool:
@@ -444,10 +386,6 @@ class Channel(kombu_redis.Channel):
             message = self.Message(payload, channel=self)
             self.qos.append_recorded(message, message.delivery_tag)
             self._consumers_by_queue[queue][0](message)
-
-
-class _TakeRefused(Exception):
-    """Redis refused the take script (nothing was taken)."""
 
 
 KICK_INTERVAL_S = 1.0  # the notification fetch's safety net: see Transport._kick

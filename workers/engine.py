@@ -55,15 +55,14 @@ from typing import Any
 
 from celery import Celery
 from celery.worker import state as worker_state
-from kombu.transport.virtual import QoS as VirtualQoS
 
 from shared.errors import DeadlineExceeded, FleetError, ModelError, Revoked
 from shared.metrics import FleetMetrics
 from shared.redis_client import Waiter
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
-from workers import broker, telemetry
-from workers.acks import ack_batch
+from workers import engine_stats, telemetry
+from workers.acks import ack_batch, give_back
 from workers.admission import Admission, Refusal, Served, screen
 from workers.batcher import Batcher, Pending, Policy
 from workers.circuit import CircuitBreaker
@@ -272,20 +271,8 @@ class Engine:
         self._give_back(reqs)
 
     def _give_back(self, reqs: list[Any]) -> None:
-        """Return messages to their queues at once, unrun (their prefetch slots are freed)."""
-        tags = [r.message.delivery_tag for r in reqs if not r.acknowledged]
-        if self.keeper is not None:
-            self.keeper.give_back(tags)
-        for r in reqs:
-            if r.acknowledged:
-                continue
-            qos = getattr(r.message.channel, "qos", None)
-            if qos is not None:
-                VirtualQoS.ack(qos, r.message.delivery_tag)  # forget it: frees the slot
-            r.acknowledged = True  # nothing may ack it any more: another worker owns it
-            worker_state.task_ready(r)
-            self.tracing.finished(r, None, outcome="given_back")
-        self.stats.given_back += len(tags)
+        """Return messages to their queues at once, unrun (``workers.acks.give_back``)."""
+        self.stats.given_back += give_back(reqs, self.keeper, self.tracing)
 
     def attach(self, hub: Any) -> None:
         """Complete requests on the consumer's event loop (``hub``), or inline if ``None``."""
@@ -493,43 +480,11 @@ class Engine:
         self.lanes.mark_running(run)
         return run
 
-    # -- introspection ------------------------------------------------------------------
+    # -- introspection (workers.engine_stats) ----------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """JSON-able stats for the ``fleet_stats`` control command and metrics."""
-        s = self.stats
-        return {
-            "modality": self.modality,
-            "ready": self.ready,
-            "held": len(self.batcher),
-            "received": s.received,
-            "succeeded": s.succeeded,
-            "failed": s.failed,
-            "expired": s.expired,
-            "retried": s.retried,
-            "acked_in_batches": s.acked_in_batches,
-            "duplicates": s.duplicates,
-            "twins": s.twins,
-            "revoked": s.revoked,
-            "settle_retries": s.settle_retries,
-            "given_back": s.given_back,
-            "leases": self.keeper.snapshot() if self.keeper else None,
-            "model_s": round(s.model_s, 6),
-            "fetched_in_batches": broker.Channel.fetched_in_batches_total,
-            "batches": s.batches,
-            "batch_sizes": {str(k): v for k, v in sorted(s.batch_sizes.items())},
-            "triggers": dict(s.triggers),
-            "errors": dict(s.errors),
-            "circuit": self.breaker.snapshot(),
-            "runtime": self.runtime.stats(),
-            "model": self.adapter.describe(),
-        }
+        return engine_stats.snapshot(self)
 
     def _bind_gauges(self) -> None:
         """Point-in-time gauges, read at scrape time."""
-        m, metrics = self.modality, self.metrics
-        metrics.held.labels(m).set_function(lambda: len(self.batcher))
-        metrics.circuit_open.labels(m).set_function(lambda: float(self.breaker.state == "open"))
-        metrics.eco.bind(lambda: len(self.lanes.running), lambda: len(self.batcher))
-        metrics.device_memory.labels(m).set_function(
-            lambda: (self.runtime.stats().get("cuda_reserved_mb") or 0.0) * 2**20
-        )
+        engine_stats.bind_gauges(self)

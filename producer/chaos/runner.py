@@ -82,34 +82,51 @@ def run(opts: Options) -> dict[str, Any]:
             for name in names:
                 modality, instance = parse_target(name)
                 st.start_worker(modality, instance=instance)
-            client = FleetClient(settings)
-            pubs = Publishes(redis_client(settings))
-            pubs.start()
-            try:
-                for i, sc in enumerate(opts.scenarios):
-                    rows.append(_scenario(st, client, pubs, sc, opts, names, seed=i))
-                    r = rows[-1]
-                    opts.say(
-                        f"chaos: {sc.name}: sent {r['sent']} completed {r['completed']} "
-                        f"lost {r['lost']} dup_results {r['duplicated_results']} "
-                        f"dup_runs {r['duplicated_executions']} recover_s {r['recover_s']} "
-                        f"exited {r['worker_exited']} restarts {r['worker_restart_s']}"
-                    )
-            finally:
-                pubs.stop()
-                client.close()
+            _run_scenarios(st, opts, names, rows)
         finally:
             st.down()
             shutil.rmtree(shm_root, ignore_errors=True)
-            if any(r["lost"] or r["duplicated_results"] or r["worker_exited"] for r in rows):
-                kept = opts.out.parent / "chaos-logs"
-                shutil.rmtree(kept, ignore_errors=True)
-                shutil.copytree(st.logs, kept)
-                opts.say(f"chaos: logs of this run kept in {kept}")
+            _keep_logs_if_failed(st, opts, rows)
+    return _write_report(opts, rows, settings.redis.lease_s)
+
+
+def _run_scenarios(st: Stack, opts: Options, names: list[str], rows: list[dict[str, Any]]) -> None:
+    """Run ``opts.scenarios`` one after the other on the started stack, appending each one's
+    row to ``rows`` as it ends (a failing scenario leaves the rows before it)."""
+    client = FleetClient(st.s)
+    pubs = Publishes(redis_client(st.s))
+    pubs.start()
+    try:
+        for i, sc in enumerate(opts.scenarios):
+            rows.append(_scenario(st, client, pubs, sc, opts, names, seed=i))
+            r = rows[-1]
+            opts.say(
+                f"chaos: {sc.name}: sent {r['sent']} completed {r['completed']} "
+                f"lost {r['lost']} dup_results {r['duplicated_results']} "
+                f"dup_runs {r['duplicated_executions']} recover_s {r['recover_s']} "
+                f"exited {r['worker_exited']} restarts {r['worker_restart_s']}"
+            )
+    finally:
+        pubs.stop()
+        client.close()
+
+
+def _keep_logs_if_failed(st: Stack, opts: Options, rows: list[dict[str, Any]]) -> None:
+    """Copy the stack's logs next to the report when a scenario lost, duplicated or saw a
+    worker exit (the run directory is removed afterwards)."""
+    if any(r["lost"] or r["duplicated_results"] or r["worker_exited"] for r in rows):
+        kept = opts.out.parent / "chaos-logs"
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(st.logs, kept)
+        opts.say(f"chaos: logs of this run kept in {kept}")
+
+
+def _write_report(opts: Options, rows: list[dict[str, Any]], lease_s: float) -> dict[str, Any]:
+    """The report of ``rows``, written to ``opts.out`` (JSON) and returned."""
     report = {
         "scenarios": rows,
         "recover_limit_s": RECOVER_LIMIT_S,
-        "lease_s": settings.redis.lease_s,
+        "lease_s": lease_s,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     opts.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from producer.cli.base import CliProblem, ExitCode, app, cli_settings, emit
 from shared.keys import realtime_queue_name
 from shared.settings import MODALITIES
+
+if TYPE_CHECKING:
+    from producer.stack import Proc, Stack
 
 DEFAULT_SENTINEL_PORTS = (26379, 26380, 26381)  # `fleet up --ha` without [redis] sentinels
 
@@ -107,13 +110,7 @@ def up(
         counts = parse_replicas(replicas)
     except ValueError as exc:
         raise CliProblem(str(exc), ExitCode.REFUSED) from None
-    mods = [m.strip() for m in modalities.split(",") if m.strip()]
-    unknown = [m for m in mods if m not in MODALITIES]
-    if unknown:
-        raise CliProblem(
-            f"unknown modality {unknown[0]!r} in --modalities; expected {', '.join(MODALITIES)}",
-            ExitCode.REFUSED,
-        )
+    mods = _modality_list(modalities)
     settings = cli_settings()
     if ha and not settings.ha:  # the processes it starts inherit the variable
         sentinels = [f"{settings.redis.host}:{p}" for p in DEFAULT_SENTINEL_PORTS]
@@ -128,6 +125,29 @@ def up(
     except StackError as exc:
         log = f"\n  full log: {exc.log_path}" if exc.log_path else ""
         raise CliProblem(f"fleet up failed: {exc.summary}{log}", ExitCode.STACK) from None
+    _report_up(stack, started, running)
+
+
+def _modality_list(modalities: str) -> list[str]:
+    """``--modalities`` (comma-separated) as a list.
+
+    Raises:
+        CliProblem: an unknown modality (exit REFUSED).
+    """
+    mods = [m.strip() for m in modalities.split(",") if m.strip()]
+    unknown = [m for m in mods if m not in MODALITIES]
+    if unknown:
+        raise CliProblem(
+            f"unknown modality {unknown[0]!r} in --modalities; expected {', '.join(MODALITIES)}",
+            ExitCode.REFUSED,
+        )
+    return mods
+
+
+def _report_up(stack: Stack, started: list[Proc], running: set[str]) -> None:
+    """What ``fleet up`` started (or that all was running), a warning when model or modality
+    overrides cannot reach workers that kept running, and where the run dir and logs are."""
+    settings = stack.s
     for p in started:
         typer.echo(f"started {p.name} pid={p.pid}")
     if not started:

@@ -1,12 +1,22 @@
 """The HTTP gateway: Open Inference Protocol v2 REST (and Triton's binary-data extension)
-over the fleet, for clients that do not speak Celery.
+over the fleet, for clients that do not speak Celery. A producer: never imports torch.
 
-Modules, one job each: :mod:`~producer.gateway.app` (routes), :mod:`~producer.gateway.codec`
-(OIP tensors, binary extension), :mod:`~producer.gateway.models` (served models, inputs and
-outputs), :mod:`~producer.gateway.params` (priority, timeout, Prefer, ids),
-:mod:`~producer.gateway.jobs` (submit, idempotency, state, cancel),
-:mod:`~producer.gateway.waiter` (results over pubsub), :mod:`~producer.gateway.admission`
-(QUEUE_FULL, DEADLINE_UNREACHABLE), :mod:`~producer.gateway.auth` (bearer token),
-:mod:`~producer.gateway.render` (responses), :mod:`~producer.gateway.errors` (codes ->
-statuses), :mod:`~producer.gateway.server` (uvicorn). A producer: never imports torch.
+Structure (one concern per module)::
+
+    app.py            the app: its state (Gateway), error handlers, OpenAPI document
+      routes_server.py  health, server metadata, model metadata and readiness
+      routes_infer.py   inference (sync, or 202 + Location)
+      routes_jobs.py    a job's state, its events (SSE), cancel
+    codec.py          OIP tensors, the binary extension
+    models.py         served models, their inputs and outputs
+    params.py         priority, timeout, Prefer, ids
+    jobs.py           submit, idempotency, state, cancel
+    waiter.py         results over pubsub
+    events.py         the Server-Sent Events stream of one job
+    admission.py      QUEUE_FULL, DEADLINE_UNREACHABLE
+    auth.py           the bearer token
+    render.py         responses
+    errors.py         codes -> statuses
+    openapi.py        the OpenAPI models of the routes
+    server.py         ``fleet gateway``: uvicorn
 """

@@ -12,7 +12,10 @@ Routes (every one needs ``Authorization: Bearer <token>`` except ``/v2/health/li
     DELETE /v2/jobs/{id}                         cancel (200 REVOKED, 409 ALREADY_FINAL)
     GET    /openapi.json                         this API's OpenAPI schema
 
-Build with :func:`create_app`; ``fleet gateway`` serves it with uvicorn.
+Build with :func:`create_app`; ``fleet gateway`` serves it with uvicorn. This module holds the
+app's state (:class:`Gateway`), its error handlers and OpenAPI document; the routes are
+registered by ``routes_server`` (health, server and model metadata, readiness),
+``routes_infer`` (inference) and ``routes_jobs`` (jobs, events, cancel).
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,36 +30,28 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from producer.gateway import openapi as doc
 from producer.gateway.auth import check_bearer
-from producer.gateway.codec import binary_output_names, parse_infer_request
-from producer.gateway.errors import AlreadyFinal, IdConflict, ModelNotFound, NotFound
-from producer.gateway.events import job_events as event_stream
-from producer.gateway.jobs import WAIT_GRACE_S, JobService, Snapshot
+from producer.gateway.errors import ModelNotFound
+from producer.gateway.jobs import JobService
 from producer.gateway.models import VERSION, ModelSpec, model_specs
-from producer.gateway.params import (
-    check_request_id,
-    parse_prefer,
-    priority_class,
-    timeout_seconds,
-    wait_budget,
+from producer.gateway.render import error_response, fleet_error_response
+from producer.gateway.routes_infer import add_infer_routes, read_body
+from producer.gateway.routes_jobs import add_job_routes
+from producer.gateway.routes_server import (
+    EXTENSIONS,
+    SERVER_NAME,
+    add_model_routes,
+    add_server_routes,
 )
-from producer.gateway.render import (
-    accepted,
-    error_response,
-    fleet_error_response,
-    infer_response,
-    job_view,
-    json_response,
-)
-from shared.errors import FleetError, PayloadTooLarge
+from shared.errors import FleetError
 from shared.settings import Settings
 
+__all__ = ["EXTENSIONS", "SERVER_NAME", "Gateway", "create_app", "read_body"]
+
 log = logging.getLogger("fleet.gateway")
-SERVER_NAME = "mmfleet"
-EXTENSIONS = ["binary_tensor_data", "async_jobs", "server_sent_events", "cancellation"]
 
 
 class Gateway:
@@ -99,22 +93,6 @@ class Gateway:
         return spec
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with PAYLOAD_TOO_LARGE past ``limit`` bytes (checked on
-    Content-Length first, then while reading)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the body is {int(declared):,} bytes; the limit is {limit:,}")
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"the body is over the limit of {limit:,} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
-
-
 def create_app(settings: Settings) -> FastAPI:
     """The gateway app for ``settings`` (Redis connections open at start-up)."""
     gw = Gateway(settings)
@@ -137,12 +115,25 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url=None,
     )
     app.state.gateway = gw
-    retry_s = settings.gateway.retry_after_s
 
     async def auth(request: Request) -> None:  # async: FastAPI runs a sync one on a thread
         check_bearer(request.headers.get("authorization"), gw.token)
 
     secured = [Depends(auth)]
+    add_error_handlers(app, settings.gateway.retry_after_s)
+    # Registration order is the OpenAPI document's order.
+    add_server_routes(app, gw, secured)
+    add_model_routes(app, gw, secured)
+    add_infer_routes(app, gw, secured)
+    add_job_routes(app, gw, secured)
+    install_openapi(app)
+    return app
+
+
+def add_error_handlers(app: FastAPI, retry_s: int) -> None:
+    """Every error as the gateway's JSON error body: a ``FleetError`` with its code's status,
+    HTTP and validation errors as NOT_FOUND/METHOD_NOT_ALLOWED/INVALID_INPUT, Redis down as
+    BROKER_UNAVAILABLE (``Retry-After: retry_s``), anything else FLEET_ERROR (logged)."""
 
     @app.exception_handler(FleetError)
     async def _fleet_error(_r: Request, exc: FleetError) -> Response:
@@ -166,214 +157,10 @@ def create_app(settings: Settings) -> FastAPI:
         log.exception("unexpected error")
         return error_response("FLEET_ERROR", f"internal error ({type(exc).__name__})")
 
-    # -- server ---------------------------------------------------------------------------
-    @app.get("/v2/health/live", response_model=doc.Live, tags=["health"])
-    async def live() -> Response:
-        return json_response({"live": True})
 
-    @app.get(
-        "/v2/health/ready",
-        response_model=doc.Ready,
-        tags=["health"],
-        dependencies=secured,
-        responses={**doc.AUTH, **doc.BROKER},
-    )
-    async def ready() -> Response:
-        """Ready when Redis answers and at least one model has a live worker."""
-        jobs = gw.service()
-        await jobs.redis.ping()
-        models = {n: bool(await jobs.live_workers(s.modality)) for n, s in gw.models.items()}
-        body = {"live": True, "ready": any(models.values()), "models": models}
-        if body["ready"]:
-            return json_response(body)
-        return error_response("NO_READY_WORKER", "no model has a live worker", retry_s, **body)
-
-    @app.get(
-        "/v2",
-        response_model=doc.ServerMetadata,
-        tags=["server"],
-        dependencies=secured,
-        responses=doc.AUTH,
-    )
-    async def server_metadata() -> Response:
-        return json_response({"name": SERVER_NAME, "version": "0.1.0", "extensions": EXTENSIONS})
-
-    @app.get("/openapi.json", include_in_schema=False, dependencies=secured)
-    async def openapi_schema() -> Response:
-        return json_response(app.openapi())
-
-    # -- models ---------------------------------------------------------------------------
-    meta_responses = {**doc.AUTH, 404: doc.err("unknown model (MODEL_NOT_FOUND)")}
-
-    @app.get(
-        "/v2/models/{model}",
-        response_model=doc.ModelMetadata,
-        tags=["models"],
-        dependencies=secured,
-        responses=meta_responses,
-    )
-    async def model_metadata(model: str) -> Response:
-        return json_response(gw.model(model).metadata())
-
-    @app.get(
-        "/v2/models/{model}/versions/{version}",
-        response_model=doc.ModelMetadata,
-        tags=["models"],
-        dependencies=secured,
-        responses=meta_responses,
-    )
-    async def model_version_metadata(model: str, version: str) -> Response:
-        return json_response(gw.model(model, version).metadata())
-
-    async def _model_ready(spec: ModelSpec) -> Response:
-        nodes = await gw.service().live_workers(spec.modality)
-        if nodes:
-            return json_response({"name": spec.name, "ready": True})
-        return error_response(
-            "NO_READY_WORKER",
-            f"no live {spec.modality} worker",
-            retry_s,
-            name=spec.name,
-            ready=False,
-        )
-
-    ready_responses = {**meta_responses, 503: doc.err("no live worker (NO_READY_WORKER)")}
-
-    @app.get(
-        "/v2/models/{model}/ready",
-        response_model=doc.ModelReady,
-        tags=["models"],
-        dependencies=secured,
-        responses=ready_responses,
-    )
-    async def model_ready(model: str) -> Response:
-        return await _model_ready(gw.model(model))
-
-    @app.get(
-        "/v2/models/{model}/versions/{version}/ready",
-        response_model=doc.ModelReady,
-        tags=["models"],
-        dependencies=secured,
-        responses=ready_responses,
-    )
-    async def model_version_ready(model: str, version: str) -> Response:
-        return await _model_ready(gw.model(model, version))
-
-    # -- inference ------------------------------------------------------------------------
-    async def _infer(spec: ModelSpec, request: Request) -> Response:
-        jobs = gw.service()
-        body = await read_body(request, settings.gateway.max_body_bytes)
-        req = parse_infer_request(body, request.headers.get("inference-header-content-length"))
-        names, binary = binary_output_names(req, spec.output_names)
-        priority = priority_class(req.parameters.get("priority"))
-        timeout_s = timeout_seconds(req.parameters.get("timeout"))
-        prefer = parse_prefer(request.headers.getlist("prefer"))
-        key = request.headers.get("idempotency-key")
-        if key is not None:
-            task_id: str | None = check_request_id(key, "Idempotency-Key")
-        elif req.id is not None:
-            task_id = check_request_id(req.id)
-        else:
-            task_id = None
-        job, _created = await jobs.submit(spec, req.inputs, priority, timeout_s, task_id, len(body))
-        if job.model != spec.name:
-            raise IdConflict(f"id {job.id!r} already names a job of model {job.model!r}")
-        snap = Snapshot(job, None)
-        if prefer.respond_async:
-            return accepted(job_view(snap, spec), True)
-        left_s = None
-        if job.deadline_ms is not None:
-            left_s = max(0.0, (job.deadline_ms - time.time() * 1000.0) / 1000.0)
-        wait_s = wait_budget(
-            prefer, left_s, settings.gateway.default_wait_s, settings.gateway.max_wait_s
-        )
-        if prefer.wait_s is None:  # a result stored right at the deadline still makes it
-            wait_s += WAIT_GRACE_S
-        meta = await jobs.wait(job, wait_s)
-        if meta is None:
-            return accepted(job_view(snap, spec), False)
-        if meta.get("status") != "SUCCESS":
-            view = job_view(Snapshot(job, meta), spec)
-            err = view["error"]
-            return error_response(err["code"], err["error"], retry_s, id=job.id)
-        result = await jobs.resolve(meta.get("result") or {})
-        return infer_response(spec, job, req.id, result, names, binary)
-
-    infer_doc: dict[str, Any] = {
-        "tags": ["inference"],
-        "dependencies": secured,
-        "responses": doc.INFER_RESPONSES,
-        "openapi_extra": doc.INFER_BODY,
-    }
-
-    @app.post("/v2/models/{model}/infer", **infer_doc)
-    async def infer(model: str, request: Request) -> Response:
-        return await _infer(gw.model(model), request)
-
-    @app.post("/v2/models/{model}/versions/{version}/infer", **infer_doc)
-    async def infer_version(model: str, version: str, request: Request) -> Response:
-        return await _infer(gw.model(model, version), request)
-
-    # -- jobs -----------------------------------------------------------------------------
-    job_responses = {**doc.AUTH, 404: doc.err("no such job (NOT_FOUND)"), **doc.BROKER}
-
-    async def _snapshot(job_id: str) -> Snapshot:
-        check_request_id(job_id, "the job id")
-        snap = await gw.service().snapshot(job_id)
-        if snap is None:
-            raise NotFound(f"no job {job_id!r} (unknown, or expired)")
-        return snap
-
-    async def _view(snap: Snapshot) -> dict[str, Any]:
-        spec = gw.models.get(snap.job.model)
-        result = None
-        if snap.state == "SUCCESS" and snap.meta is not None:
-            result = await gw.service().resolve(snap.meta.get("result") or {})
-            await gw.service()._release(snap.job.input_refs)
-        return job_view(snap, spec, result)
-
-    @app.get(
-        "/v2/jobs/{job_id}",
-        response_model=doc.JobView,
-        tags=["jobs"],
-        dependencies=secured,
-        responses=job_responses,
-    )
-    async def get_job(job_id: str) -> Response:
-        return json_response(await _view(await _snapshot(job_id)))
-
-    @app.delete(
-        "/v2/jobs/{job_id}",
-        response_model=doc.JobView,
-        tags=["jobs"],
-        dependencies=secured,
-        responses={**job_responses, 409: doc.err("final already (ALREADY_FINAL)")},
-    )
-    async def cancel_job(job_id: str) -> Response:
-        """Cancel: 200 with the REVOKED job; 409 ALREADY_FINAL (with its ``state``) when it had
-        its final result already (a second DELETE included)."""
-        snap = await _snapshot(job_id)
-        if not snap.final and await gw.service().cancel(job_id):
-            return json_response(await _view(await _snapshot(job_id)))
-        snap = await _snapshot(job_id)
-        raise AlreadyFinal(f"job {job_id} is final already ({snap.state})", state=snap.state)
-
-    @app.get(
-        "/v2/jobs/{job_id}/events",
-        tags=["jobs"],
-        dependencies=secured,
-        responses={
-            200: {"description": "text/event-stream: state, progress, final"},
-            **job_responses,
-        },
-    )
-    async def job_events(job_id: str, request: Request) -> Response:
-        snap = await _snapshot(job_id)
-        return StreamingResponse(
-            event_stream(gw.service(), snap, request, settings.gateway, _view),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+def install_openapi(app: FastAPI) -> None:
+    """``app.openapi()``: the routes' schema with the OIP ``InferenceRequest`` as the infer
+    routes' JSON body and bearer security (built once, then cached on the app)."""
 
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -395,4 +182,3 @@ def create_app(settings: Settings) -> FastAPI:
         return schema
 
     app.openapi = custom_openapi  # type: ignore[method-assign]
-    return app

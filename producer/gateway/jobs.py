@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from producer.client import FleetClient, _wires
+from producer.client import FleetClient, tensor_wires
 from producer.gateway.admission import (
     RateMeter,
     ahead_of,
@@ -305,7 +305,7 @@ class JobService:
         if video is not None:
             # bound to this request: renewed while it waits (shared.transport.lifetime)
             inputs = await self._io(self.client.video_inputs, video, None, task_id)
-        refs = list(_wires(inputs, "shm"))
+        refs = list(tensor_wires(inputs, "shm"))
         try:
             env = await self._envelope(spec, inputs, priority, timeout_s, body_bytes)
             job = Job(
@@ -437,7 +437,7 @@ class JobService:
     async def resolve(self, result: Any) -> Any:
         """Tensor wire objects in a result (video frames, xmodal texts) as numpy arrays. Output
         segments are not released: a repeated GET reads them again; their TTL reclaims them."""
-        if any(True for _ in _wires(result, "shm")) or any(True for _ in _wires(result, "inline")):
+        if any(True for kind in ("shm", "inline") for _ in tensor_wires(result, kind)):
             return await self._io(lambda: self.client.resolve(result, release=False))
         return result
 

@@ -1,0 +1,229 @@
+"""Reading results: :class:`ResultHandle` (one request) and :class:`ResultReading` (many,
+mixed into :class:`producer.client.FleetClient`: poll, wait_all, cancel).
+
+An outcome is ``{"result": ...}`` or ``{"error": {"code", "message", "type"}}``
+(:func:`outcome_from_meta` turns Celery's stored result meta into one). Import these names
+from ``producer.client``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+from celery.result import AsyncResult
+
+from shared import keys
+from shared.errors import FleetError, error_from_code
+from shared.schema import TaskEnvelope
+
+if TYPE_CHECKING:
+    from producer.client import FleetClient
+    from shared.settings import Settings
+
+__all__ = ["READY_STATES", "ResultHandle", "ResultReading", "outcome_from_meta"]
+
+READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+
+
+class ResultHandle:
+    """A submitted request: its task ``id`` and a way to wait for its outcome."""
+
+    def __init__(self, client: FleetClient, task_id: str, envelope: TaskEnvelope) -> None:
+        self.client = client
+        self.id = task_id
+        self.envelope = envelope
+
+    def __repr__(self) -> str:
+        return f"ResultHandle(id={self.id!r}, modality={self.envelope.modality!r})"
+
+    def get(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Wait for the result (seconds) and return it.
+
+        Raises:
+            FleetError: the request failed; the subclass and ``.code`` are the worker's.
+            TimeoutError: no result within ``timeout_s``.
+        """
+        out = self.outcome(timeout_s)
+        self._release_transport_inputs()
+        if "error" in out:
+            raise error_from_code(out["error"]["code"], out["error"]["message"])
+        return self._resolved(out["result"])
+
+    # -- tensor transport (video, xmodal): a separate addition to get() -------------------
+    # get() releases the request's input segments (the producer owns them; the worker only
+    # maps them) once the final outcome is in, and turns tensor wire objects in the result
+    # into numpy arrays (FleetClient.resolve), mapping and releasing the worker's output
+    # segments. The resolved result is kept, so calling get() again returns it again.
+    def _release_transport_inputs(self) -> None:
+        if not getattr(self, "_inputs_released", False):
+            self._inputs_released = True
+            self.client.release_inputs(self.envelope.inputs)
+
+    def _resolved(self, result: Any) -> Any:
+        if not hasattr(self, "_resolved_result"):
+            self._resolved_result = self.client.resolve(result)
+        return self._resolved_result
+
+    def outcome(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Wait and return ``{"result": ...}`` or ``{"error": {"code", "message", "type"}}``.
+
+        Raises:
+            TimeoutError: no result within ``timeout_s``.
+        """
+        res = AsyncResult(self.id, app=self.client.app)
+        try:
+            res.get(timeout=timeout_s, propagate=False, disable_sync_subtasks=False)
+        except Exception as exc:  # celery.exceptions.TimeoutError is not a builtin one
+            if type(exc).__name__ == "TimeoutError":
+                raise TimeoutError(f"no result for {self.id} within {timeout_s} s") from None
+            raise
+        meta = res.backend.get_task_meta(self.id)
+        return outcome_from_meta(meta)
+
+    def state(self) -> str:
+        """Celery's state of the task right now (PENDING, SUCCESS, FAILURE, ...)."""
+        return AsyncResult(self.id, app=self.client.app).state
+
+
+def outcome_from_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """Turn a Celery result meta (as read by the backend) into the client's outcome dict."""
+    if meta.get("status") == "SUCCESS":
+        return {"result": meta["result"]}
+    res = meta.get("result")
+    if meta.get("status") == "REVOKED" and not isinstance(res, FleetError):
+        # stored by Celery's own revoke command (``celery control revoke``, Flower)
+        return {"error": {"code": "REVOKED", "message": f"revoked: {res}", "type": "REVOKED"}}
+    if isinstance(res, FleetError):
+        return {"error": res.to_dict()}
+    if isinstance(res, BaseException):
+        args = list(res.args)
+        code = args[1] if len(args) > 1 and isinstance(args[1], str) else "FLEET_ERROR"
+        msg = str(args[0]) if args else repr(res)
+        return {"error": {"code": code, "message": msg, "type": type(res).__name__}}
+    if isinstance(res, dict) and "exc_message" in res:  # raw JSON exception encoding
+        args = list(res.get("exc_message") or [])
+        code = args[1] if len(args) > 1 else "FLEET_ERROR"
+        msg = str(args[0]) if args else ""
+        return {"error": {"code": code, "message": msg, "type": res.get("exc_type", "")}}
+    status = meta.get("status")
+    return {
+        "error": {"code": "FLEET_ERROR", "message": f"task ended {status}", "type": str(status)}
+    }
+
+
+class ResultReading:
+    """Many requests' outcomes of a :class:`producer.client.FleetClient` (mixed into it):
+    reads its ``app`` (the Celery app and its result backend) and ``settings``."""
+
+    if TYPE_CHECKING:
+        app: Celery
+        settings: Settings
+
+    def poll(self, handles: Sequence[ResultHandle]) -> list[dict[str, Any] | None]:
+        """Read the outcomes of many requests in one round trip, without waiting.
+
+        Returns, per handle, ``None`` while it has no result, else its outcome dict (see
+        :meth:`ResultHandle.outcome`) with ``done_ms``: when the worker stored it (epoch ms).
+        """
+        if not handles:
+            return []
+        backend = self.app.backend
+        raw = backend.client.mget([backend.get_key_for_task(h.id) for h in handles])
+        out: list[dict[str, Any] | None] = []
+        for value in raw:
+            if value is None:
+                out.append(None)
+                continue
+            meta = backend.decode_result(value)
+            if meta.get("status") not in READY_STATES:  # PROGRESS, STARTED, RETRY: running
+                out.append(None)
+                continue
+            outcome = outcome_from_meta(meta)
+            outcome["done_ms"] = _epoch_ms(meta.get("date_done"))
+            out.append(outcome)
+        return out
+
+    def wait_all(
+        self, handles: Sequence[ResultHandle], timeout_s: float = 60.0, interval_s: float = 0.02
+    ) -> list[dict[str, Any] | None]:
+        """Poll until every handle has an outcome or ``timeout_s`` passes (``None`` = none)."""
+        deadline = time.monotonic() + timeout_s
+        results: list[dict[str, Any] | None] = [None] * len(handles)
+        todo = list(range(len(handles)))
+        while todo and time.monotonic() < deadline:
+            got = self.poll([handles[i] for i in todo])
+            results_left = []
+            for i, r in zip(todo, got, strict=True):
+                if r is None:
+                    results_left.append(i)
+                else:
+                    results[i] = r
+            todo = results_left
+            if todo:
+                time.sleep(interval_s)
+        return results
+
+    def cancel(self, task_id: str, reason: str = "cancelled by its producer") -> bool:
+        """Cancel a request that has no final result yet: it ends ``REVOKED``.
+
+        No Lua (a producer's Redis user may not run scripts): ``SET fleet:final:<id> 1 NX EX
+        <result_expires_s>`` claims the request's one final result first; only if that set it,
+        the REVOKED document (Celery's result meta, the shape ``workers.results`` stores, with
+        ``Revoked``'s exception encoding: code ``REVOKED``) is stored with SETEX on the result
+        key and PUBLISHed on it (what Celery's result consumers and the gateway wait on).
+        Workers check the marker before every batch and ack such a request unrun, and their
+        own result write is first-wins on the same marker: a request still queued or held in
+        a worker's prefetch window never runs. One whose batch was already running finishes
+        computing, but its result is dropped (REVOKED stands).
+
+        If this process dies between the two steps the request has a final marker and no
+        document: it never runs, and reads as PENDING until the marker expires.
+
+        Returns:
+            True if this call cancelled it; False if it already had a final result (stored by
+            a worker, or an earlier cancel).
+
+        Raises:
+            redis errors: Redis is unreachable or refused a command.
+        """
+        from datetime import UTC, datetime
+
+        from shared.errors import Revoked
+
+        backend = self.app.backend
+        ttl = int(self.settings.redis.result_expires_s)
+        if not backend.client.set(keys.final_key(task_id), "1", nx=True, ex=ttl):
+            return False
+        err = Revoked(reason)
+        meta = {
+            "status": "REVOKED",
+            "result": {
+                "exc_type": type(err).__name__,
+                "exc_message": [err.message, err.code],
+                "exc_module": type(err).__module__,
+            },
+            "traceback": None,
+            "children": [],
+            "date_done": datetime.now(UTC).isoformat(),
+            "task_id": task_id,
+        }
+        value = backend.encode(meta)
+        key = backend.get_key_for_task(task_id)
+        with backend.client.pipeline(transaction=False) as pipe:
+            pipe.setex(key, ttl, value)
+            pipe.publish(key, value)
+            pipe.execute()
+        return True
+
+
+def _epoch_ms(date_done: Any) -> float | None:
+    from datetime import datetime
+
+    if isinstance(date_done, datetime):
+        return date_done.timestamp() * 1000.0
+    if isinstance(date_done, str):
+        return datetime.fromisoformat(date_done).timestamp() * 1000.0
+    return None
