@@ -90,20 +90,10 @@ def run(opts: HaOptions) -> dict[str, Any]:
         producer.stack.StackError: the stack could not be started.
     """
     shm_root = Path(f"/dev/shm/mmfleet-{os.getuid()}-ha-{uuid.uuid4().hex[:12]}")
-    port, sentinels = _ports()
-    overrides = {
-        "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
-        "FLEET_REDIS__PORT": str(port),
-        "FLEET_REDIS__SENTINELS": json.dumps([f"127.0.0.1:{p}" for p in sentinels]),
-        "FLEET_REDIS__SENTINEL_DOWN_AFTER_MS": str(opts.down_after_ms),
-        "FLEET_REDIS__SENTINEL_FAILOVER_TIMEOUT_MS": "5000",
-        "FLEET_METRICS__PORT_BASE": "0",
-        **opts.overrides,
-    }
     rows: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="fleet-ha-") as tmp,
-        isolated_environment(Path(tmp), overrides) as settings,
+        isolated_environment(Path(tmp), _overrides(opts, shm_root)) as settings,
     ):
         st = Stack(settings)
         opts.say(f"ha: starting primary, replica, 3 sentinels and {opts.text_workers} text workers")
@@ -111,32 +101,11 @@ def run(opts: HaOptions) -> dict[str, Any]:
             st.up([], flower=False)
             for i in range(opts.text_workers):
                 st.start_worker("text", instance=i)
-            client = FleetClient(settings)
-            pubs = Publishes(redis_client(settings))
-            pubs.start()
-            try:
-                for i, name in enumerate(opts.scenarios):
-                    stack_ha.wait_settled(st)
-                    rows.append(_scenario(st, client, pubs, name, opts, seed=i))
-                    r = rows[-1]
-                    opts.say(
-                        f"ha: {name}: sent {r['sent']} completed {r['completed']} lost "
-                        f"{r['lost']} dup_results {r['duplicated_results']} dup_runs "
-                        f"{r['duplicated_executions']} failover_s {r['failover_s']} "
-                        f"recover_s {r['recover_s']} drain_s {r['drain_s']} get() "
-                        f"{r['waiters_ok']}/{r['waiters']}"
-                    )
-            finally:
-                pubs.stop()
-                client.close()
+            _run_scenarios(st, opts, rows)
         finally:
             st.down()
             shutil.rmtree(shm_root, ignore_errors=True)
-            if opts.out is not None and any(misses_of(r) for r in rows):
-                kept = opts.out.parent / "ha-logs"
-                shutil.rmtree(kept, ignore_errors=True)
-                shutil.copytree(st.logs, kept)
-                opts.say(f"ha: logs of this run kept in {kept}")
+            _keep_logs_of_misses(st, opts, rows)
     report = {
         "scenarios": rows,
         "recover_limit_s": RECOVER_LIMIT_S,
@@ -151,6 +120,51 @@ def run(opts: HaOptions) -> dict[str, Any]:
         opts.out.parent.mkdir(parents=True, exist_ok=True)
         opts.out.write_text(json.dumps(report, indent=2))
     return report
+
+
+def _overrides(opts: HaOptions, shm_root: Path) -> dict[str, str]:
+    """The drill's settings: free ports, the sentinels, a /dev/shm root of its own."""
+    port, sentinels = _ports()
+    return {
+        "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
+        "FLEET_REDIS__PORT": str(port),
+        "FLEET_REDIS__SENTINELS": json.dumps([f"127.0.0.1:{p}" for p in sentinels]),
+        "FLEET_REDIS__SENTINEL_DOWN_AFTER_MS": str(opts.down_after_ms),
+        "FLEET_REDIS__SENTINEL_FAILOVER_TIMEOUT_MS": "5000",
+        "FLEET_METRICS__PORT_BASE": "0",
+        **opts.overrides,
+    }
+
+
+def _run_scenarios(st: Stack, opts: HaOptions, rows: list[dict[str, Any]]) -> None:
+    """Each scenario in turn on the started stack; a row per scenario into ``rows``."""
+    client = FleetClient(st.s)
+    pubs = Publishes(redis_client(st.s))
+    pubs.start()
+    try:
+        for i, name in enumerate(opts.scenarios):
+            stack_ha.wait_settled(st)
+            rows.append(_scenario(st, client, pubs, name, opts, seed=i))
+            r = rows[-1]
+            opts.say(
+                f"ha: {name}: sent {r['sent']} completed {r['completed']} lost "
+                f"{r['lost']} dup_results {r['duplicated_results']} dup_runs "
+                f"{r['duplicated_executions']} failover_s {r['failover_s']} "
+                f"recover_s {r['recover_s']} drain_s {r['drain_s']} get() "
+                f"{r['waiters_ok']}/{r['waiters']}"
+            )
+    finally:
+        pubs.stop()
+        client.close()
+
+
+def _keep_logs_of_misses(st: Stack, opts: HaOptions, rows: list[dict[str, Any]]) -> None:
+    """Copy the run's logs beside the report when a scenario missed the goal."""
+    if opts.out is not None and any(misses_of(r) for r in rows):
+        kept = opts.out.parent / "ha-logs"
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(st.logs, kept)
+        opts.say(f"ha: logs of this run kept in {kept}")
 
 
 def misses_of(r: dict[str, Any]) -> list[str]:
@@ -218,43 +232,18 @@ def _scenario(
     reqs = _requests(opts.requests, seed)
     n_trickle = int(len(reqs) * opts.trickle_share)
     first, trickle = reqs[: len(reqs) - n_trickle], reqs[len(reqs) - n_trickle :]
-    trickle_ids = {r.task_id for r in trickle}
     for i in range(0, len(first), 200):
         sender.send(first[i : i + 200])
-    done_at: dict[str, float] = {}  # id -> monotonic time it was first seen final
-    stop_polling = threading.Event()
-
-    def poll() -> None:
-        while not stop_polling.is_set():
-            pending = [t for t in list(seen.sent) if t not in done_at]
-            got = poll_outcomes(client, pending)
-            now = time.monotonic()
-            for tid, out in got.items():
-                done_at.setdefault(tid, now)
-                seen.first.setdefault(tid, out)
-            time.sleep(0.1)
-
-    poller = threading.Thread(target=poll, name="ha-poll", daemon=True)
-    poller.start()
-
-    def trickle_out() -> None:
-        for i in range(0, len(trickle), 5):
-            sender.send(trickle[i : i + 5])
-            time.sleep(0.05)
-
-    trickler = threading.Thread(target=trickle_out, name="ha-trickle", daemon=True)
+    poller = _Poller(client, seen)
     end = time.monotonic() + 120
-    while len(done_at) < opts.fault_at * len(first) and time.monotonic() < end:
+    while len(poller.done_at) < opts.fault_at * len(first) and time.monotonic() < end:
         time.sleep(0.05)
-    trickler.start()
+    trickler = _start(_trickle_out, sender, trickle, name="ha-trickle")
     # Clients blocked in get() (Celery's result consumer, subscribed on the primary) across
     # the fault: the last requests of the first batch finish after it.
     waiting = [sender.handles[r.task_id] for r in first[-WAITERS:] if r.task_id]
     waited: list[bool] = []
-    waiter_thread = threading.Thread(
-        target=_wait_all, args=(st, waiting, waited), name="ha-get", daemon=True
-    )
-    waiter_thread.start()
+    waiter_thread = _start(_wait_all, st, waiting, waited, name="ha-get")
     time.sleep(0.5)
     before = stack_ha.current_primary(st)
     t_fault = time.monotonic()
@@ -265,14 +254,8 @@ def _scenario(
     if killed is not None:  # a supervisor brings the killed node back: as a replica
         st.stop(killed, timeout_s=1)
         stack_ha.start_node(st, killed)
-    settle_end = time.monotonic() + opts.settle_timeout_s
     ids = list(dict.fromkeys(seen.sent))
-    while time.monotonic() < settle_end and any(t not in done_at for t in ids):
-        time.sleep(0.2)
-    if all(t in done_at for t in ids):
-        seen.all_final_s = max(done_at.values())
-    stop_polling.set()
-    poller.join(10)
+    seen.all_final_s = poller.settle(ids, opts.settle_timeout_s)
     waiter_thread.join(120)
     time.sleep(LATE_S)
     seen.last = poll_outcomes(client, ids)
@@ -284,7 +267,8 @@ def _scenario(
         r = redis_client(st.s, socket_timeout=5)
         for tid, where in locate(r, out["lost_ids"]).items():
             opts.say(f"ha: {name}: lost {tid}: {where}")
-    resumed = [t for t in done_at.values() if t > t_new]
+    resumed = [t for t in poller.done_at.values() if t > t_new]
+    trickle_ids = {r.task_id for r in trickle}
     out.update(
         recover_s=round(min(resumed) - t_fault, 2) if resumed else None,
         drain_s=round(seen.all_final_s - t_fault, 2) if seen.all_final_s else None,
@@ -298,6 +282,52 @@ def _scenario(
     )
     pubs.counts.clear()
     return out
+
+
+def _start(target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
+    t = threading.Thread(target=target, args=args, name=name, daemon=True)
+    t.start()
+    return t
+
+
+def _trickle_out(sender: _Sender, trickle: list[SubmitRequest]) -> None:
+    """Send ``trickle`` five at a time at a steady rate (across the fault)."""
+    for i in range(0, len(trickle), 5):
+        sender.send(trickle[i : i + 5])
+        time.sleep(0.05)
+
+
+class _Poller:
+    """Polls the outcomes of everything sent, in a thread, recording when each was first
+    seen final (``done_at``: id -> monotonic seconds)."""
+
+    def __init__(self, client: FleetClient, seen: Seen) -> None:
+        self.client, self.seen = client, seen
+        self.done_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = _start(self._poll, name="ha-poll")
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            pending = [t for t in list(self.seen.sent) if t not in self.done_at]
+            got = poll_outcomes(self.client, pending)
+            now = time.monotonic()
+            for tid, out in got.items():
+                self.done_at.setdefault(tid, now)
+                self.seen.first.setdefault(tid, out)
+            time.sleep(0.1)
+
+    def settle(self, ids: list[str], timeout_s: float) -> float | None:
+        """Wait up to ``timeout_s`` for every id to be final, then stop polling; when the
+        last one was first seen final, or ``None`` if some never were."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and any(t not in self.done_at for t in ids):
+            time.sleep(0.2)
+        self._stop.set()
+        self._thread.join(10)
+        if all(t in self.done_at for t in ids):
+            return max(self.done_at.values())
+        return None
 
 
 def _wait_all(st: Stack, handles: list[ResultHandle], out: list[bool]) -> None:
