@@ -125,10 +125,11 @@ def _log_ready(sender: Any = None, **_: Any) -> None:
             log.warning("metrics endpoint not started on port %d: %s", port, exc)
             port = None
     log.info(
-        "fleet worker ready modality=%s model=%s runtime=%s metrics=%s",
+        "fleet worker ready modality=%s model=%s runtime=%s warmup_later=%s metrics=%s",
         engine.modality,
         engine.adapter.describe(),
         engine.runtime.stats(),
+        engine.warmup_later,
         f"http://{settings.metrics.host}:{port}/metrics" if port else "off",
     )
 

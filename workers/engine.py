@@ -141,6 +141,7 @@ class Engine:
         self.tracing = Tracing(settings, modality)
         telemetry.install(self.tracing)
         self.ready = False
+        self.warmup_later: dict[str, Any] = {}  # what _warmup left for the idle main lane
         self._by_id: dict[str, Work] = {}  # held or running, by task id (twins join these)
         self._arriving: dict[str, list[Any]] = {}  # arrived, not yet admitted -> its twins
         self._admitting: list[tuple[Any, TaskEnvelope]] = []
@@ -299,13 +300,14 @@ class Engine:
         before = self.cfg.batching.warmup_buckets_before_ready if self._threaded else None
         first, rest = split_plan(plan, before)
         runs = [self._warm_step(step) for step in first]
-        if rest and not warming_pays(runs):
-            log.info(
-                "background warmup skipped (%d steps): a new shape's first run costs no more "
-                "than its next here (first/second s: %s)",
-                len(rest),
-                ", ".join(f"{a:.3f}/{b:.3f}" for a, b in runs[1:]),
-            )
+        pays = warming_pays(runs)
+        # Logged with the worker's ready line (Celery's logging is not set up yet here).
+        self.warmup_later = {
+            "steps": len(rest),
+            "queued": pays,
+            "first_second_s": [[round(a, 4), round(b, 4)] for a, b in runs],
+        }
+        if not pays:
             rest = []
         self.lanes.warm_later = WarmQueue(rest)
 

@@ -61,20 +61,26 @@ def split_plan(
 
 
 FIRST_RUN_EXCESS = 0.25  # a first run this much slower than the second: warming pays
+FIRST_RUN_EXCESS_MIN_S = 0.005  # and at least this much (a few-ms run's jitter is not it)
 
 
-def warming_pays(runs: Sequence[tuple[float, float]], excess: float = FIRST_RUN_EXCESS) -> bool:
+def warming_pays(
+    runs: Sequence[tuple[float, float]],
+    excess: float = FIRST_RUN_EXCESS,
+    min_excess_s: float = FIRST_RUN_EXCESS_MIN_S,
+) -> bool:
     """Whether warming the rest of the plan pays on this device, from the ``(first_s,
-    second_s)`` run times of the steps warmed before ready, in order.
+    second_s)`` run times (seconds) of the steps warmed before ready, in order.
 
     The process's very first run is left out (it pays the model's one-time costs, which no
-    later shape pays again). True when a later step's first run took more than
-    ``1 + excess`` times its second, or when no step is left to judge by (warm as planned).
+    later shape pays again). True when a later step's first run took longer than its second
+    by more than ``excess`` of it and more than ``min_excess_s``, or when no step is left to
+    judge by (warm as planned).
     """
     judged = list(runs)[1:]
     if not judged:
         return True
-    return any(first > second * (1.0 + excess) for first, second in judged)
+    return any(first - second > max(excess * second, min_excess_s) for first, second in judged)
 
 
 class WarmQueue:

@@ -65,6 +65,11 @@ def test_warming_later_pays_where_a_new_shape_is_slow_the_first_time() -> None:
     assert warming_pays([(0.1, 0.05), (0.124, 0.1)]) is False  # just under
 
 
+def test_a_few_ms_of_jitter_on_a_tiny_run_is_not_a_first_run_cost() -> None:
+    assert warming_pays([(0.066, 0.028), (0.0086, 0.0060)]) is False  # +43 %, but 2.6 ms
+    assert warming_pays([(0.066, 0.028), (0.0160, 0.0060)]) is True  # +10 ms
+
+
 def test_with_nothing_to_judge_by_the_plan_is_kept() -> None:
     assert warming_pays([]) is True
     assert warming_pays([(3.0, 0.01)]) is True  # only the process's first run: not judged
