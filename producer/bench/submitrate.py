@@ -165,7 +165,8 @@ class SubmitRateBench:
             sizes = sorted(len(m) for _, m in messages)
             rounds: dict[str, list[dict[str, Any]]] = {p: [] for p in SEND_PATHS}
             for r in range(self.rounds):
-                order = SEND_PATHS[r % 3 :] + SEND_PATHS[: r % 3]
+                k = r % len(SEND_PATHS)  # rotating order: drift falls on every path alike
+                order = SEND_PATHS[k:] + SEND_PATHS[:k]
                 for path in order:
                     send = self._sender(path, client, raw_conn, messages)
                     rounds[path].append(self._timed(path, send, admin))
