@@ -1,7 +1,9 @@
 """Entry point of ``fleet bench``: load the workload, run it, write and print the report.
 
 A workload with a ``tensor`` source (``transport``) runs ``producer/bench/transport.py``
-instead of the fleet/baseline/limit modes (``--modes`` does not apply to it). With
+instead of the fleet/baseline/limit modes (``--modes`` does not apply to it), and one with
+``runner = "submit-rate"`` runs ``producer/bench/submitrate.py`` (the producer's enqueue
+rate against raw Redis pipelines; ``--repetitions`` gives its rounds). With
 ``metrics_cost`` (``--metrics-cost``) the run is ``producer/bench/metricscost.py`` instead:
 the fleet mode with metrics and tracing on vs off, interleaved (``--modes`` and
 ``--repetitions`` do not apply: one repetition per round and variant).
@@ -49,6 +51,10 @@ def main(
 
     if is_transport(w):  # its own runner: tensors to the probe task, not modes
         return run_transport(w, repetitions, out_dir, run_dir.resolve() if run_dir else None, err)
+    if w.runner == "submit-rate":  # its own runner: the producer's enqueue rate, not modes
+        from producer.bench.submitrate import run_submit_rate
+
+        return run_submit_rate(w, repetitions, out_dir, run_dir.resolve() if run_dir else None, err)
     wanted = tuple(m for m in modes.split(",") if m)
     unknown = [m for m in wanted if m not in ALL_MODES]
     if unknown or not wanted:

@@ -45,6 +45,18 @@ modes) and writes, besides workload/machine/method/warnings::
         spread_ms, samples_ms, redis_memory (used_memory around each series), errors
     redis: version, proto_max_bulk_len, client_query_buffer_limit, appendonly, used_memory
     done_when: the issue's criteria at the largest size; shm_files_before/after
+
+The ``submit-rate`` workload (``runner = "submit-rate"``, ``producer/bench/submitrate.py``,
+no modes; ``repetitions`` are its rounds) writes, besides workload/machine/method/warnings::
+
+    submit_rate: requests (N per path and round), chunk, message_bytes (median),
+        message_bytes_range, list_keys, verdict {target_submit_many_over_raw, met}
+    submit_rate.paths.{raw,submit_many,submit,submit_many+wait}: rps (median over rounds),
+        rps_spread {min,median,max}, cpu_us_per_request (median), rounds (per round: rps, s,
+        cpu_us_per_request, and enqueued for the send paths; for submit_many+wait wall_s,
+        submit_rps, results, ok, errors {code: count})
+    submit_rate.ratios: submit_many_over_raw, submit_over_raw, submit_many+wait_over_raw
+    submit_rate.commands_per_request.{path}: Redis commands per request by name
 """
 
 from __future__ import annotations

@@ -147,6 +147,9 @@ class Workload(_Spec):
     description: str = ""
     status: Literal["ready", "placeholder"] = "ready"
     skip_reason: str = ""
+    # "submit-rate": producer/bench/submitrate.py runs it (the producer's enqueue rate)
+    # instead of the fleet/baseline/limit modes.
+    runner: Literal["modes", "submit-rate"] = "modes"
     repetitions: int = Field(default=3, ge=1)
     seed: int = 0
     warmup_s: float = Field(default=0.0, ge=0.0)
