@@ -423,6 +423,25 @@ def _warnings(res: BenchResult, rep: dict[str, Any]) -> list[str]:
 
 
 # -- files ------------------------------------------------------------------------------------
+def run_reported(run: Any, print_report: Any, out_dir: Path, err: Any, plot: bool = False) -> int:
+    """Run a bench of its own kind (``run()`` returns its report), write its files and print
+    it with ``print_report(report, console)``; exit status 1 if it failed (``BenchError``)."""
+    import sys
+
+    from rich.console import Console
+
+    from producer.bench.results import BenchError
+
+    try:
+        report = run()
+    except BenchError as exc:
+        err.print(f"[red]bench failed:[/red] {exc}")
+        return 1
+    write_report(report, out_dir, plot=plot)
+    print_report(report, Console(file=sys.stdout, width=150))
+    return 0
+
+
 def write_report(report: dict[str, Any], out_dir: Path, plot: bool = True) -> dict[str, str]:
     """Write ``<workload>-<UTC stamp>.json`` and ``latest.json`` (and the plot, ``.png``)."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -365,13 +364,7 @@ def run_submit_rate(
     w: Workload, repetitions: int, out_dir: Path, run_dir: Path | None, err: Console
 ) -> int:
     """``fleet bench submit-rate``: run, write ``reports/bench`` files, print; exit status."""
-    from producer.bench.report import write_report
+    from producer.bench.report import run_reported
 
-    try:
-        report = SubmitRateBench(w, repetitions, run_dir, console=err).run()
-    except BenchError as exc:
-        err.print(f"[red]bench failed:[/red] {exc}")
-        return 1
-    write_report(report, out_dir, plot=False)
-    print_submit_rate_report(report, Console(file=sys.stdout, width=150))
-    return 0
+    bench = SubmitRateBench(w, repetitions, run_dir, console=err)
+    return run_reported(bench.run, print_submit_rate_report, out_dir, err)

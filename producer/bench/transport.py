@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -384,13 +383,7 @@ def run_transport(
     err: Console,
 ) -> int:
     """``fleet bench transport``: run, write ``reports/bench`` files, print; exit status."""
-    from producer.bench.report import write_report
+    from producer.bench.report import run_reported
 
-    try:
-        report = TransportBench(w, repetitions, run_dir, console=err).run()
-    except BenchError as exc:
-        err.print(f"[red]bench failed:[/red] {exc}")
-        return 1
-    write_report(report, out_dir, plot=False)
-    print_transport_report(report, Console(file=sys.stdout, width=150))
-    return 0
+    bench = TransportBench(w, repetitions, run_dir, console=err)
+    return run_reported(bench.run, print_transport_report, out_dir, err)

@@ -51,6 +51,24 @@ def stats(client: FleetClient) -> dict[str, Any]:
     return next(v for r in replies for k, v in r.items() if k.startswith("text@"))
 
 
+def restart_until_final(poison: Any, fault_stack: Any, timeout_s: float) -> int:
+    """Restart the text worker each time it dies until ``poison`` has failed; the restarts.
+
+    A supervisor restarts a dead worker; so do we. It may die again right after it is up,
+    on the redelivered poison: that is what these tests are about."""
+    from producer.stack import StackError
+
+    restarts, deadline = 0, time.monotonic() + timeout_s
+    while poison.state() != "FAILURE" and time.monotonic() < deadline:
+        if not fault_stack.alive("worker-text"):
+            fault_stack.stop("worker-text", timeout_s=1)
+            restarts += 1
+            with contextlib.suppress(StackError):
+                fault_stack.start_worker("text")
+        time.sleep(0.1)
+    return restarts
+
+
 def words(i: int) -> str:
     return f"Sentence number {i} about a quiet river."
 
@@ -125,21 +143,10 @@ def test_circuit_opens_after_consecutive_model_faults_then_recovers(fclient: Fle
 def test_poison_message_ends_as_worker_lost_and_innocents_survive(
     fclient: FleetClient, fault_stack: Any
 ) -> None:
-    from producer.stack import StackError
 
     poison = fclient.submit("text", {"text": words(7), "_inject": "crash"}, priority="bulk")
     innocent = fclient.submit("text", {"text": words(8)}, priority="bulk")
-    restarts = 0
-    deadline = time.monotonic() + 120
-    while poison.state() != "FAILURE" and time.monotonic() < deadline:
-        if not fault_stack.alive("worker-text"):
-            # A supervisor restarts a dead worker; so do we. It may die again right after
-            # it is up, on the redelivered poison: that is the point of the test.
-            fault_stack.stop("worker-text", timeout_s=1)
-            restarts += 1
-            with contextlib.suppress(StackError):
-                fault_stack.start_worker("text")
-        time.sleep(0.1)
+    restarts = restart_until_final(poison, fault_stack, timeout_s=120)
     out = poison.outcome(timeout_s=5)
     assert out["error"]["code"] == "WORKER_LOST"
     assert restarts == 3  # three deliveries died in flight; the fourth was refused
@@ -154,7 +161,6 @@ def test_an_input_decoding_while_a_suspect_crashes_the_worker_is_not_blamed(
     """A suspect (a delivery whose worker died before) runs with no decode in progress: a
     request decoding while the suspect kills the worker did not kill it, and must not be
     counted as a death (three such counts refused an innocent request ``WORKER_LOST``)."""
-    from producer.stack import StackError
 
     if not fault_stack.alive("worker-text"):
         fault_stack.start_worker("text")
@@ -164,14 +170,7 @@ def test_an_input_decoding_while_a_suspect_crashes_the_worker_is_not_blamed(
     slow = fclient.submit(
         "text", {"text": words(18), "_inject": "slow_prepare:1.5"}, priority="bulk"
     )
-    restarts, deadline = 0, time.monotonic() + 150
-    while poison.state() != "FAILURE" and time.monotonic() < deadline:
-        if not fault_stack.alive("worker-text"):
-            fault_stack.stop("worker-text", timeout_s=1)
-            restarts += 1
-            with contextlib.suppress(StackError):
-                fault_stack.start_worker("text")
-        time.sleep(0.1)
+    restarts = restart_until_final(poison, fault_stack, timeout_s=150)
     assert poison.outcome(timeout_s=5)["error"]["code"] == "WORKER_LOST"
     assert restarts == 3
     if not fault_stack.alive("worker-text"):

@@ -31,6 +31,20 @@ def in_thread(target: object) -> threading.Thread:
     return t
 
 
+def suspect_inside(iso: Isolation) -> tuple[threading.Thread, threading.Event]:
+    """A suspect batch running in a thread until the returned event is set."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def suspect() -> None:
+        with iso.running(suspect=True):
+            inside.set()
+            leave.wait(5.0)
+
+    t = in_thread(suspect)
+    assert inside.wait(2.0)
+    return t, leave
+
+
 def test_a_suspect_waits_for_a_decoding_arrival_group_then_runs() -> None:
     iso = Isolation()
     assert iso.try_admit()
@@ -51,15 +65,7 @@ def test_a_suspect_waits_for_a_decoding_arrival_group_then_runs() -> None:
 def test_arrivals_are_deferred_while_a_suspect_runs_and_resumed_when_it_ends() -> None:
     cleared = threading.Event()
     iso = Isolation(on_clear=cleared.set)
-    inside, leave = threading.Event(), threading.Event()
-
-    def suspect() -> None:
-        with iso.running(suspect=True):
-            inside.set()
-            leave.wait(5.0)
-
-    t = in_thread(suspect)
-    assert inside.wait(2.0)
+    t, leave = suspect_inside(iso)
     assert iso.try_admit() is False  # the event loop is never blocked: it defers
     assert not cleared.is_set()
     leave.set()
@@ -123,15 +129,7 @@ def test_two_suspects_never_run_together() -> None:
 
 def test_a_blocking_admission_waits_for_the_suspect() -> None:
     iso = Isolation()
-    inside, leave = threading.Event(), threading.Event()
-
-    def suspect() -> None:
-        with iso.running(suspect=True):
-            inside.set()
-            leave.wait(5.0)
-
-    t = in_thread(suspect)
-    assert inside.wait(2.0)
+    t, leave = suspect_inside(iso)
     threading.Timer(0.2, leave.set).start()
     t0 = time.monotonic()
     assert iso.try_admit(block=True)  # a shutdown's last admission: it may wait
