@@ -250,7 +250,7 @@ class Completer:
         )
         log.info(
             "request id=%s state=%s code=%s priority=%s queued_ms=%.1f run_ms=%.1f "
-            "batch=%s size=%d attempts=%d total_ms=%.1f",
+            "batch=%s size=%d attempts=%d total_ms=%.1f since_submit_ms=%.1f",
             req.id,
             o.state,
             o.error.code if o.error else "-",
@@ -261,6 +261,8 @@ class Completer:
             w.batch_size if w else 0,
             (w.attempts + 1) if w else 0,
             (now - w.arrival_s) * 1000.0 if w else 0.0,
+            # the producer's clock: meaningful on one host, or with clocks in sync
+            (time.time() * 1000.0 - w.env.submitted_ms) if w else 0.0,
         )
 
     def refuse_message(self, message: Any, exc: Exception) -> None:
