@@ -18,6 +18,7 @@ import numpy as np
 
 from shared.errors import InvalidInput
 from shared.settings import Settings
+from shared.tensor_wire import INLINE, SHM
 from shared.transport import decode_inline, process_store
 
 PROBE_TASK = "fleet.transport_probe"
@@ -55,9 +56,9 @@ def read_tensor(settings: Settings, wire: dict[str, Any]) -> dict[str, Any]:
         TensorRefError: the ref is malformed, unknown or expired.
     """
     kind = wire.get("kind") if isinstance(wire, dict) else None
-    if kind == "shm":
+    if kind == SHM:
         arr = process_store(settings, role="worker").get(wire)
-    elif kind == "inline":
+    elif kind == INLINE:
         arr = decode_inline(wire, max_bytes=settings.limits.max_inline_bytes * 64)
     else:
         raise InvalidInput("probe input must be a {'kind': 'shm'|'inline', ...} tensor")

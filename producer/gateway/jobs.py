@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from producer.client import FleetClient, tensor_wires
+from producer.client import FleetClient
 from producer.gateway.admission import (
     RateMeter,
     ahead_of,
@@ -43,6 +43,7 @@ from shared import keys
 from shared.errors import DeadlineUnreachable, NoReadyWorker, QueueFull
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
+from shared.tensor_wire import SHM, iter_wires
 
 log = logging.getLogger("fleet.gateway")
 WAIT_GRACE_S = 0.25  # a result stored right at the deadline still makes the sync answer
@@ -305,7 +306,7 @@ class JobService:
         if video is not None:
             # bound to this request: renewed while it waits (shared.transport.lifetime)
             inputs = await self._io(self.client.video_inputs, video, None, task_id)
-        refs = list(tensor_wires(inputs, "shm"))
+        refs = list(iter_wires(inputs, SHM))
         try:
             env = await self._envelope(spec, inputs, priority, timeout_s, body_bytes)
             job = Job(
@@ -437,7 +438,7 @@ class JobService:
     async def resolve(self, result: Any) -> Any:
         """Tensor wire objects in a result (video frames, xmodal texts) as numpy arrays. Output
         segments are not released: a repeated GET reads them again; their TTL reclaims them."""
-        if any(True for kind in ("shm", "inline") for _ in tensor_wires(result, kind)):
+        if any(True for _ in iter_wires(result)):
             return await self._io(lambda: self.client.resolve(result, release=False))
         return result
 
