@@ -40,7 +40,13 @@ from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
 from producer.wire import task_payload
 from shared import keys
-from shared.errors import DeadlineUnreachable, NoReadyWorker, QueueFull
+from shared.errors import (
+    DeadlineUnreachable,
+    NoReadyWorker,
+    QueueFull,
+    error_from_wire,
+    is_error_wire,
+)
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.tensor_wire import SHM, iter_wires
@@ -101,14 +107,11 @@ class Snapshot:
 def error_of(meta: dict[str, Any]) -> tuple[str, str]:
     """``(code, message)`` of a FAILURE / REVOKED result document."""
     res = meta.get("result")
-    if isinstance(res, dict) and "exc_message" in res:
-        args = res.get("exc_message") or []
-        if not isinstance(args, list):
-            args = [args]
-        code = args[1] if len(args) > 1 and isinstance(args[1], str) else None
+    if is_error_wire(res):
+        code, message, exc_type = error_from_wire(res)
         if code is None:
             code = "REVOKED" if meta.get("status") == "REVOKED" else "FLEET_ERROR"
-        return code, str(args[0]) if args else str(res.get("exc_type", ""))
+        return code, exc_type if message is None else message
     if meta.get("status") == "REVOKED":
         return "REVOKED", "revoked before it ran"
     return "FLEET_ERROR", f"task ended {meta.get('status')}"
