@@ -47,6 +47,7 @@ from shared.errors import FleetError, InvalidInput, PayloadTooLarge, Unsupported
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from shared.settings import MODALITIES, Settings, load_settings
+from shared.tensor_wire import SHM
 
 if TYPE_CHECKING:
     from shared.transport import ShmStore
@@ -232,7 +233,7 @@ class FleetClient(Publishing, ResultReading):
             InvalidInput: ``request.task_id`` is not the id its video input is bound to (the
                 input would be kept for a request that never runs, until the lifetime cap).
         """
-        wires = tensor_wires(request.inputs, "shm")
+        wires = tensor_wires(request.inputs, SHM)
         bound = {self._bound[w["id"]] for w in wires if w["id"] in self._bound}
         if request.task_id is not None and bound - {request.task_id}:
             raise InvalidInput(
@@ -245,7 +246,7 @@ class FleetClient(Publishing, ResultReading):
 
     def _unbind(self, inputs: dict[str, Any]) -> None:
         """Sent: a second request with the same inputs gets an id of its own."""
-        for wire in tensor_wires(inputs, "shm"):
+        for wire in tensor_wires(inputs, SHM):
             self._bound.pop(wire["id"], None)
 
     # -- tensor transport (video, xmodal) ----------------------------------------------
@@ -306,7 +307,7 @@ class FleetClient(Publishing, ResultReading):
             return video_inputs(path_or_bytes, store, ttl_s=ttl_s, request_id=task_id)
         task_id = str(uuid.uuid4())
         inputs = video_inputs(path_or_bytes, store, ttl_s=ttl_s, request_id=task_id)
-        for wire in tensor_wires(inputs, "shm"):
+        for wire in tensor_wires(inputs, SHM):
             self._bound[wire["id"]] = task_id
         return inputs
 
@@ -328,7 +329,7 @@ class FleetClient(Publishing, ResultReading):
         Returns:
             How many segments were removed (refs already gone count 0).
         """
-        refs = list(tensor_wires(inputs, "shm"))
+        refs = list(tensor_wires(inputs, SHM))
         if not refs:
             return 0
         self._unbind(inputs)

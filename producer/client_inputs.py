@@ -1,6 +1,7 @@
 """Request inputs and results that carry files or tensors: image, video and cross-modal
 inputs (a video above :data:`VIDEO_INLINE_MAX_BYTES` through /dev/shm), tensor wire objects in
-results turned into numpy arrays, and the walk that finds wire objects (:func:`tensor_wires`).
+results turned into numpy arrays, and the walk that finds wire objects (:func:`tensor_wires`,
+``shared.tensor_wire.iter_wires``).
 
 No torch; numpy and ``shared.transport`` are imported only when a tensor is at hand. Import
 these names from ``producer.client``.
@@ -9,9 +10,12 @@ these names from ``producer.client``.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from shared.tensor_wire import INLINE, SHM, is_wire
+from shared.tensor_wire import iter_wires as tensor_wires
 
 if TYPE_CHECKING:
     from shared.transport import ShmStore
@@ -35,9 +39,6 @@ def image_inputs(path_or_bytes: str | Path | bytes) -> dict[str, Any]:
 VIDEO_INLINE_MAX_BYTES = 32 * 1024
 """Video files up to this size travel inline as base64 (about 44 KB in the message), larger
 ones through /dev/shm, so a task message stays under 64 KB whatever the video's size."""
-
-_SHM_KEYS = frozenset({"kind", "id", "shape", "dtype", "nbytes", "owner", "created_at", "ttl_s"})
-_INLINE_KEYS = frozenset({"kind", "dtype", "shape", "nbytes", "b64"})
 
 
 def video_inputs(
@@ -99,14 +100,13 @@ def resolve_tensors(obj: Any, store: Callable[[], ShmStore], *, release: bool = 
         InvalidInput: a malformed inline tensor.
     """
     if isinstance(obj, dict):
-        kind = obj.get("kind")
-        if kind == "shm" and set(obj) == _SHM_KEYS:
+        if is_wire(obj, SHM):
             s = store()
             arr = s.get(obj)
             if release:
                 s.release(obj)
             return arr
-        if kind == "inline" and set(obj) == _INLINE_KEYS:
+        if is_wire(obj, INLINE):
             from shared.transport import decode_inline
 
             return decode_inline(obj)
@@ -114,18 +114,3 @@ def resolve_tensors(obj: Any, store: Callable[[], ShmStore], *, release: bool = 
     if isinstance(obj, list) and obj and isinstance(obj[0], dict | list):
         return [resolve_tensors(v, store, release=release) for v in obj]
     return obj
-
-
-def tensor_wires(obj: Any, kind: str) -> Iterable[dict[str, Any]]:
-    """Every tensor wire object of ``kind`` inside ``obj``."""
-    keys = _SHM_KEYS if kind == "shm" else _INLINE_KEYS
-    if isinstance(obj, dict):
-        if obj.get("kind") == kind and set(obj) == keys:
-            yield obj
-            return
-        for v in obj.values():
-            yield from tensor_wires(v, kind)
-    elif isinstance(obj, list):
-        for v in obj:
-            if isinstance(v, dict | list):
-                yield from tensor_wires(v, kind)

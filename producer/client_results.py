@@ -16,7 +16,13 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from shared import keys
-from shared.errors import FleetError, error_from_code
+from shared.errors import (
+    FleetError,
+    error_from_code,
+    error_from_wire,
+    error_to_wire,
+    is_error_wire,
+)
 from shared.schema import TaskEnvelope
 
 if TYPE_CHECKING:
@@ -103,11 +109,15 @@ def outcome_from_meta(meta: dict[str, Any]) -> dict[str, Any]:
         code = args[1] if len(args) > 1 and isinstance(args[1], str) else "FLEET_ERROR"
         msg = str(args[0]) if args else repr(res)
         return {"error": {"code": code, "message": msg, "type": type(res).__name__}}
-    if isinstance(res, dict) and "exc_message" in res:  # raw JSON exception encoding
-        args = list(res.get("exc_message") or [])
-        code = args[1] if len(args) > 1 else "FLEET_ERROR"
-        msg = str(args[0]) if args else ""
-        return {"error": {"code": code, "message": msg, "type": res.get("exc_type", "")}}
+    if is_error_wire(res):  # raw JSON exception encoding
+        code, msg, exc_type = error_from_wire(res)
+        return {
+            "error": {
+                "code": code or "FLEET_ERROR",
+                "message": "" if msg is None else msg,
+                "type": exc_type,
+            }
+        }
     status = meta.get("status")
     return {
         "error": {"code": "FLEET_ERROR", "message": f"task ended {status}", "type": str(status)}
@@ -197,14 +207,9 @@ class ResultReading:
         ttl = int(self.settings.redis.result_expires_s)
         if not backend.client.set(keys.final_key(task_id), "1", nx=True, ex=ttl):
             return False
-        err = Revoked(reason)
         meta = {
             "status": "REVOKED",
-            "result": {
-                "exc_type": type(err).__name__,
-                "exc_message": [err.message, err.code],
-                "exc_module": type(err).__module__,
-            },
+            "result": error_to_wire(Revoked(reason)),
             "traceback": None,
             "children": [],
             "date_done": datetime.now(UTC).isoformat(),

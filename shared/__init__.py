@@ -8,6 +8,7 @@ Structure (one concern per module)::
     model_options.py           the typed options of each model kind
     schema.py, priority.py     the task envelope; priority classes and deadlines
     errors.py                  the error hierarchy, each with a stable code
+    tensor_wire.py             the tensor wire forms ("shm" / "inline"): recognised here
     keys.py                    every Celery name and Redis key
     celery_app.py              the Celery app factory (producers and workers)
     redis_client.py, ha.py     direct Redis clients; Sentinel transports (WAIT)

@@ -5,13 +5,17 @@ device, model, queue). The ``code`` is part of the public contract: it travels i
 result (``exc_message[1]`` of Celery's JSON exception encoding, and ``error.code`` in the
 client's result dict) and must never change once released. Adding codes is fine.
 
+The error wire form (what a FAILURE or REVOKED result document holds) is encoded by
+:func:`error_to_wire` and read by :func:`error_from_wire`, on both sides.
+
 Retry policy is decided by the class: only :class:`TransientError` subclasses are retried.
 Bad input is never retried.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, NamedTuple
 
 
 class FleetError(Exception):
@@ -181,3 +185,43 @@ def error_from_code(code: str, message: str) -> FleetError:
     """Rebuild an error from its stable code; unknown codes give a plain :class:`FleetError`."""
     cls = ERROR_CLASSES.get(code, FleetError)
     return cls(message, code=code)
+
+
+class WireError(NamedTuple):
+    """What an error's wire form says: ``code`` and ``message`` are ``None`` where the form
+    carries none (an exception from outside the fleet's hierarchy, an exception without
+    args); ``type`` is the exception's class name (``exc_type``, ``""`` if absent)."""
+
+    code: str | None
+    message: str | None
+    type: str
+
+
+def error_to_wire(err: FleetError) -> dict[str, Any]:
+    """The error's wire form: Celery's JSON encoding of an exception with the fleet's code,
+    ``{"exc_type": "ImageDecodeError", "exc_message": ["<message>", "IMAGE_DECODE"],
+    "exc_module": "shared.errors"}``; Celery, Flower and clients in any language read it."""
+    return {
+        "exc_type": type(err).__name__,
+        "exc_message": [err.message, err.code],
+        "exc_module": type(err).__module__,
+    }
+
+
+def is_error_wire(obj: object) -> bool:
+    """True when ``obj`` is an exception's wire form (a dict with ``exc_message``)."""
+    return isinstance(obj, dict) and "exc_message" in obj
+
+
+def error_from_wire(wire: Mapping[str, Any]) -> WireError:
+    """Read an exception's wire form (see :func:`error_to_wire`); never raises.
+
+    ``exc_message`` other than a list is taken as its one arg; a code that is not a string
+    is no code.
+    """
+    args = wire.get("exc_message") or []
+    if not isinstance(args, list):
+        args = [args]
+    code = args[1] if len(args) > 1 and isinstance(args[1], str) else None
+    message = str(args[0]) if args else None
+    return WireError(code, message, str(wire.get("exc_type", "")))

@@ -171,14 +171,13 @@ class DeviceConfig(_Section):
     fetch_limit: int = Field(default=64, ge=1)
     # sys.setswitchinterval for the worker process (CPython's default is 5 ms). The event
     # loop, the main and the REALTIME inference threads share the GIL; an inference thread
-    # coming back from a GIL-free torch op waits up to one interval for the GIL. Measured
-    # here (MiniLM, batches of 32, a Python thread busy 40 % of the time beside it): 96.6
-    # req/s at 5 ms, 103.6 at 0.5 ms, 104.5 alone.
+    # coming back from a GIL-free torch op waits up to one interval for the GIL; a shorter
+    # one gives back most of that wait (see docs/decisions.md, "GIL switch interval").
     gil_switch_interval_ms: float = Field(default=0.5, gt=0.0, le=100.0)
     # With a REALTIME lane: the main lane's inference thread runs at this nice value, so a
-    # core it shares with the REALTIME lane or the event loop goes to them first. Measured
-    # here (priority-burst, TorchScript text encoder, 3 runs each): REALTIME p99 82 ms at
-    # +5 vs 122 ms at 0, BULK drain 120 vs 122 req/s. Raising nice needs no privilege.
+    # core it shares with the REALTIME lane or the event loop goes to them first: a lower
+    # REALTIME p99 for about the same BULK drain (see docs/decisions.md, "Main-lane nice").
+    # Raising nice needs no privilege.
     main_lane_nice: int = Field(default=5, ge=0, le=19)
 
 

@@ -3,8 +3,8 @@
 kombu's Redis transport fetches one message per ``BRPOP`` and then records it in the unacked
 hash with one more round trip (``QoS.append``), both on the worker's event-loop thread. A
 worker with a 256-message window behind a backlog therefore spends two Redis round trips,
-and a loop turn, per request: profiled under ``text-saturate``, that fetch was ~60 % of the
-loop thread's CPU, on a 2-core machine where the model thread wants every cycle.
+and a loop turn, per request: most of the loop thread's CPU under a backlog, taken from a
+model thread that wants every cycle (see docs/decisions.md, "Batched fetch").
 
 :class:`Channel` keeps the blocking ``BRPOP`` (so an idle worker still wakes on the first
 message), whose message goes through kombu's own delivery. Besides it, one atomic Lua script

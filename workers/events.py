@@ -5,8 +5,8 @@ A Celery worker on an event loop buffers task events (``task-received``, ``task-
 that flush for the very next loop turn after every buffered event (``Consumer.
 on_send_event_buffered``), and kombu's Redis transport sends each flush as its own blocking
 PUBLISH. With one BRPOP per message, every arriving message then costs a PUBLISH round trip
-on the loop thread: profiled under `text-saturate`, event publishing was 27-35 % of the loop
-thread's time. Here the flush waits up to ``flush_interval_ms`` (or until ``buffer_limit``
+on the loop thread, a large share of its time (see docs/decisions.md, "Event coalescing").
+Here the flush waits up to ``flush_interval_ms`` (or until ``buffer_limit``
 events are buffered, Celery's own inline flush), so a batch's events leave together.
 
 Event timestamps are taken when each event is created, so Flower and the bench see the

@@ -15,9 +15,9 @@ languages read it unchanged::
     {"status": "SUCCESS" | "FAILURE", "result": <value or exception dict>,
      "traceback": null, "children": [], "date_done": "<ISO 8601 UTC>", "task_id": "<id>"}
 
-A failure's ``result`` is Celery's JSON exception encoding with the fleet's code added:
-``{"exc_type": "ImageDecodeError", "exc_message": ["<message>", "IMAGE_DECODE"],
-"exc_module": "shared.errors"}``.
+A failure's ``result`` is Celery's JSON exception encoding with the fleet's code added
+(``shared.errors.error_to_wire``): ``{"exc_type": "ImageDecodeError", "exc_message":
+["<message>", "IMAGE_DECODE"], "exc_module": "shared.errors"}``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from shared import keys
-from shared.errors import FleetError
+from shared.errors import FleetError, error_to_wire
 
 log = logging.getLogger("fleet.results")
 
@@ -83,13 +83,8 @@ class Outcome:
         return "SUCCESS" if self.error is None else "FAILURE"
 
 
-def exception_dict(err: FleetError) -> dict[str, Any]:
-    """Celery's JSON encoding of an exception (``exc_type``, ``exc_message``, ``exc_module``)."""
-    return {
-        "exc_type": type(err).__name__,
-        "exc_message": [err.message, err.code],
-        "exc_module": type(err).__module__,
-    }
+exception_dict = error_to_wire
+"""Celery's JSON encoding of an exception with the fleet's code (``shared.errors``)."""
 
 
 class ResultWriter:

@@ -24,8 +24,9 @@ lane's resources.
 
 REALTIME preemption
 -------------------
-Two lanes on one device contend for it (on the CPU for cores and the GIL: a single REALTIME
-sentence took 34-41 ms beside a batch of 32 instead of ~15 ms alone). While the REALTIME
+Two lanes on one device contend for it (on the CPU for cores and the GIL: a REALTIME
+sentence beside a batch takes more than twice as long as alone; see docs/decisions.md,
+"REALTIME preemption"). While the REALTIME
 lane runs a batch (:meth:`DeviceRuntime.realtime_section`), the main lane pauses at its next
 *yield point*: a forward pre-hook on every module inside the layers of every
 ``torch.nn.ModuleList`` of the model (:meth:`DeviceRuntime.install_yield_points`; a

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared import keys
 from shared.errors import FleetError
+from shared.tensor_wire import SHM, find_wires
 from shared.transport import lifetime
 
 if TYPE_CHECKING:
@@ -117,19 +118,15 @@ class SegmentRenewer:
         return renewed
 
 
-def shm_ref_ids(inputs: Any, depth: int = 0) -> Iterator[str]:
+def _claims_shm(obj: Mapping[str, Any]) -> bool:
+    # Loose on purpose: the lease is renewed first, the adapter then validates the ref.
+    return obj.get("kind") == SHM and isinstance(obj.get("id"), str)
+
+
+def shm_ref_ids(inputs: Any) -> Iterator[str]:
     """The segment ids of the ``{"kind": "shm", "id": ...}`` objects in a request's inputs."""
-    if depth > _MAX_DEPTH:
-        return
-    if isinstance(inputs, Mapping):
-        if inputs.get("kind") == "shm" and isinstance(inputs.get("id"), str):
-            yield inputs["id"]
-            return
-        for v in inputs.values():
-            yield from shm_ref_ids(v, depth + 1)
-    elif isinstance(inputs, list):
-        for v in inputs:
-            yield from shm_ref_ids(v, depth + 1)
+    for ref in find_wires(inputs, _claims_shm, max_depth=_MAX_DEPTH):
+        yield ref["id"]
 
 
 def renew_inputs(

@@ -1,5 +1,5 @@
 """``fleet bench submit-rate``: how many requests/s one producer process enqueues, against the
-raw Redis pipeline limit for the same messages, in one run (issue 17, item 6).
+raw Redis pipeline limit for the same messages, in one run.
 
 ``configs/workloads/submit-rate.toml`` gives N (its burst's ``count``, default 5,000), the
 texts and classes (its mix, from the repo's real sentences), the rounds (``repetitions``).

@@ -18,7 +18,7 @@ from producer.bench.stats import spread
 
 PATHS = ("raw", "submit_many", "submit", "submit_many+wait")
 SEND_PATHS = PATHS[:3]  # the paths measured without workers, in rotating order per round
-TARGET_RATIO = 0.5  # issue 17 item 6: submit_many at least half the raw pipeline limit
+TARGET_RATIO = 0.5  # the goal: submit_many at least half the raw pipeline limit
 METHOD = {
     "raw": "LPUSH of the exact bytes submit_many sent in the capture pass (fresh task ids and "
     "delivery tags, copies built before the clock starts) to the same priority list keys, "

@@ -24,7 +24,7 @@ has been received:
   ``max(repetitions, 5)``.
 
 The worker (``fleet.transport_probe``) maps or decodes the tensor and reads every byte into a
-checksum (``workers.probe.byte_checksum``): a full read. Its in-process cost (``ShmStore.get``
+checksum (``shared.probe.byte_checksum``): a full read. Its in-process cost (``ShmStore.get``
 + the same checksum, in the producer, best of N) is given as ``probe_read_ms``, so that the
 path itself (``shm_ms - probe_read_ms``, its ratio to memcpy in ``shm_path_over_memcpy``)
 can be told from the probe's own work.
@@ -82,7 +82,7 @@ from producer.bench.transport_report import (
     size_summary,
 )
 from producer.bench.workload import REPO, Workload
-from workers.probe import byte_checksum
+from shared.probe import byte_checksum
 
 PEEK_QUEUE = "peek"  # as long as "text": a peeked message has the real message's length
 MIN_MEMCPY_REPS = 5
@@ -261,8 +261,8 @@ class TransportBench:
         run: PathRun,
         expected: float,
     ) -> Callable[[], None]:
+        from shared.probe import PROBE_TASK
         from shared.transport import encode_inline
-        from workers.probe import PROBE_TASK
 
         app = client.app
 
@@ -314,8 +314,8 @@ class TransportBench:
         self, path: str, arr: np.ndarray, client: Any, redis: Any, store: Any, fresh: Any
     ) -> int:
         """Length of the raw message this path puts into Redis (sent to a queue nobody reads)."""
+        from shared.probe import PROBE_TASK
         from shared.transport import encode_inline
-        from workers.probe import PROBE_TASK
 
         ref = res = None
         if path == "inline":

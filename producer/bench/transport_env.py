@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.probe import byte_checksum
+from shared.probe import byte_checksum
 
 
 def ms(seconds: float) -> float:

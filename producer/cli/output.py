@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-_WIRE_KEYS = (
-    frozenset({"kind", "id", "shape", "dtype", "nbytes", "owner", "created_at", "ttl_s"}),
-    frozenset({"kind", "dtype", "shape", "nbytes", "b64"}),
-)
+from shared.tensor_wire import is_wire
 
 
 def is_tensor_wire(obj: Any) -> bool:
     """A tensor wire object (a /dev/shm TensorRef or an inline tensor) of a result."""
-    return isinstance(obj, dict) and obj.get("kind") in ("shm", "inline") and set(obj) in _WIRE_KEYS
+    return is_wire(obj)
 
 
 def jsonable(obj: Any, full: bool) -> Any:

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from producer.client import FleetClient, tensor_wires
+from producer.client import FleetClient
 from producer.gateway.admission import (
     RateMeter,
     ahead_of,
@@ -40,9 +40,16 @@ from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
 from producer.wire import task_payload
 from shared import keys
-from shared.errors import DeadlineUnreachable, NoReadyWorker, QueueFull
+from shared.errors import (
+    DeadlineUnreachable,
+    NoReadyWorker,
+    QueueFull,
+    error_from_wire,
+    is_error_wire,
+)
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
+from shared.tensor_wire import SHM, iter_wires
 
 log = logging.getLogger("fleet.gateway")
 WAIT_GRACE_S = 0.25  # a result stored right at the deadline still makes the sync answer
@@ -100,14 +107,11 @@ class Snapshot:
 def error_of(meta: dict[str, Any]) -> tuple[str, str]:
     """``(code, message)`` of a FAILURE / REVOKED result document."""
     res = meta.get("result")
-    if isinstance(res, dict) and "exc_message" in res:
-        args = res.get("exc_message") or []
-        if not isinstance(args, list):
-            args = [args]
-        code = args[1] if len(args) > 1 and isinstance(args[1], str) else None
+    if is_error_wire(res):
+        code, message, exc_type = error_from_wire(res)
         if code is None:
             code = "REVOKED" if meta.get("status") == "REVOKED" else "FLEET_ERROR"
-        return code, str(args[0]) if args else str(res.get("exc_type", ""))
+        return code, exc_type if message is None else message
     if meta.get("status") == "REVOKED":
         return "REVOKED", "revoked before it ran"
     return "FLEET_ERROR", f"task ended {meta.get('status')}"
@@ -305,7 +309,7 @@ class JobService:
         if video is not None:
             # bound to this request: renewed while it waits (shared.transport.lifetime)
             inputs = await self._io(self.client.video_inputs, video, None, task_id)
-        refs = list(tensor_wires(inputs, "shm"))
+        refs = list(iter_wires(inputs, SHM))
         try:
             env = await self._envelope(spec, inputs, priority, timeout_s, body_bytes)
             job = Job(
@@ -437,7 +441,7 @@ class JobService:
     async def resolve(self, result: Any) -> Any:
         """Tensor wire objects in a result (video frames, xmodal texts) as numpy arrays. Output
         segments are not released: a repeated GET reads them again; their TTL reclaims them."""
-        if any(True for kind in ("shm", "inline") for _ in tensor_wires(result, kind)):
+        if any(True for _ in iter_wires(result)):
             return await self._io(lambda: self.client.resolve(result, release=False))
         return result
 

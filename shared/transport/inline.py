@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from shared.errors import InvalidInput, PayloadTooLarge
+from shared.tensor_wire import INLINE, INLINE_KEYS
 from shared.transport._arrays import as_c_array
 from shared.transport.ref import ALLOWED_DTYPES, DTYPE_ITEMSIZE, numel
 
@@ -32,7 +33,7 @@ __all__ = [
     "encode_inline",
 ]
 
-_WIRE_KEYS = frozenset({"kind", "dtype", "shape", "nbytes", "b64"})
+_WIRE_KEYS = INLINE_KEYS
 _MAX_NDIM = 32
 
 
@@ -58,7 +59,7 @@ def encode_inline(array: Any, max_bytes: int) -> dict[str, Any]:
             "send it through shared memory (ShmStore.put) instead"
         )
     return {
-        "kind": "inline",
+        "kind": INLINE,
         "dtype": arr.dtype.name,
         "shape": list(arr.shape),
         "nbytes": int(arr.nbytes),
@@ -90,7 +91,7 @@ def decode_inline(d: object, max_bytes: int | None = None) -> np.ndarray:
     if set(d) != _WIRE_KEYS:
         raise InvalidInput(f"inline tensor keys must be exactly {sorted(_WIRE_KEYS)}")
     kind, dtype, shape, nbytes, b64 = (d[k] for k in ("kind", "dtype", "shape", "nbytes", "b64"))
-    if kind != "inline":
+    if kind != INLINE:
         raise InvalidInput(f"inline tensor kind must be 'inline', got {str(kind)[:20]!r}")
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
         raise InvalidInput(f"inline tensor dtype must be one of {sorted(ALLOWED_DTYPES)}")

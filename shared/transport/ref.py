@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from shared.errors import TensorRefError
+from shared.tensor_wire import SHM_KEYS
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -66,7 +67,7 @@ DTYPE_ITEMSIZE: dict[str, int] = {
 
 ALLOWED_DTYPES: frozenset[str] = frozenset(DTYPE_ITEMSIZE)
 
-_WIRE_KEYS = frozenset({"kind", "id", "shape", "dtype", "nbytes", "owner", "created_at", "ttl_s"})
+_WIRE_KEYS = SHM_KEYS
 _MAX_NDIM = 32  # numpy's own limit is 64; no real tensor in this fleet comes near 32
 
 

@@ -1,4 +1,4 @@
-"""The first hour's traps (issue 18), each driven through the ``fleet`` CLI as a subprocess
+"""The first hour's traps, each driven through the ``fleet`` CLI as a subprocess
 on a real stack of this module's own (Redis + two text replicas + Flower, started by
 ``fleet up``), asserting the message and the exit code: 0 ok, 1 the request failed or timed
 out, 2 refused input, 3 the stack or broker is not usable.

@@ -1,4 +1,4 @@
-"""Pure logic behind the ``fleet`` CLI (issue 18): run-dir discovery, model names in
+"""Pure logic behind the ``fleet`` CLI: run-dir discovery, model names in
 environment variables, replica names and ports, exit codes, recorded stack addresses, the
 broker diagnosis wording and a log tail that starts at this start. No servers."""
 

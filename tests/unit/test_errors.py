@@ -216,3 +216,21 @@ def test_result_meta_round_trips_through_celery_json(outcome: Outcome) -> None:
 )
 def test_every_error_outcome_has_code_message_and_type(meta: dict[str, Any]) -> None:
     assert set(outcome_from_meta(meta)["error"]) == {"code", "message", "type"}
+
+
+@pytest.mark.parametrize(
+    ("wire", "expected"),
+    [
+        (errors.error_to_wire(errors.QueueFull("full")), ("QUEUE_FULL", "full", "QueueFull")),
+        ({"exc_type": "KeyError", "exc_message": ["k"]}, (None, "k", "KeyError")),
+        ({"exc_type": "X", "exc_message": "flat"}, (None, "flat", "X")),
+        ({"exc_message": ["m", 7]}, (None, "m", "")),
+        ({"exc_type": "E", "exc_message": []}, (None, None, "E")),
+    ],
+    ids=["fleet", "foreign", "not-a-list", "non-str-code", "no-args"],
+)
+def test_error_wire_form_is_read_on_one_rule(
+    wire: dict[str, Any], expected: tuple[str | None, str | None, str]
+) -> None:
+    assert errors.is_error_wire(wire)
+    assert tuple(errors.error_from_wire(wire)) == expected

@@ -195,10 +195,10 @@ def decode_image(
             that value, about 179 M pixels by default).
         size: output side in pixels.
         jpeg_draft: let libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale when the result is
-            still at least ``size`` on both sides (what ``Image.thumbnail`` does). 2-4x faster
-            and up to 64x less memory on large photos; pixel values differ from a full
-            decode by about 0.5/255 on average. Set False to match a reference pipeline
-            exactly.
+            still at least ``size`` on both sides (what ``Image.thumbnail`` does): faster and
+            up to 64x less memory (1/8 scale) on large photos; pixel values differ slightly
+            from a full decode (see docs/decisions.md, "JPEG draft decoding"). Set False to
+            match a reference pipeline exactly.
 
     Returns:
         float32 array of shape ``(3, size, size)``, channels RGB, C-contiguous, values

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shared.errors import ShmCapacityError
+from shared.tensor_wire import SHM
 from shared.transport import ShmStore, TensorRef, encode_inline, process_store
 from workers import telemetry
 
@@ -111,6 +112,6 @@ class TensorIO:
     def release_all(self, wires: Sequence[Mapping[str, Any]]) -> None:
         """Release the shm segments among ``wires`` (best effort, idempotent)."""
         for w in wires:
-            if w.get("kind") == "shm" and self._store is not None:
+            if w.get("kind") == SHM and self._store is not None:
                 with contextlib.suppress(Exception):  # already gone or malformed
                     self._store.release(w["id"])

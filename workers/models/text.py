@@ -129,11 +129,10 @@ class TextAdapter(ModelAdapter):
         the eager model.
 
         Why: a traced module's forward runs in the TorchScript interpreter without the GIL,
-        so the worker's event-loop thread cannot slow it down. Measured here (MiniLM, sorted
-        batches of 32, one torch thread): alone eager 129.6 and traced 128.5 req/s; beside a
-        Python thread busy 40 % of the time, eager 104.2 and traced 136.6. The trace is
-        checked against eager on another batch size, width and padding than it was traced
-        with (exact equality was observed; 1e-5 is allowed). Module hooks (the REALTIME
+        so the worker's event-loop thread cannot slow it down: as fast as eager alone, and
+        faster beside a busy Python thread (see docs/decisions.md, "Traced text encoder").
+        The trace is checked against eager on another batch size, width and padding than it
+        was traced with (exact equality was observed; 1e-5 is allowed). Module hooks (the REALTIME
         yield points) do not run inside it: the lanes then share the cores without the GIL.
         """
 
