@@ -39,6 +39,19 @@ from collections.abc import Mapping
 from shared import keys
 from shared.settings import MODALITIES
 
+__all__ = [
+    "ADMIN",
+    "PRODUCER_COMMANDS",
+    "ROLES",
+    "client_subcommands",
+    "password_hash",
+    "producer_channels",
+    "producer_keys",
+    "rules",
+    "server_version",
+    "user_lines",
+]
+
 ROLES: tuple[str, ...] = ("producer", "worker", "operator")
 ADMIN = "admin"  # Redis's ``default`` user
 

@@ -26,6 +26,8 @@ from kombu import Queue
 from shared import keys
 from shared.settings import MODALITIES, Settings
 
+__all__ = ["make_app", "sentinel_options", "wait_options"]
+
 
 def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
     """Build a configured Celery app (no tasks registered; workers add theirs).

@@ -17,6 +17,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
+__all__ = [
+    "ERROR_CLASSES",
+    "CircuitOpen",
+    "DeadlineExceeded",
+    "DeadlineUnreachable",
+    "DeviceError",
+    "DeviceOOM",
+    "EtaNotSupported",
+    "FleetError",
+    "ImageDecodeError",
+    "InvalidInput",
+    "InvalidMessage",
+    "InvalidPriority",
+    "ModelError",
+    "NoReadyWorker",
+    "PayloadTooLarge",
+    "QueueFull",
+    "Revoked",
+    "ShmCapacityError",
+    "TensorRefError",
+    "TransientError",
+    "TransportError",
+    "UnsupportedModality",
+    "VideoDecodeError",
+    "WireError",
+    "WorkerLost",
+    "error_from_code",
+    "error_from_wire",
+    "error_to_wire",
+    "is_error_wire",
+]
+
 
 class FleetError(Exception):
     """Root of every error the fleet raises on purpose.

@@ -30,6 +30,15 @@ from kombu.utils.json import dumps
 
 from shared.redis_client import Waiter, execute_waiting
 
+__all__ = [
+    "PRODUCER_TRANSPORT",
+    "WORKER_TRANSPORT",
+    "SentinelChannel",
+    "SentinelTransport",
+    "WaitingPut",
+    "pin_sentinel_transport",
+]
+
 
 class WaitingPut:
     """A kombu Redis channel mixin: each message's ``LPUSH`` is followed by ``WAIT`` on the

@@ -8,6 +8,31 @@ list is the queue name itself, step ``p`` is ``f"{queue}{PRIORITY_SEP}{p}"``.
 
 from __future__ import annotations
 
+__all__ = [
+    "DELIVERY_COUNT_PREFIX",
+    "FINAL_KEY_PREFIX",
+    "JOB_KEY_PREFIX",
+    "LIVE_FORGET_S",
+    "LIVE_PREFIX",
+    "NOTIFY_PROBE_PREFIX",
+    "PRIORITY_SEP",
+    "PRIORITY_STEPS",
+    "RESULT_KEY_PREFIX",
+    "TASK_PREFIX",
+    "UNACKED_INDEX_KEY",
+    "UNACKED_KEY",
+    "delivery_count_key",
+    "final_key",
+    "job_key",
+    "live_key",
+    "priority_list_key",
+    "queue_for",
+    "queue_name",
+    "realtime_queue_name",
+    "result_key",
+    "task_name",
+]
+
 PRIORITY_STEPS: list[int] = list(range(10))
 PRIORITY_SEP = "\x06\x16"  # kombu's default separator; kept so plain Celery clients interoperate
 

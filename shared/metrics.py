@@ -23,6 +23,8 @@ from shared.metrics_null import NULL_METRIC, NullEcosystemMetrics
 from shared.priority import Priority
 from shared.settings import MODALITIES, Settings
 
+__all__ = ["FleetMetrics", "configure", "metrics_port", "serve"]
+
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
 _SERIES = ("requests", "batch_size", "queue_wait", "inference", "e2e", "held", "device_memory",
            "circuit_open")  # fmt: skip

@@ -30,6 +30,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared import keys
 
+__all__ = ["LATENCY_BUCKETS_S", "OTHER_QUEUE", "REVOKED", "EcosystemMetrics"]
+
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
 OTHER_QUEUE = "other"
 REVOKED = "REVOKED"

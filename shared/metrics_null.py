@@ -15,6 +15,8 @@ from typing import Any
 from shared import keys
 from shared.metrics_ecosystem import OTHER_QUEUE
 
+__all__ = ["NULL_METRIC", "NullEcosystemMetrics", "NullMetric"]
+
 
 class NullMetric:
     """A metric, or a labelled child of one, that records nothing."""

@@ -13,6 +13,8 @@ from enum import IntEnum
 from shared.errors import InvalidPriority
 from shared.settings import Settings
 
+__all__ = ["Priority"]
+
 
 class Priority(IntEnum):
     """A request's priority class; the int value orders classes (0 = most urgent)."""

@@ -32,6 +32,8 @@ from typing import Any
 
 from shared import keys
 
+__all__ = ["SUBMITTED_HEADER", "QueueReader", "QueueStats", "fleet_headers", "parse_rows"]
+
 SUBMITTED_HEADER = "fleet_submitted_ms"
 
 

@@ -22,6 +22,20 @@ import redis
 
 from shared.settings import Settings
 
+__all__ = [
+    "SETTLED_PRIMARY_FLAGS_BAD",
+    "ReplicationUncertain",
+    "Waiter",
+    "async_redis_client",
+    "execute_waiting",
+    "node_client",
+    "redis_client",
+    "sentinel_kwargs",
+    "sentinel_master",
+    "sentinel_node",
+    "still_primary",
+]
+
 log = logging.getLogger("fleet.redis")
 
 

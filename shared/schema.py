@@ -27,6 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shared.errors import InvalidInput, UnsupportedModality
 from shared.settings import MODALITIES
 
+__all__ = ["ENVELOPE_KWARG", "TaskEnvelope"]
+
 ENVELOPE_KWARG = "request"
 
 

@@ -28,6 +28,17 @@ from typing import Any
 
 from shared.settings import Settings
 
+__all__ = [
+    "TRACEPARENT",
+    "configure",
+    "enabled",
+    "inject",
+    "producer_span",
+    "reset",
+    "shutdown",
+    "tracer",
+]
+
 log = logging.getLogger("fleet.tracing")
 
 TRACEPARENT = "traceparent"
