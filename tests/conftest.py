@@ -52,6 +52,15 @@ def free_port_block(n: int) -> int:
     raise RuntimeError(f"no block of {n} free ports")
 
 
+@pytest.fixture()
+def no_fleet_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test without FLEET_* variables (a shell or a session fixture may set them)."""
+    for name in list(os.environ):
+        if name.upper().startswith("FLEET_"):
+            monkeypatch.delenv(name)
+    yield
+
+
 @pytest.fixture(scope="session")
 def fleet_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """Settings of the test stack; its FLEET_* variables are exported for subprocesses."""

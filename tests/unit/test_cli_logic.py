@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +28,7 @@ from shared.settings import load_settings, locate_run_dir, merge_model_aliases, 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _no_fleet_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in list(os.environ):
-        if name.upper().startswith("FLEET_"):
-            monkeypatch.delenv(name)
-    yield
+pytestmark = pytest.mark.usefixtures("no_fleet_env")  # FLEET_* from the shell must not leak in
 
 
 # -- run dir discovery ------------------------------------------------------------------------

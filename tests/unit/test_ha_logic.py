@@ -4,7 +4,6 @@ configuration files `fleet up --ha` writes, the recorded sentinels."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +18,7 @@ from shared.settings import load_settings
 SENTINELS = ["127.0.0.1:26401", "127.0.0.1:26402", "127.0.0.1:26403"]
 
 
-@pytest.fixture(autouse=True)
-def _no_fleet_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in list(os.environ):
-        if name.upper().startswith("FLEET_"):
-            monkeypatch.delenv(name)
-    yield
+pytestmark = pytest.mark.usefixtures("no_fleet_env")  # FLEET_* from the shell must not leak in
 
 
 def ha_settings(tmp_path: Path, **redis: object):

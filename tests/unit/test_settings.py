@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -16,13 +14,7 @@ from shared.settings import config_paths, ensure_secret, load_settings
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "fleet.toml"
 
 
-@pytest.fixture(autouse=True)
-def _no_fleet_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Start every test without FLEET_* variables (a shell or session fixture may set them)."""
-    for name in list(os.environ):
-        if name.upper().startswith("FLEET_"):
-            monkeypatch.delenv(name)
-    yield
+pytestmark = pytest.mark.usefixtures("no_fleet_env")  # FLEET_* from the shell must not leak in
 
 
 def write_config(path: Path, *, drop_priority: str | None = None, redis_port: int = 7001) -> Path:
