@@ -142,5 +142,5 @@ class Admission:
             return InvalidInput(f"input could not be prepared: {exc}")
         now = self.clock()
         work = Work(req, env, prepared, now, fault=fault, twins=[] if twins is None else twins)
-        work.suspect = count > 1
+        work.suspect = self.deliveries.suspect(count)
         return work.pending(now, self.deliveries.bucket(prepared.bucket, req.id, count))

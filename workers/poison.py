@@ -91,9 +91,15 @@ class Deliveries:
         return None
 
     @staticmethod
-    def bucket(bucket: str, task_id: str, count: int) -> str:
+    def suspect(count: int) -> bool:
+        """Whether a delivery counted ``count`` times (this one included) had a worker die
+        with it before: it then runs alone, in a bucket of its own."""
+        return count > 1
+
+    @classmethod
+    def bucket(cls, bucket: str, task_id: str, count: int) -> str:
         """The bucket a delivery counted ``count`` times runs in."""
-        return suspect_bucket(bucket, task_id) if count > 1 else bucket
+        return suspect_bucket(bucket, task_id) if cls.suspect(count) else bucket
 
     def begin(self, batch: list[Work]) -> tuple[list[Work], list[Work]]:
         """Split ``batch`` into (to run, duplicates with a final result already); counts the
