@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.result import AsyncResult
 
-from shared import keys
+from shared import jsonfast, keys
 from shared.errors import (
     FleetError,
     error_from_code,
@@ -147,7 +147,7 @@ class ResultReading:
             if value is None:
                 out.append(None)
                 continue
-            meta = backend.decode_result(value)
+            meta = jsonfast.decode_result(backend, value)
             if meta.get("status") not in READY_STATES:  # PROGRESS, STARTED, RETRY: running
                 out.append(None)
                 continue

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from shared import keys
+from shared import jsonfast, keys
 from shared.errors import FleetError, error_to_wire
 
 log = logging.getLogger("fleet.results")
@@ -104,6 +104,9 @@ class ResultWriter:
         self.expires_s = int(self.backend.expires or 0)
         self.failure_expires_s = int(getattr(self.backend, "failure_expires", 0) or self.expires_s)
         self._scripts: tuple[Any, Any] | None = None
+        # JSON (the fleet's result_serializer) through shared.jsonfast: the same documents,
+        # without a batch's float reprs holding the event loop; another serializer: Celery's.
+        self.encode = jsonfast.dumps if self.backend.serializer == "json" else self.backend.encode
         self.duplicates = 0  # final writes refused: the request had its final result already
 
     def _script(self, i: int) -> Any:
@@ -138,7 +141,7 @@ class ResultWriter:
         key = self.backend.get_key_for_task(task_id)
         self._script(1)(
             keys=[keys.final_key(task_id), key],
-            args=[self.backend.encode(meta), self.expires_s or 86400],
+            args=[self.encode(meta), self.expires_s or 86400],
         )
 
     def write(self, outcomes: Sequence[Outcome], also_delete: Sequence[str] = ()) -> list[bool]:
@@ -166,7 +169,7 @@ class ResultWriter:
         with client.pipeline(transaction=False) as pipe:
             for o in outcomes:
                 key = self.backend.get_key_for_task(o.task_id)
-                value = self.backend.encode(self.meta(o))
+                value = self.encode(self.meta(o))
                 stored.append((key, value))
                 ttl = self.failure_expires_s if o.error is not None else self.expires_s
                 self._script(0)(

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from shared import keys
+from shared import jsonfast, keys
 
 log = logging.getLogger("fleet.gateway")
 FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
@@ -33,7 +32,7 @@ def decode_meta(raw: bytes | str | None) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        meta = json.loads(raw)
+        meta = jsonfast.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return None
     return meta if isinstance(meta, dict) else None

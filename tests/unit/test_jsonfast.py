@@ -1,0 +1,121 @@
+"""shared.jsonfast: documents equal in value to kombu's JSON, kombu's codec where orjson's
+rules differ (no servers)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import uuid
+
+import numpy as np
+import pytest
+from celery import Celery
+from kombu.utils.json import dumps as kombu_dumps
+from kombu.utils.json import loads as kombu_loads
+
+from shared import jsonfast
+from shared.errors import ImageDecodeError, error_to_wire
+
+
+def _meta(result: object, status: str = "SUCCESS") -> dict[str, object]:
+    return {
+        "status": status,
+        "result": result,
+        "traceback": None,
+        "children": [],
+        "date_done": "2026-12-02T16:00:00.123456+00:00",
+        "task_id": str(uuid.uuid4()),
+    }
+
+
+def _embedding(seed: int, dim: int = 384) -> list[float]:
+    return np.random.default_rng(seed).standard_normal(dim).astype(np.float32).tolist()
+
+
+DOCS = [
+    _meta({"embedding": _embedding(0), "dim": 384, "tokens": 12, "truncated": False}),
+    _meta({"scores": [0.5, -1e-300, 1e300, 5e-324], "labels": ["a", "é", "\u2028"]}),
+    _meta(error_to_wire(ImageDecodeError("not an image")), status="FAILURE"),
+    _meta({"done": 3, "total": 9}, status="PROGRESS"),
+    _meta({"big": 2**63 - 1, "neg": -(2**63), "nested": [[1, 2.0], {"k": None}]}),
+]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_encoded_documents_read_back_as_kombus_own(doc: dict[str, object]) -> None:
+    text = jsonfast.dumps(doc)
+    assert json.loads(text) == json.loads(kombu_dumps(doc)) == doc
+    assert jsonfast.loads(text.encode()) == doc
+    assert jsonfast.loads(kombu_dumps(doc)) == doc
+
+
+def test_float_reprs_are_pythons_shortest_round_trip() -> None:
+    emb = _embedding(1)
+    text = jsonfast.dumps(emb)
+    # every float reads back to the same float64 bits (and so to the same float32)
+    back = json.loads(text)
+    assert all(a == b for a, b in zip(back, emb, strict=True))
+    assert np.array_equal(np.asarray(back, np.float32), np.asarray(emb, np.float32))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_floats_keep_kombus_tokens(bad: float) -> None:
+    doc = _meta({"embedding": [0.5, bad, 1.0]})
+    text = jsonfast.dumps(doc)
+    assert text == kombu_dumps(doc)  # NaN / Infinity, never orjson's null
+    assert "null, 1.0" not in text
+    back = jsonfast.loads(text)["result"]["embedding"]
+    assert back[0] == 0.5 and (math.isnan(back[1]) if math.isnan(bad) else back[1] == bad)
+
+
+def test_types_json_lacks_are_left_to_kombu() -> None:
+    when = dt.datetime(2026, 12, 2, 16, 0, tzinfo=dt.UTC)
+    doc = {"when": when, "n": 2**70, 3: "int key"}
+    assert jsonfast.dumps(doc) == kombu_dumps(doc)
+    # kombu's type tags are read by kombu
+    assert jsonfast.loads(kombu_dumps({"when": when}))["when"] == when
+    with pytest.raises(TypeError):
+        jsonfast.dumps({"x": object()})
+
+
+def test_numpy_scalars_are_encoded_as_kombu_encodes_them() -> None:
+    doc = {"f64": np.float64(0.1), "list": [np.float64(1.5), 2.0]}
+    assert json.loads(jsonfast.dumps(doc)) == json.loads(kombu_dumps(doc))
+
+
+def test_not_json_raises_value_error() -> None:
+    for raw in (b"not json", b"\xff\xfe", b'{"a": '):
+        with pytest.raises(ValueError):
+            jsonfast.loads(raw)
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        ([1.0, 2.0], False),
+        ([1e308, 1e308], False),  # the sum overflows; every element is finite
+        ([1.0, math.nan], True),
+        ({"a": {"b": [0.0, [math.inf]]}}, True),
+        ([1, "x", 2.0], False),
+        ((0.5, -math.inf), True),
+        ("nan", False),
+        ([], False),
+    ],
+)
+def test_has_nonfinite(obj: object, expected: bool) -> None:
+    assert jsonfast.has_nonfinite(obj) is expected
+
+
+def test_decode_result_matches_celerys_backend() -> None:
+    app = Celery("t", broker="redis://127.0.0.1:1/0", backend="redis://127.0.0.1:1/0")
+    app.conf.result_serializer = "json"
+    backend = app.backend  # builds no connection until a command runs
+    for doc in DOCS:
+        raw = jsonfast.dumps(doc).encode()
+        ours, celerys = jsonfast.decode_result(backend, raw), backend.decode_result(raw)
+        if doc["status"] == "FAILURE":  # exceptions compare by identity: compare their parts
+            assert isinstance(ours["result"], ImageDecodeError)
+            assert ours.pop("result").args == celerys.pop("result").args
+        assert ours == celerys
+    assert kombu_loads(jsonfast.dumps(DOCS[0])) == DOCS[0]
