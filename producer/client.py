@@ -240,6 +240,8 @@ class FleetClient(Publishing, ResultReading):
             InvalidInput: ``request.task_id`` is not the id its video input is bound to (the
                 input would be kept for a request that never runs, until the lifetime cap).
         """
+        if not self._bound:  # no video input waits for its request: nothing to check
+            return request.task_id if request.task_id is not None else str(uuid.uuid4())
         wires = tensor_wires(request.inputs, SHM)
         bound = {self._bound[w["id"]] for w in wires if w["id"] in self._bound}
         if request.task_id is not None and bound - {request.task_id}:
@@ -253,6 +255,8 @@ class FleetClient(Publishing, ResultReading):
 
     def _unbind(self, inputs: dict[str, Any]) -> None:
         """Sent: a second request with the same inputs gets an id of its own."""
+        if not self._bound:
+            return
         for wire in tensor_wires(inputs, SHM):
             self._bound.pop(wire["id"], None)
 

@@ -107,9 +107,9 @@ class Publishing:
         prios = {p.label: p.celery_priority(self.settings) for p in Priority}
         for env, task_id in zip(envs, ids, strict=True):
             queue = keys.queue_for(env.modality, env.priority)
-            key, payload = builder.payload(env, task_id, queue, prios[env.priority], reply_to)
-            event = builder.sent_event(env, task_id, queue) if events else None
-            yield Outgoing(key, payload, event)
+            yield Outgoing(
+                *builder.build(env, task_id, queue, prios[env.priority], reply_to, events)
+            )
 
     def publish_many(self, messages: Iterable[Outgoing], chunk: int = CHUNK) -> Iterator[int]:
         """Push ``messages`` (from :meth:`outgoing`) in chunks of ``chunk``, one
@@ -211,10 +211,12 @@ def _push_chunk(conn: Any, part: list[Outgoing], exchange: str) -> None:
     topics: list[str] = []
     if any(m.event is not None for m in part):
         topics = channel._get_publish_topics(exchange, "task.sent")
-    commands: list[tuple[Any, ...]] = []
+    # one LPUSH per list, its messages in order (LPUSH k a b = LPUSH k a; LPUSH k b): the
+    # transaction makes them visible at once, so the order across lists does not matter
+    lists: dict[str, list[bytes]] = {}
     for m in part:
-        commands.append(("LPUSH", m.key, m.payload))
-        if m.event is not None:
-            commands.extend(("PUBLISH", t, m.event) for t in topics)
+        lists.setdefault(m.key, []).append(m.payload)
+    commands: list[tuple[Any, ...]] = [("LPUSH", k, *v) for k, v in lists.items()]
+    commands += [("PUBLISH", t, m.event) for m in part if m.event is not None for t in topics]
     with channel.conn_or_acquire() as client:
         execute_transaction(client, commands, waiter)

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
+import random
 import re
 import time
 import uuid
@@ -103,27 +105,22 @@ def kwargs_summary(env: TaskEnvelope) -> str:
 
 class _Template:
     """A JSON text with markers (``"@@name@@"`` strings; ``, "@@extra@@": 0`` for extra
-    members of the object it closes), cut into the constant pieces between them."""
+    members of the object it closes), turned into a format string with a field per marker."""
 
     _SLOT = re.compile(r'"@@(\w+)@@"|, "@@extra@@": 0')
 
     def __init__(self, text: str) -> None:
-        self.pieces: list[str] = []
-        self.slots: list[str] = []
-        at = 0
+        out, at = [], 0
         for match in self._SLOT.finditer(text):
-            self.pieces.append(text[at : match.start()])
-            self.slots.append(match.group(1) or "extra")
+            out.append(text[at : match.start()].replace("{", "{{").replace("}", "}}"))
+            out.append("{" + (match.group(1) or "extra") + "}")
             at = match.end()
-        self.pieces.append(text[at:])
+        out.append(text[at:].replace("{", "{{").replace("}", "}}"))
+        self.format = "".join(out)
 
     def fill(self, values: dict[str, str]) -> bytes:
         """The text with each marker replaced by ``values[name]`` (JSON text)."""
-        out = [self.pieces[0]]
-        for slot, piece in zip(self.slots, self.pieces[1:], strict=True):
-            out.append(values[slot])
-            out.append(piece)
-        return "".join(out).encode()
+        return self.format.format_map(values).encode()
 
 
 _EXTRA = "@@extra@@"
@@ -141,13 +138,14 @@ class PayloadBuilder:
     byte for byte but for the delivery tag (a fresh uuid4 each).
 
     Thread safety: templates are only added (a race builds one twice, equal); any thread may
-    call :meth:`payload` and :meth:`sent_event`.
+    call :meth:`payload` and :meth:`build`.
     """
 
     def __init__(self, app: Celery) -> None:
         self.app = app
         self._templates: dict[tuple[Any, ...], tuple[_Template, str]] = {}
         self._events: dict[tuple[Any, ...], tuple[_Template, _Template]] = {}
+        self._utc = ("", -math.inf)  # (utcoffset as JSON, when read: monotonic s)
 
     def _template(
         self, modality: str, queue: str, prio: int, reply_to: str
@@ -184,40 +182,64 @@ class PayloadBuilder:
         self, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int, reply_to: str
     ) -> tuple[str, bytes]:
         """As :func:`task_payload` (same arguments, same result but the delivery tag)."""
+        key, payload, _ = self.build(env, task_id, queue, celery_priority, reply_to)
+        return key, payload
+
+    def build(
+        self,
+        env: TaskEnvelope,
+        task_id: str,
+        queue: str,
+        celery_priority: int,
+        reply_to: str,
+        sent_event: bool = False,
+    ) -> tuple[str, bytes, bytes | None]:
+        """:meth:`payload`'s ``(list_key, payload)``, and with ``sent_event`` the request's
+        ``task-sent`` event as Celery's publish sends it: the message kombu publishes on the
+        event exchange's ``task.sent`` topic, its ``kwargs`` the same summary (else
+        ``None``)."""
         template, embed = self._template(env.modality, queue, celery_priority, reply_to)
         extra: dict[str, Any] = {}
         tracing.inject(extra, env.modality, task_id)
         # json.dumps, not kombu's: the same text for JSON-native values (the envelope's json
         # mode dump), without an encoder object per call
         body = f"[[], {json.dumps(env.to_kwargs())}, {embed}]".encode()
+        tid, summary = _string(task_id), _string(kwargs_summary(env))
         values = {
-            "id": _string(task_id),
-            "kwargsrepr": _string(kwargs_summary(env)),
-            **{k: json.dumps(v) for k, v in fleet_headers(env).items()},
+            "id": tid,
+            "kwargsrepr": summary,
+            **{k: _json(v) for k, v in fleet_headers(env).items()},
             "body": _b64(body),
-            "tag": _string(str(uuid.uuid4())),
+            "tag": _tag(),
             "extra": ", " + json.dumps(extra)[1:-1] if extra else "",
         }
-        return keys.priority_list_key(queue, celery_priority), template.fill(values)
+        key = keys.priority_list_key(queue, celery_priority)
+        if not sent_event:
+            return key, template.fill(values), None
+        return key, template.fill(values), self._sent_event(env.modality, queue, tid, summary)
 
-    def sent_event(self, env: TaskEnvelope, task_id: str, queue: str) -> bytes:
-        """The ``task-sent`` event of a request as Celery's publish sends it (the message
-        kombu publishes on the event exchange's ``task.sent`` topic), for the request
-        :meth:`payload` built; ``kwargs`` is the same summary."""
-        key = (os.getpid(), env.modality, queue)  # the event names the process
+    def _sent_event(self, modality: str, queue: str, tid: str, summary: str) -> bytes:
+        """The event of :meth:`build`; ``tid`` and ``summary`` as JSON strings."""
+        key = (os.getpid(), modality, queue)  # the event names the process
         found = self._events.get(key)
         if found is None:
-            found = self._events[key] = self._event_templates(env.modality, queue)
+            found = self._events[key] = self._event_templates(modality, queue)
         body, message = found
-        tag = _string(str(uuid.uuid4()))
         values = {
-            "id": _string(task_id),
-            "kwargs": _string(kwargs_summary(env)),
-            "utcoffset": json.dumps(utcoffset()),
+            "id": tid,
+            "kwargs": summary,
+            "utcoffset": self._utcoffset(),
             "clock": str(self.app.clock.forward()),
-            "timestamp": json.dumps(time.time()),
+            "timestamp": _json(time.time()),
         }
-        return message.fill({"body": _b64(body.fill(values)), "tag": tag})
+        return message.fill({"body": _b64(body.fill(values)), "tag": _tag()})
+
+    def _utcoffset(self) -> str:
+        """Celery's ``utcoffset()`` (hours) as JSON, read again after a minute (DST)."""
+        now = time.monotonic()
+        if now - self._utc[1] > 60.0:
+            self._utc = (_json(utcoffset()), now)
+        return self._utc[0]
 
     def _event_templates(self, modality: str, queue: str) -> tuple[_Template, _Template]:
         """The templates of the event (the message's body) and of its message."""
@@ -262,6 +284,25 @@ class PayloadBuilder:
 def _string(value: str) -> str:
     """A JSON string, as ``json.dumps`` writes it (ASCII, escaped)."""
     return json.encoder.encode_basestring_ascii(value)  # type: ignore[attr-defined]
+
+
+def _json(value: Any) -> str:
+    """``json.dumps(value)``; a finite float written directly (the same text)."""
+    if type(value) is float and math.isfinite(value):
+        return repr(value)
+    return json.dumps(value)
+
+
+def _tag() -> str:
+    """A delivery tag: a random uuid4 as a JSON string (kombu's are ``str(uuid4())``),
+    from ``random`` rather than ``os.urandom``: tags must be unique, not unpredictable
+    (``random`` is reseeded in a forked child)."""
+    h = f"{random.getrandbits(128) & _UUID_MASK | _UUID4_BITS:032x}"
+    return f'"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"'
+
+
+_UUID_MASK = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)
+_UUID4_BITS = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
 
 
 def _b64(raw: bytes) -> str:
