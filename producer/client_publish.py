@@ -60,7 +60,9 @@ class Publishing:
     def publish(
         self, producer: Any, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int
     ) -> None:
-        """Send one task message (Celery protocol 2, with its ``task-sent`` event).
+        """Send one task message (Celery protocol 2, with its ``task-sent`` event) through
+        kombu's publish: the bench generator's path, one request per call. ``submit`` and
+        ``submit_many`` send the same bytes pipelined (:meth:`publish_many`).
 
         ``app.send_task`` without the result subscription: Celery's ``send_task`` also
         subscribes to the task's result channel on the backend's pubsub (and unsubscribes
@@ -117,8 +119,8 @@ class Publishing:
         a chunk is on Redis whole or not at all. Yields, after each chunk, how many messages
         are on Redis so far; stop iterating to send no more.
 
-        Each chunk's ``LPUSH``es go to the lists kombu's publish would use, each followed by
-        ``PUBLISH`` of its ``task-sent`` event. Behind Sentinel (``wait_replicas``), a chunk
+        A chunk is one ``LPUSH`` per list kombu's publish would use (its messages in order)
+        and a ``PUBLISH`` of each ``task-sent`` event. Behind Sentinel (``wait_replicas``), a chunk
         is followed by ``WAIT`` on the same connection, with the waiter of kombu's
         publishes on that channel (``shared.ha.WaitingPut``): its backoff, and
         ``ReplicationUncertain`` (the chunk may be lost in a failover) retried as a
@@ -135,8 +137,8 @@ class Publishing:
                 are on Redis; the failing one may be; later ones were not sent).
         """
         conf = self.app.conf
-        policy = dict(conf.task_publish_retry_policy or {}) if conf.task_publish_retry else {}
-        policy.setdefault("max_retries", 0)
+        retry = conf.task_publish_retry  # as Celery's send_task: retry=False, no retries
+        policy = dict(conf.task_publish_retry_policy or {}) if retry else {"max_retries": 0}
         sent = 0
         it = iter(messages)
         with self.app.pool.acquire(block=True) as conn:
@@ -209,7 +211,7 @@ def _push_chunk(conn: Any, part: list[Outgoing], exchange: str) -> None:
     channel = conn.default_channel
     waiter = channel._put_waiter() if isinstance(channel, WaitingPut) else None
     topics: list[str] = []
-    if any(m.event is not None for m in part):
+    if any(m.event is not None for m in part):  # kombu's fanout topics (its _put_fanout's)
         topics = channel._get_publish_topics(exchange, "task.sent")
     # one LPUSH per list, its messages in order (LPUSH k a b = LPUSH k a; LPUSH k b): the
     # transaction makes them visible at once, so the order across lists does not matter
