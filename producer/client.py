@@ -189,6 +189,8 @@ class FleetClient(Publishing, ResultReading):
         Raises:
             FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
                 modality's queue holds ``max_queue_length`` messages.
+            kombu.exceptions.OperationalError: the broker stayed unreachable through the
+                publish retries (see :meth:`submit_many`).
         """
         return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s, task_id)])[0]
 

@@ -17,12 +17,15 @@ tail (``workers.broker``). The headers and body are Celery's own
 
 :class:`PayloadBuilder` makes the same bytes as :func:`task_payload` (but the random delivery
 tag) from per-(modality, priority) templates: Celery's message is built once per template, not
-once per request (``FleetClient.submit_many`` sends through it).
+once per request; it also makes each request's ``task-sent`` event as Celery's publish sends
+it. ``FleetClient.submit_many`` sends both in pipelined transactions
+(``producer.client_publish``).
 
-Why: kombu's publish is synchronous (a thread per in-flight publish for an asyncio caller)
-and costs a second round trip for the ``task-sent`` event; the gateway pushes these bytes
-with ``redis.asyncio`` in the same round trip as its other commands. Messages built here send
-no ``task-sent`` event (Flower shows the request from the worker's ``task-received``).
+Why: kombu's publish is synchronous (a thread per in-flight publish for an asyncio caller),
+costs a second round trip for the ``task-sent`` event, and a few hundred microseconds of
+Python per message; the gateway pushes these bytes with ``redis.asyncio`` in the same round
+trip as its other commands, and sends no ``task-sent`` event (Flower shows its requests from
+the worker's ``task-received``).
 """
 
 from __future__ import annotations
