@@ -41,7 +41,7 @@ from producer.client_inputs import (
 )
 from producer.client_publish import Publishing
 from producer.client_results import READY_STATES, ResultHandle, ResultReading, outcome_from_meta
-from shared import keys, tracing
+from shared import tracing
 from shared.celery_app import make_app
 from shared.errors import FleetError, InvalidInput, PayloadTooLarge, UnsupportedModality
 from shared.priority import Priority
@@ -189,14 +189,26 @@ class FleetClient(Publishing, ResultReading):
         Raises:
             FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
                 modality's queue holds ``max_queue_length`` messages.
+            kombu.exceptions.OperationalError: the broker stayed unreachable through the
+                publish retries (see :meth:`submit_many`).
         """
         return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s, task_id)])[0]
 
     def submit_many(self, requests: Iterable[SubmitRequest]) -> list[ResultHandle]:
-        """Enqueue many requests over one broker connection.
+        """Enqueue many requests: pipelined, ``CHUNK`` requests per Redis transaction.
 
-        Every request is validated before any is sent: one invalid request raises and none
-        is sent. Raises as :meth:`submit`.
+        Every request is validated, and the queue-length limits checked, before any is sent:
+        one invalid request raises and none is sent. The messages are the bytes kombu's
+        publish would push, with their ``task-sent`` events (:meth:`outgoing`), sent in
+        chunks that each reach Redis whole or not at all, retried on connection errors
+        and, behind Sentinel, confirmed by a replica (:meth:`publish_many`).
+
+        Raises:
+            FleetError: as :meth:`submit`, before anything is sent.
+            kombu.exceptions.OperationalError: the broker stayed unreachable through the
+                publish retries. Requests of the chunks sent before are queued (their handles
+                are the exception's ``submitted`` attribute); the failing chunk's may be
+                (a lost ``EXEC`` reply); the rest were not sent.
         """
         requests = list(requests)
         envs = [self.envelope(r.modality, r.inputs, r.priority, r.timeout_s) for r in requests]
@@ -206,17 +218,14 @@ class FleetClient(Publishing, ResultReading):
             ids.append(str(uuid.uuid4()) if r.task_id is None and task_id in ids else task_id)
         self._check_backpressure(envs)
         handles: list[ResultHandle] = []
-        with self.app.producer_or_acquire() as producer:
-            for env, task_id in zip(envs, ids, strict=True):
-                self.publish(
-                    producer,
-                    env,
-                    task_id,
-                    keys.queue_for(env.modality, env.priority),
-                    Priority.parse(env.priority).celery_priority(self.settings),
-                )
-                handles.append(ResultHandle(self, task_id, env))
-                self._unbind(env.inputs)
+        try:
+            for sent in self.publish_many(self.outgoing(envs, ids)):
+                for i in range(len(handles), sent):
+                    handles.append(ResultHandle(self, ids[i], envs[i]))
+                    self._unbind(envs[i].inputs)
+        except Exception as exc:
+            exc.submitted = handles  # type: ignore[attr-defined]
+            raise
         return handles
 
     # video inputs are bound to the request that will carry them (see video_inputs)
@@ -233,6 +242,8 @@ class FleetClient(Publishing, ResultReading):
             InvalidInput: ``request.task_id`` is not the id its video input is bound to (the
                 input would be kept for a request that never runs, until the lifetime cap).
         """
+        if not self._bound:  # no video input waits for its request: nothing to check
+            return request.task_id if request.task_id is not None else str(uuid.uuid4())
         wires = tensor_wires(request.inputs, SHM)
         bound = {self._bound[w["id"]] for w in wires if w["id"] in self._bound}
         if request.task_id is not None and bound - {request.task_id}:
@@ -246,6 +257,8 @@ class FleetClient(Publishing, ResultReading):
 
     def _unbind(self, inputs: dict[str, Any]) -> None:
         """Sent: a second request with the same inputs gets an id of its own."""
+        if not self._bound:
+            return
         for wire in tensor_wires(inputs, SHM):
             self._bound.pop(wire["id"], None)
 

@@ -15,18 +15,34 @@ transport would ``LPUSH`` for ``app.send_task``: ``<queue>`` for Celery priority
 tail (``workers.broker``). The headers and body are Celery's own
 (``app.amqp.create_task_message``), so nothing here re-implements the task protocol.
 
-Why: kombu's publish is synchronous (a thread per in-flight publish for an asyncio caller)
-and costs a second round trip for the ``task-sent`` event; the gateway pushes these bytes
-with ``redis.asyncio`` in the same round trip as its other commands. Messages built here send
-no ``task-sent`` event (Flower shows the request from the worker's ``task-received``).
+:class:`PayloadBuilder` makes the same bytes as :func:`task_payload` (but the random delivery
+tag) from per-(modality, priority) templates: Celery's message is built once per template, not
+once per request; it also makes each request's ``task-sent`` event as Celery's publish sends
+it. ``FleetClient.submit_many`` sends both in pipelined transactions
+(``producer.client_publish``).
+
+Why: kombu's publish is synchronous (a thread per in-flight publish for an asyncio caller),
+costs a second round trip for the ``task-sent`` event, and a few hundred microseconds of
+Python per message; the gateway pushes these bytes with ``redis.asyncio`` in the same round
+trip as its other commands, and sends no ``task-sent`` event (Flower shows its requests from
+the worker's ``task-received``).
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import math
+import os
+import random
+import re
+import time
 import uuid
+from typing import Any
 
 from celery import Celery
+from celery.utils.nodenames import anon_nodename
+from celery.utils.time import utcoffset
 from kombu.utils.json import dumps
 
 from shared import keys, tracing
@@ -88,3 +104,210 @@ def kwargs_summary(env: TaskEnvelope) -> str:
         f"{{'request': {{'modality': {env.modality!r}, 'priority': {env.priority!r}, "
         f"'model': {env.model!r}, 'inputs': <{inputs}>}}}}"
     )
+
+
+class _Template:
+    """A JSON text with markers (``"@@name@@"`` strings; ``, "@@extra@@": 0`` for extra
+    members of the object it closes), turned into a format string with a field per marker."""
+
+    _SLOT = re.compile(r'"@@(\w+)@@"|, "@@extra@@": 0')
+
+    def __init__(self, text: str) -> None:
+        out, at = [], 0
+        for match in self._SLOT.finditer(text):
+            out.append(text[at : match.start()].replace("{", "{{").replace("}", "}}"))
+            out.append("{" + (match.group(1) or "extra") + "}")
+            at = match.end()
+        out.append(text[at:].replace("{", "{{").replace("}", "}}"))
+        self.format = "".join(out)
+
+    def fill(self, values: dict[str, str]) -> bytes:
+        """The text with each marker replaced by ``values[name]`` (JSON text)."""
+        return self.format.format_map(values).encode()
+
+
+_EXTRA = "@@extra@@"
+_SAMPLE = TaskEnvelope(modality="text", priority="normal", inputs={})  # fleet_headers' names
+
+
+class PayloadBuilder:
+    """Builds :func:`task_payload`'s bytes for many requests of one producer, and their
+    ``task-sent`` events.
+
+    Celery's ``create_task_message`` runs once per (process, modality, queue, priority): the
+    whole message with markers in place of a request's values (ids, kwargs summary, submit
+    time, body, delivery tag, trace headers) is serialized once, and a request's bytes are
+    the constant pieces joined with its values' JSON. The output equals :func:`task_payload`'s
+    byte for byte but for the delivery tag (a fresh uuid4 each).
+
+    Thread safety: templates are only added (a race builds one twice, equal); any thread may
+    call :meth:`payload` and :meth:`build`.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._templates: dict[tuple[Any, ...], tuple[_Template, str]] = {}
+        self._events: dict[tuple[Any, ...], tuple[_Template, _Template]] = {}
+        self._utc = ("", -math.inf)  # (utcoffset as JSON, when read: monotonic s)
+
+    def _template(
+        self, modality: str, queue: str, prio: int, reply_to: str
+    ) -> tuple[_Template, str]:
+        """(the message's template, the body's JSON after the kwargs) of this kind of request."""
+        key = (os.getpid(), modality, queue, prio, reply_to)  # "origin" names the process
+        found = self._templates.get(key)
+        if found is not None:
+            return found
+        m = self.app.amqp.create_task_message(
+            "@@id@@", keys.task_name(modality), (), {}, reply_to=reply_to, argsrepr="()"
+        )
+        fleet = {k: f"@@{k}@@" for k in fleet_headers(_SAMPLE)}
+        headers = {**m.headers, "kwargsrepr": "@@kwargsrepr@@", **fleet}
+        headers[_EXTRA] = 0  # trace context, when there is one, goes last (as tracing.inject)
+        message = {
+            "body": "@@body@@",
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                **m.properties,
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": prio,
+                "body_encoding": "base64",
+                "delivery_tag": "@@tag@@",
+            },
+        }
+        self._templates[key] = found = (_Template(dumps(message)), dumps(m.body[2]))
+        return found
+
+    def payload(
+        self, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int, reply_to: str
+    ) -> tuple[str, bytes]:
+        """As :func:`task_payload` (same arguments, same result but the delivery tag)."""
+        key, payload, _ = self.build(env, task_id, queue, celery_priority, reply_to)
+        return key, payload
+
+    def build(
+        self,
+        env: TaskEnvelope,
+        task_id: str,
+        queue: str,
+        celery_priority: int,
+        reply_to: str,
+        sent_event: bool = False,
+    ) -> tuple[str, bytes, bytes | None]:
+        """:meth:`payload`'s ``(list_key, payload)``, and with ``sent_event`` the request's
+        ``task-sent`` event as Celery's publish sends it: the message kombu publishes on the
+        event exchange's ``task.sent`` topic, its ``kwargs`` the same summary (else
+        ``None``)."""
+        template, embed = self._template(env.modality, queue, celery_priority, reply_to)
+        extra: dict[str, Any] = {}
+        tracing.inject(extra, env.modality, task_id)
+        # json.dumps, not kombu's: the same text for JSON-native values (the envelope's json
+        # mode dump), without an encoder object per call
+        body = f"[[], {json.dumps(env.to_kwargs())}, {embed}]".encode()
+        tid, summary = _string(task_id), _string(kwargs_summary(env))
+        values = {
+            "id": tid,
+            "kwargsrepr": summary,
+            **{k: _json(v) for k, v in fleet_headers(env).items()},
+            "body": _b64(body),
+            "tag": _tag(),
+            "extra": ", " + json.dumps(extra)[1:-1] if extra else "",
+        }
+        key = keys.priority_list_key(queue, celery_priority)
+        if not sent_event:
+            return key, template.fill(values), None
+        return key, template.fill(values), self._sent_event(env.modality, queue, tid, summary)
+
+    def _sent_event(self, modality: str, queue: str, tid: str, summary: str) -> bytes:
+        """The event of :meth:`build`; ``tid`` and ``summary`` as JSON strings."""
+        key = (os.getpid(), modality, queue)  # the event names the process
+        found = self._events.get(key)
+        if found is None:
+            found = self._events[key] = self._event_templates(modality, queue)
+        body, message = found
+        values = {
+            "id": tid,
+            "kwargs": summary,
+            "utcoffset": self._utcoffset(),
+            "clock": str(self.app.clock.forward()),
+            "timestamp": _json(time.time()),
+        }
+        return message.fill({"body": _b64(body.fill(values)), "tag": _tag()})
+
+    def _utcoffset(self) -> str:
+        """Celery's ``utcoffset()`` (hours) as JSON, read again after a minute (DST)."""
+        now = time.monotonic()
+        if now - self._utc[1] > 60.0:
+            self._utc = (_json(utcoffset()), now)
+        return self._utc[0]
+
+    def _event_templates(self, modality: str, queue: str) -> tuple[_Template, _Template]:
+        """The templates of the event (the message's body) and of its message."""
+        host = anon_nodename()
+        event = {
+            "hostname": host,
+            "utcoffset": "@@utcoffset@@",
+            "pid": os.getpid(),
+            "clock": "@@clock@@",
+            "uuid": "@@id@@",
+            "root_id": "@@id@@",
+            "parent_id": None,
+            "name": keys.task_name(modality),
+            "args": "()",
+            "kwargs": "@@kwargs@@",
+            "retries": 0,
+            "eta": None,
+            "expires": None,
+            "queue": queue,
+            "exchange": "",
+            "routing_key": queue,
+            "timestamp": "@@timestamp@@",
+            "type": "task-sent",
+        }
+        exchange = self.app.conf.event_exchange
+        message = {
+            "body": "@@body@@",
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {"hostname": host},
+            "properties": {
+                "delivery_mode": 1,
+                "delivery_info": {"exchange": exchange, "routing_key": "task.sent"},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": "@@tag@@",
+            },
+        }
+        return _Template(dumps(event)), _Template(dumps(message))
+
+
+def _string(value: str) -> str:
+    """A JSON string, as ``json.dumps`` writes it (ASCII, escaped)."""
+    return json.encoder.encode_basestring_ascii(value)  # type: ignore[attr-defined]
+
+
+def _json(value: Any) -> str:
+    """``json.dumps(value)``; a finite float written directly (the same text)."""
+    if type(value) is float and math.isfinite(value):
+        return repr(value)
+    return json.dumps(value)
+
+
+def _tag() -> str:
+    """A delivery tag: a random uuid4 as a JSON string (kombu's are ``str(uuid4())``),
+    from ``random`` rather than ``os.urandom``: tags must be unique, not unpredictable
+    (``random`` is reseeded in a forked child)."""
+    h = f"{random.getrandbits(128) & _UUID_MASK | _UUID4_BITS:032x}"
+    return f'"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"'
+
+
+_UUID_MASK = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)
+_UUID4_BITS = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
+
+
+def _b64(raw: bytes) -> str:
+    """``raw`` in base64, as a JSON string."""
+    return '"' + base64.b64encode(raw).decode("ascii") + '"'

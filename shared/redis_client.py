@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -27,8 +28,10 @@ __all__ = [
     "ReplicationUncertain",
     "Waiter",
     "async_redis_client",
+    "execute_transaction",
     "execute_waiting",
     "node_client",
+    "pack",
     "redis_client",
     "sentinel_kwargs",
     "sentinel_master",
@@ -254,9 +257,89 @@ def execute_waiting(client: redis.Redis, pipe: Any, waiter: Waiter | None) -> li
         pipe.execute_command(*waiter.args())
     replies = list(pipe.execute())
     host, port = conn.host, conn.port  # after execute: a retry may have reconnected it
+    _confirm(client, waiter, replies.pop() if waited else None, host, port)
+    return replies
+
+
+def execute_transaction(
+    client: redis.Redis, commands: Sequence[tuple[Any, ...]], waiter: Waiter | None
+) -> list[Any]:
+    """Run ``commands`` (each ``(name, *args)``) as one ``MULTI``/``EXEC`` transaction on one
+    connection of ``client``, in one round trip: Redis applies all of them or none. With a
+    waiter, ``WAIT`` follows ``EXEC`` on that connection (inside ``MULTI`` it could not
+    block) and a short answer is handled as :func:`execute_waiting` does. Returns ``EXEC``'s
+    replies, one per command.
+
+    Raises:
+        ReplicationUncertain: as :func:`execute_waiting` (the transaction was applied on a
+            node that may be demoted; retry it).
+        redis.ConnectionError, redis.TimeoutError: the connection broke (it is dropped). The
+            transaction was applied or not: an ``EXEC`` whose reply was lost may have run.
+        redis.ResponseError: Redis refused a command (``EXECABORT``: nothing was applied) or
+            one failed inside the transaction (the others were applied).
+    """
+    waited = waiter is not None and waiter.due()
+    sent: list[tuple[Any, ...]] = [("MULTI",), *commands, ("EXEC",)]
     if waited:
-        if waiter.enough(replies.pop()):
-            return replies
+        sent.append(waiter.args())  # type: ignore[union-attr]
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([pack(sent)])
+        replies = []
+        for _ in sent:  # every reply is read, errors included, so the connection stays usable
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        host, port = conn.host, conn.port
+    except BaseException:
+        conn.disconnect()  # replies may be left unread on it
+        raise
+    finally:
+        pool.release(conn)
+    exec_reply = replies[len(commands) + 1]
+    failed = [r for r in replies[: len(commands) + 1] if isinstance(r, Exception)]
+    if isinstance(exec_reply, Exception) or failed:
+        raise failed[0] if failed else exec_reply
+    failed = [r for r in exec_reply if isinstance(r, Exception)]
+    if failed:
+        raise failed[0]
+    if waiter is not None:
+        _confirm(client, waiter, replies[-1] if waited else None, host, port)
+    return list(exec_reply)
+
+
+def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
+    """The RESP bytes of ``commands`` (arguments: ``bytes``, ``str`` as UTF-8, numbers), in
+    one piece: what ``Connection.pack_commands`` sends, without its per-command Python
+    overhead (``producer.client_publish`` packs thousands a second)."""
+    out: list[bytes] = []
+    for command in commands:
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            if isinstance(arg, str):
+                arg = arg.encode()
+            elif isinstance(arg, int):
+                arg = b"%d" % arg
+            elif isinstance(arg, float):
+                arg = repr(arg).encode()
+            out.append(b"$%d\r\n" % len(arg))
+            out.append(arg)
+            out.append(b"\r\n")
+    return b"".join(out)
+
+
+def _confirm(client: redis.Redis, waiter: Waiter, acked: Any, host: str, port: int) -> None:
+    """After writes on ``host:port``: ``acked`` is ``WAIT``'s reply (``None``: no ``WAIT``
+    was sent, the waiter backing off). Returns when the writes stand.
+
+    Raises:
+        ReplicationUncertain: see :func:`execute_waiting`.
+    """
+    if acked is not None:
+        if waiter.enough(acked):
+            return
         primary = still_primary(client, host, port)
         waiter.short_answer(primary)
     else:
@@ -267,4 +350,3 @@ def execute_waiting(client: redis.Redis, pipe: Any, waiter: Waiter | None) -> li
         raise ReplicationUncertain(
             f"{host}:{port} is not surely the primary and no replica confirmed the write"
         )
-    return replies

@@ -140,6 +140,8 @@ def reset() -> None:
 def inject(headers: MutableMapping[str, Any], modality: str, task_id: str) -> None:
     """A ``fleet.submit`` span for a message published later (the gateway's raw push): its
     context goes into ``headers``. A no-op when this process has no provider."""
+    if _provider is None:  # the common case, per message: no context manager to enter
+        return
     with producer_span(headers, modality, task_id):
         pass
 

@@ -24,7 +24,8 @@ METHOD = {
     "delivery tags, copies built before the clock starts) to the same priority list keys, "
     "pipelines of `chunk` on one connection of the producer's ACL user",
     "submit_many": "FleetClient.submit_many in chunks of `chunk` from one thread, no waiting "
-    "(validation, queue-length check per chunk, Celery message, task-sent event, LPUSH)",
+    "(validation, queue-length check per chunk, message and task-sent event from templates, "
+    "one MULTI/EXEC per chunk: an LPUSH per list, a PUBLISH per event)",
     "submit": "FleetClient.submit, one request at a time (each its own queue-length check)",
     "submit_many+wait": "one text worker (batch mode) running: submit_many in chunks, then "
     "wait_all (MGET polls) until every result is stored; rps = requests / (last result's "

@@ -1,0 +1,94 @@
+"""``FleetClient.submit_many`` behind Sentinel (a local primary, replica and three sentinels,
+``producer.stack_ha``; no workers): each pipelined chunk is followed by ``WAIT`` on its
+connection, so the chunk is on the replica when the call returns, as kombu's publish is
+(``shared.ha``); without a replica a chunk stands on the primary and the waiter backs off.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from producer.chaos.ha import _ports
+from producer.client import FleetClient, SubmitRequest
+from producer.client_publish import CHUNK
+from producer.stack import Stack, isolated_environment
+from producer.stack_ha import node_port, start_node
+from shared import keys
+from shared.redis_client import node_client
+
+pytestmark = pytest.mark.integration
+
+BULK_LIST = keys.priority_list_key("text", 9)
+
+
+@pytest.fixture(scope="module")
+def ha_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    port, sentinels = _ports()
+    overrides = {
+        "FLEET_REDIS__PORT": str(port),
+        "FLEET_REDIS__SENTINELS": json.dumps([f"127.0.0.1:{p}" for p in sentinels]),
+        "FLEET_REDIS__SENTINEL_DOWN_AFTER_MS": "5000",  # no failover while the replica is off
+    }
+    with isolated_environment(Path(tmp_path_factory.mktemp("ha-pipe")), overrides) as settings:
+        st = Stack(settings)
+        st.up([], flower=False, gateway=False)
+        try:
+            yield st
+        finally:
+            st.down()
+
+
+def node(st: Stack, name: str) -> redis.Redis:
+    return node_client(st.s, st.s.redis.host, node_port(st, name), socket_timeout=5)
+
+
+def waits(st: Stack) -> int:
+    """``WAIT`` commands the primary has run."""
+    return int(node(st, "redis").info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+
+
+def texts(n: int, start: int = 0) -> list[SubmitRequest]:
+    return [SubmitRequest("text", {"text": f"words {start + i}"}, "bulk") for i in range(n)]
+
+
+def test_each_chunk_is_on_the_replica_when_submit_many_returns(ha_stack: Stack) -> None:
+    client = FleetClient(ha_stack.s)
+    primary, replica = node(ha_stack, "redis"), node(ha_stack, "redis-replica")
+    try:
+        client.submit_many(texts(1))  # connected (the pool's first connection) before counting
+        before = waits(ha_stack)
+        handles = client.submit_many(texts(2 * CHUNK + 1))  # three chunks
+        assert replica.llen(BULK_LIST) == primary.llen(BULK_LIST) == 2 * CHUNK + 2
+        assert waits(ha_stack) - before == 3
+        ids = {json.loads(m)["headers"]["id"] for m in replica.lrange(BULK_LIST, 0, -1)}
+        assert {h.id for h in handles} <= ids
+    finally:
+        primary.delete(BULK_LIST)
+        client.close()
+
+
+def test_without_a_replica_a_chunk_stands_and_the_waiter_backs_off(ha_stack: Stack) -> None:
+    client = FleetClient(ha_stack.s)
+    primary = node(ha_stack, "redis")
+    ha_stack.stop("redis-replica")
+    try:
+        t0 = time.monotonic()
+        client.submit_many(texts(10))  # WAIT answers short after its timeout: still primary
+        short_s = time.monotonic() - t0
+        before = waits(ha_stack)
+        t0 = time.monotonic()
+        client.submit_many(texts(10, 10))  # within the backoff: no WAIT, a sentinel check
+        assert waits(ha_stack) == before
+        assert time.monotonic() - t0 < short_s
+        assert short_s >= ha_stack.s.redis.wait_timeout_ms / 1000.0
+        assert primary.llen(BULK_LIST) == 20
+    finally:
+        primary.delete(BULK_LIST)
+        client.close()
+        start_node(ha_stack, "redis-replica")
