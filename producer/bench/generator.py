@@ -11,11 +11,13 @@
   result collector stores its outcome, and the refill is scheduled at that moment.
 
 Messages are built by :meth:`producer.client.FleetClient.envelope` (the product's own
-validation and deadline) and sent with ``FleetClient.publish`` exactly as
-``FleetClient.submit_many`` does, minus its queue-length check, which opens a broker
-connection per call (about 5 ms here): too slow to keep a schedule. A request the client
-refuses (for example ``PAYLOAD_TOO_LARGE``) is recorded at once with its code, as a caller
-would see it.
+validation and deadline) and sent with ``FleetClient.publish_many`` exactly as
+``FleetClient.submit_many`` does (kombu's bytes and ``task-sent`` events, pipelined), minus its
+queue-length check, which opens a broker connection per call (about 5 ms here): too slow to
+keep a schedule. Every Celery mode (the fleet, plain Celery, celery-batches) is sent this
+way, each with its own queue and priority, so the generator costs them the same. A request
+the client refuses (for example ``PAYLOAD_TOO_LARGE``) is recorded at once with its code, as
+a caller would see it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from producer.bench.records import SEND_FAILED, Record, RecordTable, Timebase
 from producer.bench.schedule import ClosedPicker, Planned
 from producer.bench.sources import InputCatalog
 from producer.client import FleetClient
+from producer.client_publish import Outgoing
+from producer.wire import PayloadBuilder
 from shared import keys
 from shared.errors import FleetError
 from shared.priority import Priority
@@ -66,6 +70,9 @@ class Sender:
         self.fifo_priority = fifo_priority
         self.one_queue = one_queue or fifo_priority is not None
         self.sent = 0
+        self._builder = PayloadBuilder(client.app)
+        self._events = bool(client.app.conf.task_send_sent_event)
+        self._reply_to = client.app.thread_oid
 
     def record(
         self, planned: Planned, sched_s: float, on_done: Callable[[Record], None] | None
@@ -96,37 +103,54 @@ class Sender:
         producer: object,
         on_done: Callable[[Record], None] | None = None,
     ) -> list[Record]:
-        """Send ``(planned, scheduled monotonic time)`` pairs in order; return their records."""
-        settings = self.client.settings
+        """Send ``(planned, scheduled monotonic time)`` pairs in order, pipelined as
+        ``FleetClient.submit_many`` sends (:meth:`FleetClient.publish_many`: the same bytes
+        and ``task-sent`` events as kombu's publish, a transaction per chunk), with this
+        mode's queue and priority; return their records. ``producer`` is unused (the
+        pipelined path takes a pooled connection per call)."""
+        del producer
         out: list[Record] = []
+        outgoing: list[tuple[Record, Outgoing]] = []
         for planned, sched_s in items:
-            prio = Priority.parse(planned.priority)
             rec = self.record(planned, sched_s, on_done)
-            timeout_s = rec.timeout_s
             out.append(rec)
-            inputs = self.catalog.get(planned.source, planned.input_index)
-            try:
-                env = self.client.envelope(planned.modality, inputs, planned.priority, timeout_s)
-            except FleetError as exc:
-                self.table.complete(rec.id, self.tb.now_ms(), False, exc.code)
-                continue
-            fifo = self.fifo_priority is not None
-            celery_prio = self.fifo_priority if fifo else prio.celery_priority(settings)
-            # The fleet routes as FleetClient does (REALTIME to <modality>.realtime); the
-            # baseline is plain Celery: one FIFO queue; celery-batches: one priority queue.
-            queue = (
-                keys.queue_name(env.modality)
-                if self.one_queue
-                else keys.queue_for(env.modality, env.priority)
-            )
-            try:
-                self.client.publish(producer, env, rec.id, queue, celery_prio)
-            except Exception as exc:
-                log.warning("send failed: %s", exc)
+            msg = self._message(planned, rec)
+            if msg is not None:
+                outgoing.append((rec, msg))
+        sent = 0
+        try:
+            for n in self.client.publish_many([m for _, m in outgoing]):
+                sent = n  # on Redis so far (whole chunks)
+        except Exception as exc:
+            log.warning("send failed: %s", exc)
+            for rec, _ in outgoing[sent:]:
                 self.table.complete(rec.id, self.tb.now_ms(), False, SEND_FAILED)
-                continue
-            self.sent += 1
+        self.sent += sent
         return out
+
+    def _message(self, planned: Planned, rec: Record) -> Outgoing | None:
+        """The message of ``planned`` under ``rec``'s id, or ``None`` (recorded at once with
+        its code) when the client refuses the request."""
+        inputs = self.catalog.get(planned.source, planned.input_index)
+        try:
+            env = self.client.envelope(planned.modality, inputs, planned.priority, rec.timeout_s)
+        except FleetError as exc:
+            self.table.complete(rec.id, self.tb.now_ms(), False, exc.code)
+            return None
+        fifo = self.fifo_priority is not None
+        prio = Priority.parse(planned.priority)
+        celery_prio = self.fifo_priority if fifo else prio.celery_priority(self.client.settings)
+        # The fleet routes as FleetClient does (REALTIME to <modality>.realtime); the
+        # baseline is plain Celery: one FIFO queue; celery-batches: one priority queue.
+        queue = (
+            keys.queue_name(env.modality)
+            if self.one_queue
+            else keys.queue_for(env.modality, env.priority)
+        )
+        key, payload, event = self._builder.build(
+            env, rec.id, queue, celery_prio, self._reply_to, self._events
+        )
+        return Outgoing(key, payload, event)
 
 
 class _GeneratorThread(threading.Thread):
