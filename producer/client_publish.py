@@ -119,8 +119,8 @@ class Publishing:
         a chunk is on Redis whole or not at all. Yields, after each chunk, how many messages
         are on Redis so far; stop iterating to send no more.
 
-        A chunk is one ``LPUSH`` per list kombu's publish would use (its messages in order)
-        and a ``PUBLISH`` of each ``task-sent`` event. Behind Sentinel (``wait_replicas``), a chunk
+        A chunk is an ``LPUSH`` per message, to the list kombu's publish would use, and a
+        ``PUBLISH`` of each ``task-sent`` event. Behind Sentinel (``wait_replicas``), a chunk
         is followed by ``WAIT`` on the same connection, with the waiter of kombu's
         publishes on that channel (``shared.ha.WaitingPut``): its backoff, and
         ``ReplicationUncertain`` (the chunk may be lost in a failover) retried as a
@@ -213,12 +213,9 @@ def _push_chunk(conn: Any, part: list[Outgoing], exchange: str) -> None:
     topics: list[str] = []
     if any(m.event is not None for m in part):  # kombu's fanout topics (its _put_fanout's)
         topics = channel._get_publish_topics(exchange, "task.sent")
-    # one LPUSH per list, its messages in order (LPUSH k a b = LPUSH k a; LPUSH k b): the
-    # transaction makes them visible at once, so the order across lists does not matter
-    lists: dict[str, list[bytes]] = {}
-    for m in part:
-        lists.setdefault(m.key, []).append(m.payload)
-    commands: list[tuple[Any, ...]] = [("LPUSH", k, *v) for k, v in lists.items()]
+    # one LPUSH per message, as kombu's publish: one LPUSH of many (one keyspace event for
+    # the workers' bell) made test_reliability's poison-while-decoding test fail
+    commands: list[tuple[Any, ...]] = [("LPUSH", m.key, m.payload) for m in part]
     commands += [("PUBLISH", t, m.event) for m in part if m.event is not None for t in topics]
     # the channel's cached client (queue_depth's): kombu's conn_or_acquire builds a
     # redis.Redis per call, which cost more than packing the chunk
