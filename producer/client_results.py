@@ -8,12 +8,16 @@ from ``producer.client``.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import redis
 from celery import Celery
 from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
 
 from shared import jsonfast, keys
 from shared.errors import (
@@ -24,6 +28,9 @@ from shared.errors import (
     is_error_wire,
 )
 from shared.schema import TaskEnvelope
+
+log = logging.getLogger("fleet.client")
+RECONNECT_PAUSE_S = 0.2  # between attempts of a get() whose backend connection was lost
 
 if TYPE_CHECKING:
     from producer.client import FleetClient
@@ -76,22 +83,55 @@ class ResultHandle:
     def outcome(self, timeout_s: float = 30.0) -> dict[str, Any]:
         """Wait and return ``{"result": ...}`` or ``{"error": {"code", "message", "type"}}``.
 
+        A connection to the result backend lost while waiting (a Redis restart, a Sentinel
+        failover: Celery's result consumer raises the reset) is retried within ``timeout_s``,
+        reconnecting (through Sentinel: to the new primary); the stored result is read first.
+
         Raises:
             TimeoutError: no result within ``timeout_s``.
+            ConnectionError, redis.ConnectionError: the backend still unreachable at the end.
         """
-        res = AsyncResult(self.id, app=self.client.app)
-        try:
-            res.get(timeout=timeout_s, propagate=False, disable_sync_subtasks=False)
-        except Exception as exc:  # celery.exceptions.TimeoutError is not a builtin one
-            if type(exc).__name__ == "TimeoutError":
-                raise TimeoutError(f"no result for {self.id} within {timeout_s} s") from None
-            raise
-        meta = res.backend.get_task_meta(self.id)
-        return outcome_from_meta(meta)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            res = AsyncResult(self.id, app=self.client.app)
+            try:
+                res.get(
+                    timeout=max(deadline - time.monotonic(), 0.01),
+                    propagate=False,
+                    disable_sync_subtasks=False,
+                )
+                meta = res.backend.get_task_meta(self.id)
+                return outcome_from_meta(meta)
+            except Exception as exc:  # celery.exceptions.TimeoutError is not a builtin one
+                if type(exc).__name__ == "TimeoutError":
+                    raise TimeoutError(f"no result for {self.id} within {timeout_s} s") from None
+                if not _is_connection_error(exc) or time.monotonic() >= deadline:
+                    raise
+                log.warning("waiting for %s: result backend connection lost (%s); retrying",
+                            self.id, exc)  # fmt: skip
+                _reset_result_consumer(self.client.app)
+                time.sleep(RECONNECT_PAUSE_S)
 
     def state(self) -> str:
         """Celery's state of the task right now (PENDING, SUCCESS, FAILURE, ...)."""
         return AsyncResult(self.id, app=self.client.app).state
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """A lost or refused connection to Redis (redis-py's, the OS's, or kombu's wrapping)."""
+    return isinstance(exc, redis.ConnectionError | ConnectionError | OperationalError)
+
+
+def _reset_result_consumer(app: Celery) -> None:
+    """Have the backend's result consumer reconnect its pubsub (Celery's own
+    ``_reconnect_pubsub``: it re-reads the subscribed results, then subscribes afresh), so the
+    next ``get()`` does not read the dead connection again. Best effort: Redis may still be
+    away; the next ``get()`` then fails and is retried."""
+    consumer = getattr(app.backend, "result_consumer", None)
+    reconnect = getattr(consumer, "_reconnect_pubsub", None)
+    if reconnect is not None:
+        with contextlib.suppress(Exception):
+            reconnect()
 
 
 def outcome_from_meta(meta: dict[str, Any]) -> dict[str, Any]:
