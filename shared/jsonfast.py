@@ -26,8 +26,6 @@ import math
 from typing import Any
 
 import orjson
-from kombu.utils.json import dumps as kombu_dumps
-from kombu.utils.json import loads as kombu_loads
 
 __all__ = ["decode_result", "dumps", "has_nonfinite", "loads"]
 
@@ -38,6 +36,21 @@ _TAG = b'"__type__"'
 
 def _refuse(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is left to kombu's encoder")
+
+
+def kombu_dumps(obj: Any) -> str:
+    """kombu's own JSON text (imported here: the worker's Celery-free parts import this
+    module and must not pull kombu in)."""
+    from kombu.utils.json import dumps as _dumps
+
+    return _dumps(obj)
+
+
+def kombu_loads(data: bytes | str) -> Any:
+    """kombu's own JSON reading (imported here, as :func:`kombu_dumps`)."""
+    from kombu.utils.json import loads as _loads
+
+    return _loads(data)
 
 
 def dumps(obj: Any) -> str:
