@@ -21,26 +21,16 @@ Threads
   :class:`~workers.runtime.DeviceRuntime`. torch releases the GIL while it computes, so the
   loop keeps fetching messages meanwhile.
 
-Per-request semantics
----------------------
-Each request stays its own Celery task: ``task-received``, ``task-started``,
-``task-succeeded``/``task-failed`` (and ``task-retried``) events, its own result, its own ack
-after that result is stored (``acks_late``). A bad request fails alone (see
-``workers.execution``).
-
-Failure handling
-----------------
-- Leases (``workers.lease``): every message this worker holds is renewed by a thread of its
-  own; a dead worker's messages return within ``lease_s``, a live one's never leave it.
-- One final result per request: result writes are first-wins (``workers.results``); before a
-  batch runs, members that already have a final result (a redelivered or duplicated copy)
-  are acked without running (``workers.inflight``); a task id the window already holds is
-  a *twin*: it waits for the first copy and is acked (or given back) with it.
-- Poison messages and suspects: ``workers.poison``. Unsettled results or acks:
-  ``workers.completion``.
-- Shutdown (:meth:`Engine.stop`, on SIGTERM): the running batch and what the window holds
-  run to the end for up to ``soft_shutdown_timeout_s``; the rest is given back at once.
-- Revoked requests (``celery control revoke``) held in the window never run: ``REVOKED``.
+Per request
+-----------
+Each request stays its own Celery task (its events, result and ``acks_late`` ack after the
+result is stored); a bad request fails alone (``workers.execution``). Leases
+(``workers.lease``) bring a dead worker's messages back within ``lease_s``; results are
+first-wins (``workers.results``) and a copy with a final result is acked without running
+(``workers.inflight``; a task id already held is a *twin* and settles with the first copy);
+poison and suspects: ``workers.poison``; unsettled results or acks: ``workers.completion``.
+On SIGTERM (:meth:`Engine.stop`) the running batch and the window run for up to
+``soft_shutdown_timeout_s``, the rest is given back; revoked requests held never run.
 """
 
 from __future__ import annotations
@@ -375,7 +365,9 @@ class Engine:
     def _admit(self, block: bool = False) -> None:
         """Count the deliveries of the messages that arrived, decode them, give back the
         counts of those that decoded, and only then hold them for the batcher: none of a
-        group runs while its group-mates are still counted (``workers.poison``).
+        group runs while its group-mates are still counted (``workers.poison``). Suspects
+        (a worker died with them before) are decoded one at a time, each counted alone, so a
+        decoder one of them kills blames no group-mate.
 
         While a suspect runs (or waits to) the arrivals wait unread, unless ``block``."""
         if not self._admitting:
@@ -385,23 +377,39 @@ class Engine:
         try:
             batch, self._admitting = self._admitting, []
             counts = self.deliveries.arrive([req.id for req, _ in batch])
-            held: list[Pending] = []
-            decoded: list[str] = []
-            for (req, env), count in zip(batch, counts, strict=True):
-                with self._lock:
-                    twins = self._arriving.pop(req.id, [])
-                pending = self._decode(req, env, count, twins)
-                if pending is not None:
-                    held.append(pending)
-                    if count > 0:
-                        decoded.append(req.id)
-            self.deliveries.decoded(decoded)
+            suspects = [m for m, c in zip(batch, counts, strict=True) if self.deliveries.suspect(c)]
+            if suspects:  # not counted while the others decode; each again, alone, below
+                self.deliveries.decoded([req.id for req, _ in suspects])
+            held = self._decode_counted(
+                [
+                    (m, c)
+                    for m, c in zip(batch, counts, strict=True)
+                    if not self.deliveries.suspect(c)
+                ]
+            )
+            for m in suspects:
+                held += self._decode_counted([(m, self.deliveries.arrive([m[0].id])[0])])
         finally:
             self.isolation.admitted()
         with self._lock:
             for pending in held:
                 self._by_id[pending.id] = pending.item
                 self.lanes.hold(pending)
+
+    def _decode_counted(self, items: list[tuple[tuple[Any, TaskEnvelope], int]]) -> list[Pending]:
+        """Decode arrivals (each with its count); uncount those that decoded; what to hold."""
+        held: list[Pending] = []
+        decoded: list[str] = []
+        for (req, env), count in items:
+            with self._lock:
+                twins = self._arriving.pop(req.id, [])
+            pending = self._decode(req, env, count, twins)
+            if pending is not None:
+                held.append(pending)
+                if count > 0:
+                    decoded.append(req.id)
+        self.deliveries.decoded(decoded)
+        return held
 
     def _resume_admission(self) -> None:
         """Admit what waited while a suspect ran (loop thread, after each drain)."""

@@ -393,6 +393,36 @@ def test_a_message_that_kills_the_worker_while_decoding_ends_worker_lost(
     assert innocent.get(60)["dim"] == 384
 
 
+def test_an_innocent_arriving_with_a_decoder_killing_message_is_not_blamed(
+    rclient: FleetClient, worker: Any
+) -> None:
+    """The poison and an innocent in one ``submit_many`` (one transaction, so one arrival
+    group): the first death counts against both, but from then on each suspect is decoded
+    alone, so the innocent is not blamed for the poison's later deaths and runs."""
+    from producer.stack import StackError
+
+    poison, innocent = rclient.submit_many(
+        [
+            SubmitRequest("text", {"text": words(17), "_inject": "crash_prepare"}, "bulk"),
+            SubmitRequest("text", {"text": words(18)}, "bulk"),
+        ]
+    )
+    restarts = 0
+    end = time.monotonic() + 180
+    while poison.state() != "FAILURE" and time.monotonic() < end and restarts < 6:
+        if not worker.alive("worker-text"):
+            worker.stop("worker-text", timeout_s=1)
+            restarts += 1
+            with contextlib.suppress(StackError):
+                worker.start_worker("text")
+        time.sleep(0.1)
+    assert poison.outcome(5)["error"]["code"] == "WORKER_LOST"
+    assert restarts == 3
+    if not worker.alive("worker-text"):
+        worker.start_worker("text")
+    assert innocent.get(60)["dim"] == 384
+
+
 def in_redis(r: redis.Redis, task_id: str) -> bool:
     """Whether a message of ``task_id`` is in Redis: queued, or in kombu's unacked hash."""
     needle = task_id.encode()
