@@ -368,24 +368,31 @@ def test_killed_worker_connections_do_not_rerun_what_the_engine_holds(
     assert sum(runs(worker, h.id, "SUCCESS") for h in [blocker, *hs]) == 61, "some ran twice"
 
 
-def test_a_message_that_kills_the_worker_while_decoding_ends_worker_lost(
-    rclient: FleetClient, worker: Any
-) -> None:
-    """A death before any batch ran (a media header crashing a decoder) counts too: after
-    three such deaths the fourth delivery fails ``WORKER_LOST`` instead of a crash loop."""
+def _restart_until_failed(handle: Any, worker: Any) -> int:
+    """Restart the text worker each time it dies until ``handle`` has failed (at most 6
+    restarts, 180 s); how many restarts it took."""
     from producer.stack import StackError
 
-    poison = rclient.submit("text", {"text": words(15), "_inject": "crash_prepare"}, "bulk")
-    innocent = rclient.submit("text", {"text": words(16)}, "bulk")
     restarts = 0
     end = time.monotonic() + 180
-    while poison.state() != "FAILURE" and time.monotonic() < end and restarts < 6:
+    while handle.state() != "FAILURE" and time.monotonic() < end and restarts < 6:
         if not worker.alive("worker-text"):
             worker.stop("worker-text", timeout_s=1)
             restarts += 1
             with contextlib.suppress(StackError):
                 worker.start_worker("text")
         time.sleep(0.1)
+    return restarts
+
+
+def test_a_message_that_kills_the_worker_while_decoding_ends_worker_lost(
+    rclient: FleetClient, worker: Any
+) -> None:
+    """A death before any batch ran (a media header crashing a decoder) counts too: after
+    three such deaths the fourth delivery fails ``WORKER_LOST`` instead of a crash loop."""
+    poison = rclient.submit("text", {"text": words(15), "_inject": "crash_prepare"}, "bulk")
+    innocent = rclient.submit("text", {"text": words(16)}, "bulk")
+    restarts = _restart_until_failed(poison, worker)
     assert poison.outcome(5)["error"]["code"] == "WORKER_LOST"
     assert restarts == 3  # three deliveries died decoding it; the fourth was refused
     if not worker.alive("worker-text"):
@@ -399,23 +406,13 @@ def test_an_innocent_arriving_with_a_decoder_killing_message_is_not_blamed(
     """The poison and an innocent in one ``submit_many`` (one transaction, so one arrival
     group): the first death counts against both, but from then on each suspect is decoded
     alone, so the innocent is not blamed for the poison's later deaths and runs."""
-    from producer.stack import StackError
-
     poison, innocent = rclient.submit_many(
         [
             SubmitRequest("text", {"text": words(17), "_inject": "crash_prepare"}, "bulk"),
             SubmitRequest("text", {"text": words(18)}, "bulk"),
         ]
     )
-    restarts = 0
-    end = time.monotonic() + 180
-    while poison.state() != "FAILURE" and time.monotonic() < end and restarts < 6:
-        if not worker.alive("worker-text"):
-            worker.stop("worker-text", timeout_s=1)
-            restarts += 1
-            with contextlib.suppress(StackError):
-                worker.start_worker("text")
-        time.sleep(0.1)
+    restarts = _restart_until_failed(poison, worker)
     assert poison.outcome(5)["error"]["code"] == "WORKER_LOST"
     assert restarts == 3
     if not worker.alive("worker-text"):
