@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -306,6 +307,8 @@ class Handoff:
         self.completer, self.loop, self.store_early = completer, loop, store_early
         self.on_drain: Callable[[], None] = lambda: None  # after each drain (loop thread)
         self._items: deque[Posted] = deque()
+        self._counts = threading.Condition()
+        self._posted = self._handled = 0  # items handed over / handled by the loop thread
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -327,8 +330,20 @@ class Handoff:
             # Events and acks still follow on the loop thread (kombu's channels are not
             # thread-safe); the ack still comes after the result.
             self.completer.store(done)
-        self._items.extend(items)
+        with self._counts:
+            self._posted += len(items)
+            self._items.extend(items)
         self.wake()
+
+    def wait_handled(self, timeout_s: float) -> bool:
+        """Wait until the loop thread handled every item posted before this call (results
+        stored, or their retry scheduled); ``False`` if ``timeout_s`` passed first (any
+        thread but the loop's). A suspect runs only after this (``workers.execution``):
+        a batch that ended, but whose results were not yet stored, would be blamed for a
+        death the suspect causes."""
+        with self._counts:
+            target = self._posted
+            return self._counts.wait_for(lambda: self._handled >= target, timeout_s)
 
     def wake(self) -> None:
         """Have the loop thread drain (and call ``on_drain``) soon (any thread)."""
@@ -343,5 +358,10 @@ class Handoff:
         items: list[Posted] = []
         while self._items:
             items.append(self._items.popleft())
-        self.completer.handle(items)
+        try:
+            self.completer.handle(items)
+        finally:
+            with self._counts:
+                self._handled += len(items)
+                self._counts.notify_all()
         self.on_drain()

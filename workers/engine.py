@@ -165,9 +165,9 @@ class Engine:
             faults=self.faults,
             progress=progress,
             isolation=self.isolation,
+            settled=self.handoff.wait_handled,
         )
-        # Arrivals deferred while a suspect ran are admitted once it ends (loop thread).
-        self.isolation.on_clear = self.handoff.wake
+        self.isolation.on_clear = self.handoff.wake  # admits what waited for a suspect
         self.handoff.on_drain = self._resume_admission
         self.lanes = Lanes(
             self.batcher,

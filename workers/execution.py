@@ -50,6 +50,7 @@ __all__ = ["BatchRunner", "RetryPolicy", "RunnerHost", "as_fleet_error", "judge_
 log = logging.getLogger("fleet.engine")
 
 TRIM_EVERY_BATCHES = 10  # give glibc's freed-but-kept heap pages back (see _trim_heap)
+SETTLE_WAIT_S = 10.0  # longest a suspect waits for earlier outcomes to be stored
 
 
 def as_fleet_error(exc: BaseException) -> FleetError:
@@ -119,6 +120,8 @@ class BatchRunner:
         retry: the modality's retry policy.
         latency: the batcher's latency model (observed after clean batches).
         isolation: runs a suspect batch alone (shared with the engine's admission).
+        settled: waits (up to the seconds given) until the loop thread handled every
+            outcome posted so far (``completion.Handoff.wait_handled``); ``False`` on timeout.
         clock: monotonic seconds (injected by tests).
     """
 
@@ -136,6 +139,7 @@ class BatchRunner:
         faults: FaultInjector,
         progress: ProgressThrottle | None = None,
         isolation: Isolation | None = None,
+        settled: Callable[[float], bool] = lambda timeout_s: True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.modality, self.adapter, self.runtime = modality, adapter, runtime
@@ -145,6 +149,7 @@ class BatchRunner:
         self.faults = faults
         self.progress = progress or ProgressThrottle()
         self.isolation = isolation or Isolation()
+        self.settled = settled
         self.clock = clock
         self._trim_count = itertools.count(1)
 
@@ -161,7 +166,12 @@ class BatchRunner:
             return
         self.runtime.yield_now()
         # A suspect runs alone: a death now is blamed on it only (workers.poison.Isolation).
-        with self.isolation.running(any(w.suspect for w in batch)):
+        # Alone also means after the batches before it are settled (their results stored,
+        # their counts gone), and before the next one starts, its own results stored.
+        suspect = any(w.suspect for w in batch)
+        with self.isolation.running(suspect):
+            if suspect:
+                self._await_settled("before a suspect batch")
             batch = self.host.gate(batch)
             if not batch:
                 return
@@ -171,9 +181,24 @@ class BatchRunner:
             t0 = time.perf_counter()
             ran = self._run_isolating(ready)
             elapsed = time.perf_counter() - t0
+            if suspect:
+                self._finish(batch, failed, ran, len(ready), elapsed)
+                self._await_settled("after a suspect batch")
+                return
+        self._finish(batch, failed, ran, len(ready), elapsed)
+
+    def _await_settled(self, when: str) -> None:
+        if not self.settled(SETTLE_WAIT_S):  # a stuck loop thread must not stall the lane
+            log.warning("outcomes not stored within %.0f s %s", SETTLE_WAIT_S, when)
+
+    def _finish(
+        self, batch: list[Work], failed: list[Done], ran: list[Done], n_ran: int, elapsed: float
+    ) -> None:
+        """Account for a batch whose ``n_ran`` preprocessed members ran in ``elapsed``
+        seconds, and post every member's outcome (transient faults scheduled for retry)."""
         self.stats.model_s += elapsed
-        if ready and all(d.outcome.error is None for d in ran):
-            self.latency.observe(batch[0].prepared.bucket, len(ready), elapsed)
+        if n_ran and all(d.outcome.error is None for d in ran):
+            self.latency.observe(batch[0].prepared.bucket, n_ran, elapsed)
         judge_breaker(self.breaker, ran, self.clock())
         for d in ran:
             d.run_ms = elapsed * 1000.0

@@ -10,8 +10,10 @@ the decisions and the safety nets around them, so they can be tested without Red
   that finds ``max_deliveries`` deaths fails ``WORKER_LOST`` instead of running;
 - a delivery with an earlier death (a *suspect*) runs in a bucket of its own, so it cannot
   take innocent batch-mates down with it again, and alone on the worker (:class:`Isolation`):
-  no other batch runs and no arrival is being decoded meanwhile, so a death while it runs is
-  blamed on it only;
+  no other batch runs and no arrival is being decoded meanwhile, and the batches before it
+  have their results stored (a finished batch whose results the loop had not yet written is
+  still counted: ``workers.execution`` waits for the loop), its own stored before the next
+  batch starts, so a death while it runs is blamed on it only;
 - an arrival group is given back (uncounted) before any of its members may run, so a member
   that kills the worker is not blamed twice, nor its group-mates once;
 - Redis refusing a count never stops a request: counting is a safety net, and result

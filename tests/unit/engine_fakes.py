@@ -166,6 +166,7 @@ def rig(
     backoff_s: float = 0.5,
     breaker: CircuitBreaker | None = None,
     gate: Callable[[list[Work]], list[Work]] | None = None,
+    settled: Callable[[float], bool] | None = None,
 ) -> Rig:
     clock, stats, host = Clock(), EngineStats(), Host(gate)
     breaker = breaker or CircuitBreaker(threshold=5, cooldown_s=10.0)
@@ -180,6 +181,7 @@ def rig(
         retry=RetryPolicy(max_retries, backoff_s),
         latency=LatencyModel(),
         faults=FaultInjector(False),
+        settled=settled or (lambda timeout_s: True),
         clock=clock,
     )
     return Rig(runner, adapter, breaker, clock, stats, host)

@@ -8,6 +8,7 @@ kombu's hub: what it would run later, the test runs by hand.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -186,3 +187,25 @@ def test_a_request_unsettled_for_the_give_up_time_is_given_back_unacked() -> Non
     b.handoff.drain()
     assert b.host.given_back == ["a"] and b.hub.later == []
     assert "acked:a" not in b.timeline
+
+
+def test_wait_handled_returns_once_the_loop_stored_what_was_posted_before_it() -> None:
+    """A suspect batch waits for this before it runs (``workers.execution``): results
+    posted, but not yet stored, would be blamed for a death the suspect causes."""
+    b = bench()
+    a, c = b.work("a"), b.work("c")
+    assert b.handoff.wait_handled(0.0)  # nothing posted: nothing to wait for
+    b.handoff.post([ok(a)])
+    assert not b.handoff.wait_handled(0.05)  # posted, the loop has not drained
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(b.handoff.wait_handled(5.0)))
+    waiter.start()
+    time.sleep(0.05)
+    assert got == []  # still waiting
+    b.handoff.drain()  # the loop thread stores a's result
+    waiter.join(timeout=5)
+    assert got == [True] and "stored:a" in b.timeline
+    b.handoff.post([ok(c)])
+    b.writer.refuse = 1  # a refused write is handled too: its retry is scheduled
+    b.handoff.drain()
+    assert b.handoff.wait_handled(0.0) and "stored:c" not in b.timeline

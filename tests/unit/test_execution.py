@@ -234,6 +234,45 @@ def test_a_batch_with_a_failure_does_not_feed_the_latency_model() -> None:
     assert r.runner.latency.predict_s("b", 4) is None
 
 
+# -- suspects run after what ran before them is settled, and settle before what follows -----
+def test_a_suspect_batch_runs_after_earlier_outcomes_are_stored_and_stores_its_own_first() -> None:
+    """A batch that ended but whose results the loop had not yet stored was blamed for the
+    death its suspect successor caused (test_faults: an innocent ran just before the
+    poison's redelivery, and collected three deaths)."""
+    seen: list[tuple[str, int, bool]] = []  # (what, items posted so far, suspect running)
+
+    def settled(timeout_s: float) -> bool:
+        seen.append(("settled", len(r.posted), r.runner.isolation.snapshot()["suspects"] > 0))
+        return True
+
+    def gate(b: list[Work]) -> list[Work]:
+        seen.append(("gate", len(r.posted), r.runner.isolation.snapshot()["suspects"] > 0))
+        return b
+
+    r = rig(Doubler(), gate=gate, settled=settled)
+    r.runner.run(batch(r.adapter, 1, 2), None)  # an ordinary batch waits for nothing
+    assert seen == [("gate", 0, False)]
+    before = len(r.posted)  # Started + 2 Done
+    suspect = batch(r.adapter, 3)
+    suspect[0].suspect = True
+    r.runner.run(suspect, None)
+    after = len(r.posted)  # + Started + Done
+    assert after == before + 2
+    assert seen[1:] == [
+        ("settled", before, True),  # the batch before it stored, before it is counted
+        ("gate", before, True),
+        ("settled", after, True),  # its own outcome posted and stored while still alone
+    ]
+
+
+def test_a_stuck_loop_delays_a_suspect_but_does_not_stop_it() -> None:
+    r = rig(Doubler(), settled=lambda timeout_s: False)  # the wait timed out
+    suspect = batch(r.adapter, 3)
+    suspect[0].suspect = True
+    r.runner.run(suspect, None)
+    assert codes(r) == {"r0": "ok"}
+
+
 @pytest.mark.parametrize("flaky_failures", [0, 1])
 def test_every_member_ends_exactly_once_per_run(flaky_failures: int) -> None:
     r = rig(Doubler(flaky_failures=flaky_failures, capacity=3), max_retries=0)
