@@ -20,7 +20,6 @@ turns tensor wire objects into arrays.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 import uuid
@@ -41,7 +40,8 @@ from producer.client_inputs import (
 )
 from producer.client_publish import Publishing
 from producer.client_results import READY_STATES, ResultHandle, ResultReading, outcome_from_meta
-from shared import tracing
+from producer.wire import fresh_ids
+from shared import jsonfast, tracing
 from shared.celery_app import make_app
 from shared.errors import FleetError, InvalidInput, PayloadTooLarge, UnsupportedModality
 from shared.priority import Priority
@@ -132,7 +132,7 @@ class FleetClient(Publishing, ResultReading):
         ):
             raise InvalidInput(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
         try:
-            size = len(json.dumps(inputs, separators=(",", ":"), allow_nan=False))
+            size = len(jsonfast.compact(inputs))  # the UTF-8 JSON the request carries
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"inputs are not JSON-serializable: {exc}") from None
         limit = self.settings.limits.max_inline_bytes
@@ -213,9 +213,13 @@ class FleetClient(Publishing, ResultReading):
         requests = list(requests)
         envs = [self.envelope(r.modality, r.inputs, r.priority, r.timeout_s) for r in requests]
         ids: list[str] = []
-        for r in requests:  # the same video input twice: the second request gets an id of its own
-            task_id = self._task_id(r)
-            ids.append(str(uuid.uuid4()) if r.task_id is None and task_id in ids else task_id)
+        seen: set[str] = set()
+        for r, fresh in zip(requests, fresh_ids(len(requests)), strict=True):
+            task_id = self._task_id(r, fresh)
+            if r.task_id is None and task_id in seen:  # one video input for two requests
+                task_id = fresh  # the second request gets an id of its own
+            ids.append(task_id)
+            seen.add(task_id)
         self._check_backpressure(envs)
         handles: list[ResultHandle] = []
         try:
@@ -234,16 +238,16 @@ class FleetClient(Publishing, ResultReading):
         """Segment id -> the task id :meth:`video_inputs` bound it to, until it is sent."""
         return self.__dict__.setdefault("_bound_ids", {})
 
-    def _task_id(self, request: SubmitRequest) -> str:
+    def _task_id(self, request: SubmitRequest, fresh: str) -> str:
         """The id ``request`` is sent with: its own, else the one its video input is bound
-        to, else a fresh uuid4.
+        to, else ``fresh`` (a new uuid4).
 
         Raises:
             InvalidInput: ``request.task_id`` is not the id its video input is bound to (the
                 input would be kept for a request that never runs, until the lifetime cap).
         """
         if not self._bound:  # no video input waits for its request: nothing to check
-            return request.task_id if request.task_id is not None else str(uuid.uuid4())
+            return request.task_id if request.task_id is not None else fresh
         wires = tensor_wires(request.inputs, SHM)
         bound = {self._bound[w["id"]] for w in wires if w["id"] in self._bound}
         if request.task_id is not None and bound - {request.task_id}:
@@ -253,7 +257,7 @@ class FleetClient(Publishing, ResultReading):
             )
         if request.task_id is not None:
             return request.task_id
-        return sorted(bound)[0] if bound else str(uuid.uuid4())
+        return sorted(bound)[0] if bound else fresh
 
     def _unbind(self, inputs: dict[str, Any]) -> None:
         """Sent: a second request with the same inputs gets an id of its own."""

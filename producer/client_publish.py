@@ -33,8 +33,8 @@ CHUNK = 250  # requests per MULTI/EXEC transaction of publish_many
 
 
 class Outgoing(NamedTuple):
-    """One request ready to push: its priority list, its message, its ``task-sent`` event
-    (``None``: no event, ``task_send_sent_event`` off)."""
+    """One request ready to push: its priority list, its message, its ``task-sent`` event's
+    JSON (``None``: no event, ``task_send_sent_event`` off)."""
 
     key: str
     payload: bytes
@@ -97,13 +97,18 @@ class Publishing:
         ):
             amqp.send_task_message(producer, name, message, queue=queue, priority=celery_priority)
 
-    def outgoing(self, envs: Iterable[TaskEnvelope], ids: Iterable[str]) -> Iterator[Outgoing]:
-        """The messages of validated requests ``envs`` with task ids ``ids``, built as they
-        are consumed: the bytes kombu's publish would push (``producer.wire``), each with
-        its ``task-sent`` event when the app sends them (``task_send_sent_event``)."""
+    def payloads(self) -> PayloadBuilder:
+        """This client's message builder (``producer.wire``), made on first use."""
         builder = self.__dict__.get("_payloads")
         if builder is None:
             builder = self.__dict__["_payloads"] = PayloadBuilder(self.app)
+        return builder
+
+    def outgoing(self, envs: Iterable[TaskEnvelope], ids: Iterable[str]) -> Iterator[Outgoing]:
+        """The messages of validated requests ``envs`` with task ids ``ids``, built as they
+        are consumed (``producer.wire``), each with its ``task-sent`` event when the app
+        sends them (``task_send_sent_event``)."""
+        builder = self.payloads()
         events = bool(self.app.conf.task_send_sent_event)
         reply_to = self.app.thread_oid
         prios = {p.label: p.celery_priority(self.settings) for p in Priority}
@@ -119,12 +124,13 @@ class Publishing:
         a chunk is on Redis whole or not at all. Yields, after each chunk, how many messages
         are on Redis so far; stop iterating to send no more.
 
-        A chunk is an ``LPUSH`` per message, to the list kombu's publish would use, and a
-        ``PUBLISH`` of each ``task-sent`` event. Behind Sentinel (``wait_replicas``), a chunk
-        is followed by ``WAIT`` on the same connection, with the waiter of kombu's
-        publishes on that channel (``shared.ha.WaitingPut``): its backoff, and
-        ``ReplicationUncertain`` (the chunk may be lost in a failover) retried as a
-        connection error.
+        A chunk is one ``LPUSH`` per list kombu's publish would use (its messages in
+        order: ``LPUSH k a b`` is ``LPUSH k a; LPUSH k b``) and one ``PUBLISH`` of the
+        chunk's ``task-sent`` events as a group (``PayloadBuilder.sent_group``). Behind
+        Sentinel (``wait_replicas``), a chunk is followed by ``WAIT`` on the same
+        connection, with the waiter of kombu's publishes on that channel
+        (``shared.ha.WaitingPut``): its backoff, and ``ReplicationUncertain`` (the chunk may
+        be lost in a failover) retried as a connection error.
 
         Faults: a connection error retries the chunk as kombu's publish retries a message:
         ``task_publish_retry_policy`` (none when ``task_publish_retry`` is off), through
@@ -141,10 +147,13 @@ class Publishing:
         policy = dict(conf.task_publish_retry_policy or {}) if retry else {"max_retries": 0}
         sent = 0
         it = iter(messages)
+        builder = self.payloads()
         with self.app.pool.acquire(block=True) as conn:
             push = conn.ensure(_Nothing(), _push_chunk, **policy)
             while part := list(itertools.islice(it, chunk)):
-                push(conn, part, conf.event_exchange)
+                events = [m.event for m in part if m.event is not None]
+                group = builder.sent_group(events) if events else None
+                push(conn, part, group, conf.event_exchange)
                 sent += len(part)
                 yield sent
 
@@ -204,19 +213,19 @@ class Publishing:
                     )
 
 
-def _push_chunk(conn: Any, part: list[Outgoing], exchange: str) -> None:
-    """One transaction on kombu connection ``conn``: ``part``'s pushes and its events (on
-    the event ``exchange``'s ``task.sent`` topics), then ``WAIT`` if the channel waits
-    (:meth:`Publishing.publish_many`)."""
+def _push_chunk(conn: Any, part: list[Outgoing], group: bytes | None, exchange: str) -> None:
+    """One transaction on kombu connection ``conn``: ``part``'s pushes, an ``LPUSH`` per
+    list, and its events' ``group`` message (on the event ``exchange``'s ``task.sent``
+    topics), then ``WAIT`` if the channel waits (:meth:`Publishing.publish_many`)."""
     channel = conn.default_channel
     waiter = channel._put_waiter() if isinstance(channel, WaitingPut) else None
-    topics: list[str] = []
-    if any(m.event is not None for m in part):  # kombu's fanout topics (its _put_fanout's)
+    lists: dict[str, list[bytes]] = {}
+    for m in part:
+        lists.setdefault(m.key, []).append(m.payload)
+    commands: list[tuple[Any, ...]] = [("LPUSH", k, *v) for k, v in lists.items()]
+    if group is not None:  # kombu's fanout topics (its _put_fanout's)
         topics = channel._get_publish_topics(exchange, "task.sent")
-    # one LPUSH per message, as kombu's publish: one LPUSH of many (one keyspace event for
-    # the workers' bell) made test_reliability's poison-while-decoding test fail
-    commands: list[tuple[Any, ...]] = [("LPUSH", m.key, m.payload) for m in part]
-    commands += [("PUBLISH", t, m.event) for m in part if m.event is not None for t in topics]
+        commands += [("PUBLISH", t, group) for t in topics]
     # the channel's cached client (queue_depth's): kombu's conn_or_acquire builds a
     # redis.Redis per call, which cost more than packing the chunk
     execute_transaction(channel.client, commands, waiter)

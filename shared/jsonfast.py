@@ -22,12 +22,13 @@ Where orjson's rules differ from kombu's, kombu's codec is used:
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import orjson
 
-__all__ = ["decode_result", "dumps", "has_nonfinite", "loads"]
+__all__ = ["compact", "decode_result", "dumps", "has_nonfinite", "loads"]
 
 _OPTS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 _OPTS |= orjson.OPT_PASSTHROUGH_SUBCLASS
@@ -65,6 +66,28 @@ def dumps(obj: Any) -> str:
         return orjson.dumps(obj, default=_refuse, option=_OPTS).decode()
     except (TypeError, orjson.JSONEncodeError):  # odd types, 64-bit overflow: kombu decides
         return kombu_dumps(obj)
+
+
+def compact(obj: Any) -> bytes:
+    """``obj`` as compact JSON in UTF-8: equal in value to ``json.dumps(obj,
+    separators=(",", ":"), allow_nan=False)``, and refusing what it refuses (a request's
+    inputs on the wire, and their size against ``[limits] max_inline_bytes``).
+
+    orjson writes it; what orjson leaves aside (types JSON lacks, builtins' subclasses,
+    non-string keys, integers beyond 64 bits) is written by ``json.dumps``. orjson writes a
+    non-finite float as ``null``, so a text with ``null`` in it is checked for one.
+
+    Raises:
+        TypeError: a value JSON has no form for.
+        ValueError: a NaN or infinite float.
+    """
+    try:
+        data = orjson.dumps(obj, default=_refuse, option=_OPTS)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    if b"null" in data and has_nonfinite(obj):
+        raise ValueError("Out of range float values are not JSON compliant")
+    return data
 
 
 def loads(data: bytes | str) -> Any:

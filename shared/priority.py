@@ -27,7 +27,7 @@ class Priority(IntEnum):
     @property
     def label(self) -> str:
         """Lower-case name used in configs, messages and metrics (``"realtime"``)."""
-        return self.name.lower()
+        return _LABELS[self]
 
     @classmethod
     def parse(cls, value: str | int | Priority) -> Priority:
@@ -39,6 +39,9 @@ class Priority(IntEnum):
         """
         if isinstance(value, Priority):
             return value
+        found = _BY_LABEL.get(value) if type(value) is str else None  # the usual spelling
+        if found is not None:
+            return found
         if isinstance(value, str) and value.upper() in cls.__members__:
             return cls[value.upper()]
         valid = ", ".join(p.label for p in cls)
@@ -52,3 +55,7 @@ class Priority(IntEnum):
         """The class's default timeout in seconds, or ``None`` when the class has none."""
         t = settings.priorities[self.label].timeout_s
         return t if t > 0 else None
+
+
+_LABELS = {p: p.name.lower() for p in Priority}
+_BY_LABEL = {label: p for p, label in _LABELS.items()}

@@ -25,7 +25,7 @@ METHOD = {
     "pipelines of `chunk` on one connection of the producer's ACL user",
     "submit_many": "FleetClient.submit_many in chunks of `chunk` from one thread, no waiting "
     "(validation, queue-length check per chunk, message and task-sent event from templates, "
-    "one MULTI/EXEC per chunk: an LPUSH and a PUBLISH per request)",
+    "one MULTI/EXEC per chunk: an LPUSH per list and one PUBLISH of the chunk's events)",
     "submit": "FleetClient.submit, one request at a time (each its own queue-length check)",
     "submit_many+wait": "one text worker (batch mode) running: submit_many in chunks, then "
     "wait_all (MGET polls) until every result is stored; rps = requests / (last result's "

@@ -38,7 +38,6 @@ from producer.gateway.admission import (
 from producer.gateway.errors import BrokerUnavailable
 from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
-from producer.wire import task_payload
 from shared import keys
 from shared.errors import (
     DeadlineUnreachable,
@@ -393,8 +392,7 @@ class JobService:
             BrokerUnavailable: Redis did not take it.
         """
         prio = Priority.parse(env.priority)
-        key, payload = task_payload(
-            self.client.app,
+        key, payload = self.client.payloads().payload(
             env,
             task_id,
             keys.queue_for(env.modality, env.priority),

@@ -1,24 +1,28 @@
-"""producer.wire builds the bytes kombu would push for a request (the gateway pushes them
+"""producer.wire builds the messages kombu would push for a request (the gateway pushes them
 with redis.asyncio, FleetClient.submit_many in pipelined transactions): the same message,
-field for field (but Flower's kwargs summary), as FleetClient.publish's, read back from a real
-Redis (no worker, so nothing consumes the queue)."""
+field for field and value for value (but Flower's kwargs summary), as FleetClient.publish's,
+read back from a real Redis (no worker, so nothing consumes the queue)."""
 
 from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from celery.events.receiver import EventReceiver
 
 from producer.client import FleetClient, SubmitRequest
 from producer.client_publish import CHUNK
 from producer.stack import Stack, isolated_environment
-from producer.wire import PayloadBuilder, kwargs_summary, task_payload
+from producer.wire import envelope_json, kwargs_summary
 from shared import keys
+from shared.celery_app import make_app
 from shared.errors import QueueFull
 from shared.priority import Priority
 from shared.settings import load_settings
@@ -43,34 +47,59 @@ def _decoded(raw: bytes) -> dict[str, Any]:
     return msg
 
 
-def test_the_payload_equals_kombus_but_for_the_delivery_tag(redis_only: Any) -> None:
+INPUTS = [
+    ("text", {"text": "the same words"}, "bulk", None),
+    ("text", {"text": 'h\u00e9 "quoted" \\ \u4e2d \U0001f600'}, "bulk", 5),
+    ("text", {"text": "x", "n": [1.5, None, True, 10**20, -0.0, 1e-7]}, "realtime", None),
+    ("image", {"image_b64": "AAAA"}, "high", None),
+]
+
+
+@pytest.mark.parametrize("case", INPUTS, ids=["plain", "unicode", "numbers", "image"])
+def test_the_payload_equals_kombus_but_for_ids_and_the_summary(redis_only: Any, case: Any) -> None:
     client = FleetClient(redis_only.s)
     admin = redis.Redis.from_url(redis_only.s.redis_url("admin"))
+    env = client.envelope(*case)
+    prio = Priority.parse(env.priority).celery_priority(client.settings)
+    queue = keys.queue_for(env.modality, env.priority)
+    key = keys.priority_list_key(queue, prio)
     try:
-        env = client.envelope("text", {"text": "the same words"}, "bulk", None)
-        prio = 9
-        key = keys.priority_list_key("text", prio)
         with client.app.producer_or_acquire() as producer:
-            client.publish(producer, env, "id-kombu", "text", prio)
-        list_key, payload = task_payload(
-            client.app, env, "id-wire", "text", prio, str(client.app.thread_oid)
-        )
-        assert list_key == key
-        assert client.app.backend.client.lpush(list_key, payload) == 2  # as the producer
-        ours, kombus = (_decoded(m) for m in admin.lrange(key, 0, -1))  # LPUSH: newest first
+            client.publish(producer, env, "id-kombu", queue, prio)
+        for _ in range(2):  # the template's first use and a later one
+            list_key, payload = client.payloads().payload(
+                env, "id-wire", queue, prio, str(client.app.thread_oid)
+            )
+            assert list_key == key
+            assert client.app.backend.client.lpush(list_key, payload) >= 2  # as the producer
+        ours, again, kombus = (_decoded(m) for m in admin.lrange(key, 0, -1))  # newest first
         assert list(ours) == list(kombus)  # same keys, same order (properties last)
         assert list(ours["properties"]) == list(kombus["properties"])
-        for msg, tid in ((ours, "id-wire"), (kombus, "id-kombu")):
+        assert ours["properties"]["delivery_tag"] != again["properties"]["delivery_tag"]
+        for msg, tid in ((ours, "id-wire"), (again, "id-wire"), (kombus, "id-kombu")):
             assert msg["headers"].pop("id") == msg["headers"].pop("root_id") == tid
             assert msg["properties"].pop("correlation_id") == tid
             msg["properties"].pop("delivery_tag")
         # Flower's kwargs column: a summary, never the inputs (kombu's is Celery's saferepr)
-        assert ours["headers"].pop("kwargsrepr") == kwargs_summary(env)
-        assert "the same words" in kombus["headers"].pop("kwargsrepr")
-        assert ours == kombus
+        summary = kwargs_summary(env)
+        assert ours["headers"].pop("kwargsrepr") == again["headers"].pop("kwargsrepr") == summary
+        assert kombus["headers"].pop("kwargsrepr") != summary
+        assert ours == again == kombus
         assert ours["body"][1] == {"request": json.loads(env.model_dump_json())}
     finally:
         admin.delete(key)
+        client.close()
+
+
+@pytest.mark.parametrize("case", INPUTS, ids=["plain", "unicode", "numbers", "image"])
+def test_the_envelope_json_is_pydantics_json_dump(case: Any, redis_only: Any) -> None:
+    client = FleetClient(redis_only.s)
+    try:
+        env = client.envelope(*case)
+        got = envelope_json(env)
+        assert json.loads(got) == env.model_dump(mode="json")
+        assert list(json.loads(got)) == list(env.model_dump(mode="json"))  # field order too
+    finally:
         client.close()
 
 
@@ -78,26 +107,6 @@ def _untagged(payload: bytes) -> bytes:
     """``payload`` with its delivery tag replaced by a fixed string."""
     tag = json.loads(payload)["properties"]["delivery_tag"]
     return payload.replace(tag.encode(), b"TAG")
-
-
-def test_the_builder_makes_task_payloads_bytes_but_for_the_tag(redis_only: Any) -> None:
-    client = FleetClient(redis_only.s)
-    builder = PayloadBuilder(client.app)
-    try:
-        cases = [
-            (client.envelope("text", {"text": 'h\u00e9 "quoted" \\ \u4e2d'}, "bulk", 5), 'id"1'),
-            (client.envelope("text", {"text": "x", "n": [1.5, None, True]}, "realtime"), "id2"),
-            (client.envelope("image", {"image_b64": "AAAA"}, "high", None), "id3"),
-        ]
-        for env, tid in cases:
-            prio = Priority.parse(env.priority).celery_priority(client.settings)
-            queue = keys.queue_for(env.modality, env.priority)
-            for _ in range(2):  # the template's first use and a later one
-                ref = task_payload(client.app, env, tid, queue, prio, "reply")
-                got = builder.payload(env, tid, queue, prio, "reply")
-                assert got[0] == ref[0] and _untagged(got[1]) == _untagged(ref[1])
-    finally:
-        client.close()
 
 
 def _lists(admin: redis.Redis) -> dict[str, list[bytes]]:
@@ -135,10 +144,10 @@ def test_submit_many_sends_chunks_whole_and_in_order_per_priority(redis_only: An
                 == key
             ]
             assert got == want, key
-        # the bytes are task_payload's (what the workers read), the delivery tag apart
+        # the bytes are the builder's (what the gateway pushes), the delivery tag apart
         first = json.loads(lists[keys.priority_list_key("text", 9)][0])
         h = handles[0]
-        ref = task_payload(client.app, h.envelope, h.id, "text", 9, str(client.app.thread_oid))
+        ref = client.payloads().payload(h.envelope, h.id, "text", 9, str(client.app.thread_oid))
         raw = lists[keys.priority_list_key("text", 9)][0]
         assert first["headers"]["id"] == h.id and _untagged(raw) == _untagged(ref[1])
     finally:
@@ -146,9 +155,10 @@ def test_submit_many_sends_chunks_whole_and_in_order_per_priority(redis_only: An
         client.close()
 
 
-def test_submit_many_sends_kombus_task_sent_events(redis_only: Any) -> None:
-    """The events the exporter counts (celery_task_sent_total): as kombu's publish sends them,
-    field for field, on the same channel."""
+def test_submit_many_sends_kombus_task_sent_events_as_one_group(redis_only: Any) -> None:
+    """The events the exporter counts (celery_task_sent_total): each as kombu's publish makes
+    it, field for field, a chunk's events in one message (a list body, as Celery's grouped
+    events) on the same channel; a real Celery EventReceiver takes every one."""
     client = FleetClient(redis_only.s)
     admin = redis.Redis.from_url(redis_only.s.redis_url("admin"))
     sub = admin.pubsub()
@@ -158,25 +168,69 @@ def test_submit_many_sends_kombus_task_sent_events(redis_only: Any) -> None:
         env = client.envelope("text", {"text": "evented"}, "bulk", None)
         with client.app.producer_or_acquire() as producer:
             client.publish(producer, env, "id-kombu", "text", 9)
-        (h,) = client.submit_many([SubmitRequest("text", {"text": "evented"}, "bulk")])
+        hs = client.submit_many([SubmitRequest("text", {"text": "evented"}, "bulk")] * 3)
         got = [sub.get_message(timeout=2) for _ in range(2)]
         assert got[0]["channel"] == got[1]["channel"]
+        assert sub.get_message(timeout=0.5) is None  # one message for the chunk's three
         kombus, ours = (_decoded(m["data"]) for m in got)
         assert list(ours) == list(kombus) and ours["headers"] == kombus["headers"]
         for msg in (ours, kombus):
             assert msg["properties"].pop("delivery_tag")
         assert ours["properties"] == kombus["properties"]
-        assert list(ours["body"]) == list(kombus["body"])
-        assert ours["body"]["clock"] > kombus["body"]["clock"]
-        assert ours["body"]["uuid"] == ours["body"]["root_id"] == h.id
-        assert ours["body"]["kwargs"] == kwargs_summary(h.envelope)
-        for body in (ours["body"], kombus["body"]):
+        assert [e["uuid"] for e in ours["body"]] == [h.id for h in hs]
+        clocks = [e["clock"] for e in ours["body"]]
+        assert clocks == sorted(clocks) and clocks[0] > kombus["body"]["clock"]
+        ref = kombus["body"]
+        for event, h in zip(ours["body"], hs, strict=True):
+            assert list(event) == list(ref)
+            assert event["uuid"] == event["root_id"] == h.id
+            assert event["kwargs"] == kwargs_summary(h.envelope)
             for k in ("clock", "timestamp", "uuid", "root_id", "kwargs"):
-                body.pop(k)
-        assert ours["body"] == kombus["body"]
+                event.pop(k)
+        for k in ("clock", "timestamp", "uuid", "root_id", "kwargs"):
+            ref.pop(k)
+        assert all(event == ref for event in ours["body"])
     finally:
         sub.close()
         admin.delete("text\x06\x169")
+        client.close()
+
+
+def test_a_celery_event_receiver_counts_every_grouped_task_sent_event(redis_only: Any) -> None:
+    """What Flower and ``fleet exporter`` do: Celery's EventReceiver, bound to ``task.sent``,
+    gets each request of a submit_many (two chunks) as one ``task-sent`` event."""
+    client = FleetClient(redis_only.s)
+    admin = redis.Redis.from_url(redis_only.s.redis_url("admin"))
+    seen: list[str] = []
+    n = CHUNK + 7
+    tap_app = make_app(redis_only.s, name="test-tap", role="operator")  # as fleet exporter's
+    conn = tap_app.connection_for_read()
+    recv = EventReceiver(
+        conn,
+        handlers={"task-sent": lambda e: seen.append(e["uuid"])},
+        routing_key="task.sent",
+        app=tap_app,
+    )
+    tap = threading.Thread(target=recv.capture, kwargs={"wakeup": False}, daemon=True)
+    tap.start()
+    try:
+        probe = client.envelope("text", {"text": "probe"}, "bulk", None)
+        deadline = time.monotonic() + 10
+        while "probe" not in seen and time.monotonic() < deadline:  # until it listens
+            with client.app.producer_or_acquire() as producer:
+                client.publish(producer, probe, "probe", "text", 9)
+            time.sleep(0.2)
+        assert "probe" in seen
+        seen.clear()
+        hs = client.submit_many(SubmitRequest("text", {"text": f"e {i}"}) for i in range(n))
+        while len(seen) < n and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert [i for i in seen if i != "probe"] == [h.id for h in hs]
+    finally:
+        recv.should_stop = True
+        tap.join(timeout=5)
+        conn.release()
+        admin.delete(*_lists(admin))
         client.close()
 
 

@@ -221,13 +221,15 @@ def test_video_inputs_are_bound_to_the_request_that_carries_them(store: ShmStore
         inputs = client.video_inputs(video)
         seg_id = inputs["video_ref"]["id"]
         request = client.shm().info(seg_id).request
-        assert request and client._task_id(SubmitRequest("video", inputs)) == request
+        assert request and client._task_id(SubmitRequest("video", inputs), "fresh") == request
         with pytest.raises(InvalidInput, match="made for request"):
-            client._task_id(SubmitRequest("video", inputs, task_id="another"))
+            client._task_id(SubmitRequest("video", inputs, task_id="another"), "fresh")
         # the gateway knows its job id: bound to it, nothing remembered
         explicit = client.video_inputs(video, task_id="job-1")
         assert client.shm().info(explicit["video_ref"]["id"]).request == "job-1"
-        assert client._task_id(SubmitRequest("video", explicit, task_id="job-1")) == "job-1"
+        assert (
+            client._task_id(SubmitRequest("video", explicit, task_id="job-1"), "fresh") == "job-1"
+        )
         assert client.release_inputs(inputs) == 1 and client.release_inputs(explicit) == 1
         assert client._bound == {}
     finally:
