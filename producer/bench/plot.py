@@ -53,7 +53,7 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
                     continue
                 reach = g["ok"] / g["requests"]  # failed and expired requests never finish
                 ys = [(i + 1) / len(xs) * reach for i in range(len(xs))]
-                ax.step(xs, ys, style, where="post", color=COLORS.get(prio, "black"),
+                ax.step(xs, ys, where="post", linestyle=style, color=COLORS.get(prio, "black"),
                         label=f"{mode} {prio}")  # fmt: skip
         deadlines = report.get("deadlines", {}).get("fleet", {}).get(m, {})
         for prio, d in deadlines.items():
@@ -65,7 +65,7 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("end-to-end latency from scheduled send (ms)")
         ax.set_ylabel("fraction of requests (errors never arrive)")
-        ax.set_title(f"{m}: latency CDF ({_style_legend(report)}, dotted deadlines)")
+        ax.set_title(f"{m}: latency CDF\n({_style_legend(report)}, dotted deadlines)", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)

@@ -176,3 +176,21 @@ def test_result_parsing_helpers() -> None:
     assert parse_date_done_ms(None) is None
     assert batch_size_of("{'batch_id': 'vm-1-2', 'batch_size': 7}") == 7
     assert batch_size_of("None") is None and batch_size_of(None) is None
+
+
+def test_the_plot_draws_every_peer_without_a_warning(tmp_path: Path) -> None:
+    """Each mode's CDF line style (the ray-serve one is a dash tuple) reaches matplotlib as
+    a style, not as data: the plot used to fail whenever ray-serve ran."""
+    res = result()
+    for mode, slow in (("celery-batches", 40.0), ("ray-serve", 80.0)):
+        mr = ModeResult(mode)
+        for rep in range(3):
+            recs = records(rep, slow)
+            mr.reps.append(recs)
+            mr.summaries.append(summarize_rep(recs))
+        res.modes[mode] = mr
+    rep = build_report(res)
+    assert {"celery-batches", "ray-serve"} <= set(rep["cdf_ms"])
+    files = write_report(rep, tmp_path, plot=True)
+    assert not [w for w in rep.get("warnings", []) if "plot" in w]
+    assert Path(files["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
