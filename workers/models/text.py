@@ -201,12 +201,15 @@ class TextAdapter(ModelAdapter):
         return width * self.dim * 4 * 4
 
     def run_batch(self, samples: list[Any]) -> list[dict[str, Any]]:
+        # Padded in Python, one torch call per tensor (not three a row): every torch call
+        # drops and retakes the GIL, a chance for the event loop's thread to hold the lane.
         width = max(len(ids) for ids, _ in samples)
-        ids_t = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(samples), width), dtype=torch.long)
-        for i, (ids, _) in enumerate(samples):
-            ids_t[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[i, : len(ids)] = 1
+        pad = [self.pad_id] * width
+        ids_t = torch.tensor([ids + pad[len(ids) :] for ids, _ in samples], dtype=torch.long)
+        ones, zeros = [1] * width, [0] * width
+        mask = torch.tensor(
+            [ones[: len(ids)] + zeros[len(ids) :] for ids, _ in samples], dtype=torch.long
+        )
         ids_t, mask = self.runtime.stage([ids_t, mask])
         if self.traced is not None:
             hidden = self.traced(ids_t, mask)
@@ -214,10 +217,10 @@ class TextAdapter(ModelAdapter):
             hidden = self.model(input_ids=ids_t, attention_mask=mask).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-        emb = torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu()
+        rows = torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu().tolist()
         return [
-            {"embedding": emb[i].tolist(), "dim": self.dim, "tokens": len(ids), "truncated": tr}
-            for i, (ids, tr) in enumerate(samples)
+            {"embedding": row, "dim": self.dim, "tokens": len(ids), "truncated": tr}
+            for row, (ids, tr) in zip(rows, samples, strict=True)
         ]
 
     def buckets(self) -> list[str]:
