@@ -63,6 +63,9 @@ class TextOptions(ModelOptions):
     precision: Literal["fp32", "int8", "fp16", "bf16"] = "fp32"
     int8_alpha: float = Field(default=INT8_SMOOTH_ALPHA, gt=0.0, le=1.0)
     int8_keep_fp32: str = INT8_KEEP_FP32  # regex of Linear layer names int8 leaves in fp32
+    # torch's quantized engine for int8: "auto" = onednn on CPUs with int8 dot-product
+    # instructions (workers.models.precision.resolve_int8_engine), else torch's default
+    int8_engine: Literal["auto", "onednn", "x86", "fbgemm", "qnnpack"] = "auto"
 
     @field_validator("precision", mode="before")
     @classmethod

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from producer.bench.precision import embed
 from shared.settings import load_settings
 from tests.conftest import DATA
 from workers.models import make_adapter
+from workers.models.precision import resolve_int8_engine
 from workers.runtime import DeviceRuntime
 
 
@@ -44,6 +46,8 @@ def test_int8_embeddings_stay_close_to_fp32(
     int8 = _adapter(shm_root, runtime, "int8")
     assert int8.describe()["precision"] == "int8" and fp32.describe()["precision"] == "fp32"
     assert int8.describe()["torchscript"] is True
+    assert int8.describe()["int8_engine"] == resolve_int8_engine("auto")  # in the facts
+    assert torch.backends.quantized.engine == int8.describe()["int8_engine"]  # and in use
     ref, _ = embed(fp32, runtime, texts, 32)
     out, _ = embed(int8, runtime, texts, 32)
     cos = (ref * out).sum(1)

@@ -15,6 +15,7 @@ from workers.models.precision import (
     input_absmax,
     parse_precision,
     quantize_int8,
+    resolve_int8_engine,
     smooth,
 )
 
@@ -89,3 +90,19 @@ def test_int8_options_refused() -> None:
 def test_fp32_is_the_model_itself() -> None:
     m = _mlp()
     assert apply_precision(m, "fp32") is m
+
+
+def test_int8_engine_auto_is_onednn_where_the_cpu_has_int8_dot_products() -> None:
+    default = torch.backends.quantized.engine
+    has_onednn = "onednn" in torch.backends.quantized.supported_engines
+    for flags in (["avx2", "avx512f", "avx512_vnni"], ["avx2", "avx_vnni"], ["amx_int8"]):
+        assert resolve_int8_engine("auto", flags) == ("onednn" if has_onednn else default)
+    assert resolve_int8_engine("auto", ["avx2", "fma"]) == default  # no int8 dot products
+    assert resolve_int8_engine("auto", []) == default
+
+
+def test_int8_engine_named_is_kept_or_refused() -> None:
+    for engine in torch.backends.quantized.supported_engines:
+        assert resolve_int8_engine(engine, []) == engine
+    with pytest.raises(ValueError, match="not one of this torch's"):
+        resolve_int8_engine("tpu-int8", [])

@@ -20,7 +20,12 @@ import torch
 from shared.errors import InvalidInput, PayloadTooLarge
 from workers.models import trace_cache
 from workers.models.base import ModelAdapter, Prepared
-from workers.models.precision import apply_precision, parse_precision
+from workers.models.precision import (
+    apply_precision,
+    parse_precision,
+    resolve_int8_engine,
+    use_int8_engine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,10 @@ class TextAdapter(ModelAdapter):
         self.path = str(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.precision = parse_precision(self.cfg.precision, self.runtime.device)
+        self.int8_engine = None
+        if self.precision == "int8":  # before the trace cache: its key names the engine
+            self.int8_engine = resolve_int8_engine(self.cfg.int8_engine)
+            use_int8_engine(self.int8_engine)
         self.max_length = self.cfg.max_length
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         buckets = self.settings.modalities["text"].batching.length_buckets or [self.max_length]
@@ -108,6 +117,7 @@ class TextAdapter(ModelAdapter):
             parts["int8"] = {
                 "alpha": self.cfg.int8_alpha,
                 "keep_fp32": self.cfg.int8_keep_fp32,
+                "engine": self.int8_engine,
                 "calibration": trace_cache.folder_fingerprint(calib.parent),
             }
         return parts
@@ -246,6 +256,7 @@ class TextAdapter(ModelAdapter):
             "weights": self.path,
             "torchscript": self.traced is not None,
             "precision": self.precision,
+            **({"int8_engine": self.int8_engine} if self.int8_engine else {}),
             "trace_cache": self.trace_cache,
         }
 
