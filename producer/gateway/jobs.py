@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from producer.client import FleetClient
+from producer.client_publish import Outgoing
 from producer.gateway.admission import (
     RateMeter,
     ahead_of,
@@ -387,6 +388,9 @@ class JobService:
 
     async def _push(self, env: TaskEnvelope, task_id: str) -> None:
         """Enqueue the request: the bytes kombu would push (``producer.wire``), one LPUSH.
+        Behind Sentinel (``wait_replicas``) the push is ``FleetClient.publish_many``'s, on a
+        worker thread: ``WAIT`` for a replica on its connection, retried through a failover
+        (a push on the old primary, unreplicated, would be lost with it).
 
         Raises:
             BrokerUnavailable: Redis did not take it.
@@ -399,8 +403,12 @@ class JobService:
             prio.celery_priority(self.settings),
             self.reply_to,
         )
+        r = self.settings.redis
         try:
-            await self.redis.lpush(key, payload)
+            if r.sentinels and r.wait_replicas > 0:
+                await self._io(_push_waiting, self.client, Outgoing(key, payload, None))
+            else:
+                await self.redis.lpush(key, payload)
         except Exception as exc:
             raise BrokerUnavailable(f"could not enqueue the request: {exc}") from None
 
@@ -449,3 +457,9 @@ class JobService:
             return bool(await self._io(self.client.cancel, task_id))
         except Exception as exc:
             raise BrokerUnavailable(f"could not cancel: {exc}") from None
+
+
+def _push_waiting(client: FleetClient, message: Outgoing) -> None:
+    """Push one message as ``submit`` does (``publish_many``: ``WAIT`` behind Sentinel)."""
+    for _ in client.publish_many([message]):
+        pass

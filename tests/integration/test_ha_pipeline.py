@@ -6,6 +6,7 @@ connection, so the chunk is on the replica when the call returns, as kombu's pub
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -53,6 +54,21 @@ def waits(st: Stack) -> int:
     return int(node(st, "redis").info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
 
 
+def wait_for_replica(primary: redis.Redis, timeout_s: float = 30.0) -> None:
+    """Until the replica is attached and has acknowledged everything the primary wrote (a
+    replica just restarted answers ``WAIT`` short while it syncs)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = primary.info("replication")
+        replica = info.get("slave0") or {}
+        if replica.get("state") == "online" and replica.get("offset", 0) >= int(
+            info["master_repl_offset"]
+        ):
+            return
+        assert time.monotonic() < deadline, f"the replica did not catch up: {info}"
+        time.sleep(0.2)
+
+
 def texts(n: int, start: int = 0) -> list[SubmitRequest]:
     return [SubmitRequest("text", {"text": f"words {start + i}"}, "bulk") for i in range(n)]
 
@@ -92,3 +108,46 @@ def test_without_a_replica_a_chunk_stands_and_the_waiter_backs_off(ha_stack: Sta
         primary.delete(BULK_LIST)
         client.close()
         start_node(ha_stack, "redis-replica")
+
+
+def test_the_gateways_push_is_on_the_replica_when_it_returns(ha_stack: Stack) -> None:
+    """The HTTP gateway's enqueue behind Sentinel: ``WAIT`` on the push's connection (it
+    pushed with ``redis.asyncio`` and no ``WAIT`` before, so a failover could lose it)."""
+    from producer.gateway.jobs import JobService
+    from producer.gateway.models import model_specs
+    from shared.redis_client import async_redis_client
+
+    client = FleetClient(ha_stack.s)
+    primary, replica = node(ha_stack, "redis"), node(ha_stack, "redis-replica")
+
+    async def push(task_id: str) -> None:
+        jobs = JobService(
+            client, async_redis_client(ha_stack.s, client.role), model_specs(ha_stack.s)
+        )
+        try:
+            env = client.envelope("text", {"text": "through the gateway"}, "bulk", None)
+            await jobs._push(env, task_id)
+        finally:
+            jobs.pool.shutdown(wait=True)
+            await jobs.redis.aclose()
+
+    wait_for_replica(primary)  # another test may have restarted it
+    try:
+        # until a push waits: a short WAIT earlier in this process (another test's, without
+        # a replica) pauses waiting for the waiter's backoff
+        deadline = time.monotonic() + 10
+        while True:
+            before = waits(ha_stack)
+            asyncio.run(push("gw-warm"))
+            if waits(ha_stack) > before:
+                break
+            assert time.monotonic() < deadline, "no push waited for the replica"
+            time.sleep(0.3)
+        before = waits(ha_stack)
+        asyncio.run(push("gw-1"))
+        assert waits(ha_stack) - before == 1
+        on_replica = [json.loads(m)["headers"]["id"] for m in replica.lrange(BULK_LIST, 0, -1)]
+        assert on_replica[0] == "gw-1" and set(on_replica) == {"gw-1", "gw-warm"}  # newest first
+    finally:
+        primary.delete(BULK_LIST)
+        client.close()
