@@ -118,11 +118,18 @@ class FleetClient(Publishing, ResultReading):
             PayloadTooLarge: the inline payload exceeds ``limits.max_inline_bytes``, or a text
                 ``limits.max_text_chars``.
         """
+        return self._validated(modality, inputs, priority, timeout_s)[0]
+
+    def _validated(
+        self, modality: str, inputs: dict[str, Any], priority: str, timeout_s: float | None
+    ) -> tuple[TaskEnvelope, bytes]:
+        """:meth:`envelope`'s envelope and its inputs' JSON (UTF-8, compact: what the message
+        carries, measured against ``max_inline_bytes``). Raises as :meth:`envelope`."""
         if modality not in MODALITIES:
             raise UnsupportedModality(
                 f"unknown modality {modality!r}; expected one of: {', '.join(MODALITIES)}"
             )
-        prio = Priority.parse(priority)
+        label, default_timeout_s = self._class_of(priority)
         if not isinstance(inputs, dict):
             raise InvalidInput("inputs must be a JSON object")
         if timeout_s is not None and (
@@ -132,44 +139,42 @@ class FleetClient(Publishing, ResultReading):
         ):
             raise InvalidInput(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
         try:
-            size = len(jsonfast.compact(inputs))  # the UTF-8 JSON the request carries
+            data = jsonfast.compact(inputs)  # the UTF-8 JSON the request carries
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"inputs are not JSON-serializable: {exc}") from None
-        limit = self.settings.limits.max_inline_bytes
-        if size > limit:
-            raise PayloadTooLarge(f"inline inputs are {size} bytes; the limit is {limit}")
-        self._check_texts(modality, inputs)
+        limits = self.settings.limits
+        if len(data) > limits.max_inline_bytes:
+            raise PayloadTooLarge(
+                f"inline inputs are {len(data)} bytes; the limit is {limits.max_inline_bytes}"
+            )
+        if modality in _TEXT_MODALITIES:
+            _check_texts(modality, inputs, limits.max_text_chars)
         now_ms = time.time() * 1000.0
-        t = timeout_s if timeout_s is not None else prio.default_timeout_s(self.settings)
-        return TaskEnvelope(
-            modality=modality,
-            priority=prio.label,
-            submitted_ms=now_ms,
-            deadline_ms=None if t is None else now_ms + t * 1000.0,
-            inputs=inputs,
-        )
+        t = timeout_s if timeout_s is not None else default_timeout_s
+        fields = {
+            "modality": modality,
+            "priority": label,
+            "submitted_ms": now_ms,
+            "deadline_ms": None if t is None else now_ms + t * 1000.0,
+            "inputs": inputs,
+        }
+        return _validate_envelope(fields), data  # TaskEnvelope(**fields): pydantic validates
 
-    def _check_texts(self, modality: str, inputs: dict[str, Any]) -> None:
-        """The workers' text length limit, here, before anything is sent (the workers check it
-        again for producers that do not come through this client).
+    def _class_of(self, priority: str) -> tuple[str, float | None]:
+        """``priority``'s class label and default timeout (s), from a table made once per
+        settings (they are frozen).
 
         Raises:
-            PayloadTooLarge: a text over ``limits.max_text_chars`` characters.
+            InvalidPriority: not a class name (:meth:`Priority.parse`).
         """
-        if modality == "text":
-            texts = [inputs.get("text")]
-        elif modality == "xmodal":
-            many = inputs.get("texts")
-            texts = [inputs.get("text"), *(many if isinstance(many, list) else [])]
-        else:
-            return
-        limit = self.settings.limits.max_text_chars
-        for text in texts:
-            if isinstance(text, str) and len(text) > limit:
-                raise PayloadTooLarge(
-                    f"text has {len(text)} characters; the limit is {limit} "
-                    "([limits] max_text_chars)"
-                )
+        table = self.__dict__.get("_classes")
+        if table is None or table[0] is not self.settings:
+            rows = {p.label: (p.label, p.default_timeout_s(self.settings)) for p in Priority}
+            table = self.__dict__["_classes"] = (self.settings, rows)
+        found = table[1].get(priority) if type(priority) is str else None
+        if found is None:
+            found = table[1][Priority.parse(priority).label]
+        return found
 
     # -- submitting -----------------------------------------------------------------
     def submit(
@@ -211,22 +216,19 @@ class FleetClient(Publishing, ResultReading):
                 (a lost ``EXEC`` reply); the rest were not sent.
         """
         requests = list(requests)
-        envs = [self.envelope(r.modality, r.inputs, r.priority, r.timeout_s) for r in requests]
-        ids: list[str] = []
-        seen: set[str] = set()
-        for r, fresh in zip(requests, fresh_ids(len(requests)), strict=True):
-            task_id = self._task_id(r, fresh)
-            if r.task_id is None and task_id in seen:  # one video input for two requests
-                task_id = fresh  # the second request gets an id of its own
-            ids.append(task_id)
-            seen.add(task_id)
-        self._check_backpressure(envs)
+        checked = [self._validated(r.modality, r.inputs, r.priority, r.timeout_s) for r in requests]
+        envs = [env for env, _ in checked]
+        ids = self._task_ids(requests)
+        unbind = bool(self._bound)  # some video input waits for its request
+        check = self._depth_check(envs)  # its answer comes while the first chunk is built
+        messages = self.outgoing(envs, ids, [data for _, data in checked])
         handles: list[ResultHandle] = []
         try:
-            for sent in self.publish_many(self.outgoing(envs, ids)):
+            for sent in self.publish_many(messages, check=check):
                 for i in range(len(handles), sent):
                     handles.append(ResultHandle(self, ids[i], envs[i]))
-                    self._unbind(envs[i].inputs)
+                    if unbind:
+                        self._unbind(envs[i].inputs)
         except Exception as exc:
             exc.submitted = handles  # type: ignore[attr-defined]
             raise
@@ -237,6 +239,26 @@ class FleetClient(Publishing, ResultReading):
     def _bound(self) -> dict[str, str]:
         """Segment id -> the task id :meth:`video_inputs` bound it to, until it is sent."""
         return self.__dict__.setdefault("_bound_ids", {})
+
+    def _task_ids(self, requests: list[SubmitRequest]) -> list[str]:
+        """The ids ``requests`` are sent with (:meth:`_task_id`); two requests carrying one
+        video input: the second gets a fresh id.
+
+        Raises:
+            InvalidInput: as :meth:`_task_id`.
+        """
+        fresh = fresh_ids(len(requests))
+        if not self._bound and all(r.task_id is None for r in requests):
+            return fresh
+        ids: list[str] = []
+        seen: set[str] = set()
+        for r, new in zip(requests, fresh, strict=True):
+            task_id = self._task_id(r, new)
+            if r.task_id is None and task_id in seen:  # one video input for two requests
+                task_id = new  # the second request gets an id of its own
+            ids.append(task_id)
+            seen.add(task_id)
+        return ids
 
     def _task_id(self, request: SubmitRequest, fresh: str) -> str:
         """The id ``request`` is sent with: its own, else the one its video input is bound
@@ -356,3 +378,25 @@ class FleetClient(Publishing, ResultReading):
             with contextlib.suppress(FleetError):
                 removed += bool(store.release(ref))
         return removed
+
+
+_TEXT_MODALITIES = frozenset({"text", "xmodal"})
+_validate_envelope = TaskEnvelope.__pydantic_validator__.validate_python
+
+
+def _check_texts(modality: str, inputs: dict[str, Any], limit: int) -> None:
+    """The workers' text length limit (``[limits] max_text_chars``), here, before anything
+    is sent (the workers check it again for producers that do not come through this client).
+
+    Raises:
+        PayloadTooLarge: a text over ``limit`` characters.
+    """
+    texts = [inputs.get("text")]
+    many = inputs.get("texts") if modality == "xmodal" else None
+    if isinstance(many, list):
+        texts += many
+    for text in texts:
+        if isinstance(text, str) and len(text) > limit:
+            raise PayloadTooLarge(
+                f"text has {len(text)} characters; the limit is {limit} ([limits] max_text_chars)"
+            )

@@ -11,42 +11,25 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from producer.wire import PayloadBuilder
+from producer.client_push import Attempt, Chunk, DepthCheck, Line, Nothing, attempt
+from producer.wire import Outgoing, PayloadBuilder
 from shared import keys, tracing
-from shared.errors import QueueFull
-from shared.ha import WaitingPut
 from shared.priority import Priority
 from shared.queue_stats import fleet_headers
-from shared.redis_client import execute_transaction
 from shared.schema import TaskEnvelope
+from shared.settings import MODALITIES
 
 if TYPE_CHECKING:
     from shared.settings import Settings
 
-__all__ = ["CHUNK", "Outgoing", "Publishing"]
+__all__ = ["CHUNK", "Outgoing", "Publishing"]  # Outgoing: producer.wire's
 
 CHUNK = 250  # requests per MULTI/EXEC transaction of publish_many
-
-
-class Outgoing(NamedTuple):
-    """One request ready to push: its priority list, its message, its ``task-sent`` event's
-    JSON (``None``: no event, ``task_send_sent_event`` off)."""
-
-    key: str
-    payload: bytes
-    event: bytes | None
-
-
-class _Nothing:
-    """What kombu's ``Connection.ensure`` revives after a reconnect: nothing (each attempt of
-    a chunk takes the connection's channel afresh)."""
-
-    def revive(self, channel: Any) -> None:
-        """Called with the new channel after a reconnect; nothing to do."""
+BUILD_BATCH = 50  # messages outgoing builds in one PayloadBuilder.build_many call
 
 
 class Publishing:
@@ -104,25 +87,53 @@ class Publishing:
             builder = self.__dict__["_payloads"] = PayloadBuilder(self.app)
         return builder
 
-    def outgoing(self, envs: Iterable[TaskEnvelope], ids: Iterable[str]) -> Iterator[Outgoing]:
+    def outgoing(
+        self,
+        envs: Iterable[TaskEnvelope],
+        ids: Iterable[str],
+        inputs_json: Iterable[bytes | None] | None = None,
+    ) -> Iterator[Outgoing]:
         """The messages of validated requests ``envs`` with task ids ``ids``, built as they
-        are consumed (``producer.wire``), each with its ``task-sent`` event when the app
-        sends them (``task_send_sent_event``)."""
+        are consumed (``producer.wire``, :data:`BUILD_BATCH` at a time), each with its
+        ``task-sent`` event when the app sends them (``task_send_sent_event``).
+        ``inputs_json``: each request's inputs as its validation wrote them
+        (``FleetClient._validated``), when the caller has them."""
         builder = self.payloads()
         events = bool(self.app.conf.task_send_sent_event)
         reply_to = self.app.thread_oid
-        prios = {p.label: p.celery_priority(self.settings) for p in Priority}
-        for env, task_id in zip(envs, ids, strict=True):
-            queue = keys.queue_for(env.modality, env.priority)
-            yield Outgoing(
-                *builder.build(env, task_id, queue, prios[env.priority], reply_to, events)
-            )
+        route = self._routes()
+        datas = itertools.repeat(None) if inputs_json is None else inputs_json
+        requests = zip(envs, ids, datas, strict=False)
+        while part := list(itertools.islice(requests, BUILD_BATCH)):
+            yield from builder.build_many(part, route, reply_to, events)
 
-    def publish_many(self, messages: Iterable[Outgoing], chunk: int = CHUNK) -> Iterator[int]:
+    def _routes(self) -> dict[tuple[str, str], tuple[str, int]]:
+        """(modality, priority label) -> (queue, Celery priority), for every pair: made once
+        per settings (they are frozen)."""
+        cached = self.__dict__.get("_route_table")
+        if cached is None or cached[0] is not self.settings:
+            prios = {p.label: p.celery_priority(self.settings) for p in Priority}
+            table = {
+                (modality, label): (keys.queue_for(modality, label), prio)
+                for modality in MODALITIES
+                for label, prio in prios.items()
+            }
+            cached = self.__dict__["_route_table"] = (self.settings, table)
+        return cached[1]
+
+    def publish_many(
+        self,
+        messages: Iterable[Outgoing],
+        chunk: int = CHUNK,
+        check: DepthCheck | None = None,
+    ) -> Iterator[int]:
         """Push ``messages`` (from :meth:`outgoing`) in chunks of ``chunk``, one
         ``MULTI``/``EXEC`` transaction each (one round trip) on a pooled broker connection:
         a chunk is on Redis whole or not at all. Yields, after each chunk, how many messages
-        are on Redis so far; stop iterating to send no more.
+        are on Redis so far; stop iterating to send no more. Each chunk is built (``messages``
+        consumed) while Redis takes the one before it. ``check``: ``submit_many``'s
+        queue-length check, asked before the first chunk is built and judged before it is
+        sent (``QueueFull``: nothing is sent). All on one connection (``producer.client_push``).
 
         A chunk is one ``LPUSH`` per list kombu's publish would use (its messages in
         order: ``LPUSH k a b`` is ``LPUSH k a; LPUSH k b``) and one ``PUBLISH`` of the
@@ -145,17 +156,42 @@ class Publishing:
         conf = self.app.conf
         retry = conf.task_publish_retry  # as Celery's send_task: retry=False, no retries
         policy = dict(conf.task_publish_retry_policy or {}) if retry else {"max_retries": 0}
+        exchange = conf.event_exchange
         sent = 0
         it = iter(messages)
         builder = self.payloads()
         with self.app.pool.acquire(block=True) as conn:
-            push = conn.ensure(_Nothing(), _push_chunk, **policy)
-            while part := list(itertools.islice(it, chunk)):
-                events = [m.event for m in part if m.event is not None]
-                group = builder.sent_group(events) if events else None
-                push(conn, part, group, conf.event_exchange)
-                sent += len(part)
-                yield sent
+            line = Line(conn)
+            push: Attempt = conn.ensure(Nothing(), attempt, **policy)
+            inflight: Chunk | None = None  # sent, its replies not read yet
+            try:
+                if check is not None:  # asked now, answered while the first chunk is built
+                    inflight = Chunk([], None, exchange, check.commands())
+                    inflight.send(line)
+                part = list(itertools.islice(it, chunk))
+                if inflight is not None and check is not None:
+                    asked, inflight = inflight, None
+                    check.judge(push(conn, line, asked))
+                while part:
+                    events = [m.event for m in part if m.event is not None]
+                    inflight = Chunk(part, builder.sent_group(events) if events else None, exchange)
+                    inflight.send(line)
+                    failed = None
+                    try:  # the next chunk is built while Redis takes this one
+                        following = list(itertools.islice(it, chunk))
+                    except Exception as exc:  # this chunk is sent: it is counted first
+                        following, failed = [], exc
+                    job, inflight = inflight, None
+                    push(conn, line, job)
+                    sent += len(part)
+                    yield sent
+                    if failed is not None:
+                        raise failed
+                    part = following
+            finally:
+                if inflight is not None:
+                    inflight.abandon(line)  # its replies unread: the connection is dropped
+                line.close()
 
     def queue_depth(self, modality: str) -> dict[str, int]:
         """Messages waiting in ``modality``'s queue, per priority class (one round trip).
@@ -187,45 +223,20 @@ class Publishing:
             nodes = client.zrangebyscore(keys.live_key(modality), since, "+inf")
         return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in nodes)
 
-    def _check_backpressure(self, envs: Sequence[TaskEnvelope]) -> None:
-        """Refuse the whole submission if any queue would pass its configured maximum.
-
-        Raises:
-            QueueFull: a modality's total, or one priority's, limit would be exceeded.
-        """
+    def _depth_check(self, envs: Sequence[TaskEnvelope]) -> DepthCheck | None:
+        """The queue-length check of a submission of ``envs`` (for :meth:`publish_many`):
+        the priority lists of its modalities that have limits. ``None``: none has."""
+        limited = []
         for modality in {e.modality for e in envs}:
             cfg = self.settings.modalities.get(modality)
-            if cfg is None or not (cfg.max_queue_length or cfg.max_queue_length_by_priority):
-                continue
-            depth = self.queue_depth(modality)
-            adding = [e for e in envs if e.modality == modality]
-            total = sum(depth.values())
-            if cfg.max_queue_length and total + len(adding) > cfg.max_queue_length:
-                raise QueueFull(
-                    f"{modality} queue holds {total} requests; the limit is {cfg.max_queue_length}"
-                )
-            for prio, limit in cfg.max_queue_length_by_priority.items():
-                n = sum(e.priority == prio for e in adding)
-                if n and depth.get(prio, 0) + n > limit:
-                    raise QueueFull(
-                        f"{modality}/{prio} queue holds {depth.get(prio, 0)} requests; "
-                        f"the limit is {limit}"
-                    )
-
-
-def _push_chunk(conn: Any, part: list[Outgoing], group: bytes | None, exchange: str) -> None:
-    """One transaction on kombu connection ``conn``: ``part``'s pushes, an ``LPUSH`` per
-    list, and its events' ``group`` message (on the event ``exchange``'s ``task.sent``
-    topics), then ``WAIT`` if the channel waits (:meth:`Publishing.publish_many`)."""
-    channel = conn.default_channel
-    waiter = channel._put_waiter() if isinstance(channel, WaitingPut) else None
-    lists: dict[str, list[bytes]] = {}
-    for m in part:
-        lists.setdefault(m.key, []).append(m.payload)
-    commands: list[tuple[Any, ...]] = [("LPUSH", k, *v) for k, v in lists.items()]
-    if group is not None:  # kombu's fanout topics (its _put_fanout's)
-        topics = channel._get_publish_topics(exchange, "task.sent")
-        commands += [("PUBLISH", t, group) for t in topics]
-    # the channel's cached client (queue_depth's): kombu's conn_or_acquire builds a
-    # redis.Redis per call, which cost more than packing the chunk
-    execute_transaction(channel.client, commands, waiter)
+            if cfg is not None and (cfg.max_queue_length or cfg.max_queue_length_by_priority):
+                limited.append(modality)
+        if not limited:
+            return None
+        prios = {p.label: p.celery_priority(self.settings) for p in Priority}
+        rows = [
+            (modality, label, keys.priority_list_key(keys.queue_for(modality, label), step))
+            for modality in sorted(limited)
+            for label, step in prios.items()
+        ]
+        return DepthCheck(self.settings, envs, rows)

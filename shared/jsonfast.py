@@ -28,14 +28,17 @@ from typing import Any
 
 import orjson
 
-__all__ = ["compact", "decode_result", "dumps", "has_nonfinite", "loads"]
+__all__ = ["OPTIONS", "compact", "decode_result", "dumps", "has_nonfinite", "loads", "refuse"]
 
-_OPTS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
-_OPTS |= orjson.OPT_PASSTHROUGH_SUBCLASS
+# orjson's options here: datetimes, dataclasses and builtins' subclasses reach ``refuse``
+OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+OPTIONS |= orjson.OPT_PASSTHROUGH_SUBCLASS
 _TAG = b'"__type__"'
 
 
-def _refuse(obj: Any) -> Any:
+def refuse(obj: Any) -> Any:
+    """orjson's ``default``: every type it leaves aside is refused (``TypeError``), for
+    ``json``/kombu to write."""
     raise TypeError(f"{type(obj).__name__} is left to kombu's encoder")
 
 
@@ -63,7 +66,7 @@ def dumps(obj: Any) -> str:
     if has_nonfinite(obj):
         return kombu_dumps(obj)
     try:
-        return orjson.dumps(obj, default=_refuse, option=_OPTS).decode()
+        return orjson.dumps(obj, default=refuse, option=OPTIONS).decode()
     except (TypeError, orjson.JSONEncodeError):  # odd types, 64-bit overflow: kombu decides
         return kombu_dumps(obj)
 
@@ -82,7 +85,7 @@ def compact(obj: Any) -> bytes:
         ValueError: a NaN or infinite float.
     """
     try:
-        data = orjson.dumps(obj, default=_refuse, option=_OPTS)
+        data = orjson.dumps(obj, default=refuse, option=OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
     if b"null" in data and has_nonfinite(obj):

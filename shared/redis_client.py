@@ -26,6 +26,7 @@ from shared.settings import Settings
 __all__ = [
     "SETTLED_PRIMARY_FLAGS_BAD",
     "ReplicationUncertain",
+    "SentTransaction",
     "Waiter",
     "async_redis_client",
     "execute_transaction",
@@ -33,6 +34,7 @@ __all__ = [
     "node_client",
     "pack",
     "redis_client",
+    "send_transaction",
     "sentinel_kwargs",
     "sentinel_master",
     "sentinel_node",
@@ -268,7 +270,8 @@ def execute_transaction(
     connection of ``client``, in one round trip: Redis applies all of them or none. With a
     waiter, ``WAIT`` follows ``EXEC`` on that connection (inside ``MULTI`` it could not
     block) and a short answer is handled as :func:`execute_waiting` does. Returns ``EXEC``'s
-    replies, one per command.
+    replies, one per command. :func:`send_transaction` and :meth:`SentTransaction.replies`
+    are its two halves, for a caller with work to do while Redis runs it.
 
     Raises:
         ReplicationUncertain: as :func:`execute_waiting` (the transaction was applied on a
@@ -278,36 +281,105 @@ def execute_transaction(
         redis.ResponseError: Redis refused a command (``EXECABORT``: nothing was applied) or
             one failed inside the transaction (the others were applied).
     """
+    return send_transaction(client, commands, waiter).replies()
+
+
+def send_transaction(
+    client: redis.Redis,
+    commands: Sequence[tuple[Any, ...]],
+    waiter: Waiter | None,
+    conn: Any = None,
+    atomic: bool = True,
+) -> SentTransaction:
+    """Send :func:`execute_transaction`'s transaction and return before its replies: read
+    them with :meth:`SentTransaction.replies` (or give the connection up with
+    :meth:`SentTransaction.abandon`). ``conn``: a connection of ``client``'s pool the
+    caller holds (and gives back), sent on and read from in order; else one is taken from
+    the pool until the replies are read. ``atomic=False``: the commands go as a plain
+    pipeline (no ``MULTI``/``EXEC``: reads that need no common snapshot).
+
+    Raises:
+        redis.ConnectionError, redis.TimeoutError: the send failed (the connection is
+            dropped); the transaction may have reached Redis.
+    """
     waited = waiter is not None and waiter.due()
-    sent: list[tuple[Any, ...]] = [("MULTI",), *commands, ("EXEC",)]
+    sent: list[tuple[Any, ...]] = [("MULTI",), *commands, ("EXEC",)] if atomic else [*commands]
     if waited:
         sent.append(waiter.args())  # type: ignore[union-attr]
     pool = client.connection_pool
-    conn = pool.get_connection()
+    own = conn is None
+    if own:
+        conn = pool.get_connection()
     try:
         conn.send_packed_command([pack(sent)])
-        replies = []
-        for _ in sent:  # every reply is read, errors included, so the connection stays usable
-            try:
-                replies.append(conn.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        host, port = conn.host, conn.port
     except BaseException:
-        conn.disconnect()  # replies may be left unread on it
+        conn.disconnect()
+        if own:
+            pool.release(conn)
         raise
-    finally:
-        pool.release(conn)
-    exec_reply = replies[len(commands) + 1]
-    failed = [r for r in replies[: len(commands) + 1] if isinstance(r, Exception)]
-    if isinstance(exec_reply, Exception) or failed:
-        raise failed[0] if failed else exec_reply
-    failed = [r for r in exec_reply if isinstance(r, Exception)]
-    if failed:
-        raise failed[0]
-    if waiter is not None:
-        _confirm(client, waiter, replies[-1] if waited else None, host, port)
-    return list(exec_reply)
+    return SentTransaction(
+        client, conn, len(commands), waiter if waited else None, waiter, own, atomic
+    )
+
+
+class SentTransaction:
+    """A transaction :func:`send_transaction` sent, its replies unread."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        conn: Any,
+        n_commands: int,
+        waited: Waiter | None,
+        waiter: Waiter | None,
+        release: bool = True,
+        atomic: bool = True,
+    ) -> None:
+        self._client, self._conn, self._n = client, conn, n_commands
+        self._waited, self._waiter = waited, waiter
+        self._release = release  # the connection goes back to the pool after the replies
+        self._atomic = atomic
+
+    def replies(self) -> list[Any]:
+        """``EXEC``'s replies (or the pipeline's), one per command; raises as
+        :func:`execute_transaction`."""
+        conn, pool = self._conn, self._client.connection_pool
+        n = self._n
+        framing = 2 if self._atomic else 0  # MULTI, EXEC
+        try:
+            replies = []
+            for _ in range(n + framing + (self._waited is not None)):  # [MULTI,] n[, EXEC][, WAIT]
+                try:  # every reply is read, errors included, so the connection stays usable
+                    replies.append(conn.read_response())
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+            host, port = conn.host, conn.port
+        except BaseException:
+            conn.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            if self._release:
+                pool.release(conn)
+        if self._atomic:
+            exec_reply = replies[n + 1]
+            failed = [r for r in replies[: n + 1] if isinstance(r, Exception)]
+            if isinstance(exec_reply, Exception) or failed:
+                raise failed[0] if failed else exec_reply
+            result = list(exec_reply)
+        else:
+            result = replies[:n]
+        failed = [r for r in result if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
+        if self._waiter is not None:
+            _confirm(self._client, self._waiter, replies[-1] if self._waited else None, host, port)
+        return result
+
+    def abandon(self) -> None:
+        """Give the connection up unread (it is dropped: its replies would be left on it)."""
+        self._conn.disconnect()
+        if self._release:
+            self._client.connection_pool.release(self._conn)
 
 
 def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
@@ -318,15 +390,14 @@ def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
     for command in commands:
         out.append(b"*%d\r\n" % len(command))
         for arg in command:
-            if isinstance(arg, str):
-                arg = arg.encode()
-            elif isinstance(arg, int):
-                arg = b"%d" % arg
-            elif isinstance(arg, float):
-                arg = repr(arg).encode()
-            out.append(b"$%d\r\n" % len(arg))
-            out.append(arg)
-            out.append(b"\r\n")
+            if type(arg) is not bytes:
+                if isinstance(arg, str):
+                    arg = arg.encode()
+                elif isinstance(arg, int):
+                    arg = b"%d" % arg
+                elif isinstance(arg, float):
+                    arg = repr(arg).encode()
+            out += (b"$%d\r\n" % len(arg), arg, b"\r\n")
     return b"".join(out)
 
 

@@ -30,6 +30,7 @@ from shared.settings import Settings
 
 __all__ = [
     "TRACEPARENT",
+    "active",
     "configure",
     "enabled",
     "inject",
@@ -135,6 +136,11 @@ def reset() -> None:
         if _provider is not None:
             _provider.shutdown()
         _provider = None
+
+
+def active() -> bool:
+    """Whether this process traces (``configure`` made a provider)."""
+    return _provider is not None
 
 
 def inject(headers: MutableMapping[str, Any], modality: str, task_id: str) -> None:

@@ -33,8 +33,7 @@ from producer.bench.records import SEND_FAILED, Record, RecordTable, Timebase
 from producer.bench.schedule import ClosedPicker, Planned
 from producer.bench.sources import InputCatalog
 from producer.client import FleetClient
-from producer.client_publish import Outgoing
-from producer.wire import PayloadBuilder
+from producer.wire import Outgoing, PayloadBuilder
 from shared import keys
 from shared.errors import FleetError
 from shared.priority import Priority

@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from producer.client import FleetClient
-from producer.client_publish import Outgoing
 from producer.gateway.admission import (
     RateMeter,
     ahead_of,
@@ -39,6 +38,7 @@ from producer.gateway.admission import (
 from producer.gateway.errors import BrokerUnavailable
 from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
+from producer.wire import Outgoing
 from shared import keys
 from shared.errors import (
     DeadlineUnreachable,

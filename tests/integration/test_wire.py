@@ -248,3 +248,60 @@ def test_backpressure_refuses_the_whole_submission_before_sending(redis_only: An
     finally:
         admin.delete(*_lists(admin))
         client.close()
+
+
+@pytest.mark.parametrize("case", INPUTS, ids=["plain", "unicode", "numbers", "image"])
+def test_the_message_from_the_validated_inputs_json_equals_the_one_built_from_the_envelope(
+    redis_only: Any, case: Any
+) -> None:
+    """submit_many builds from the JSON its validation wrote (one serialization of the
+    inputs, orjson's for the envelope; json's where orjson leaves a value aside, here the
+    integer beyond 64 bits); the gateway and ``payload`` from the envelope alone."""
+    client = FleetClient(redis_only.s)
+    try:
+        env, data = client._validated(*case)
+        route = {(env.modality, env.priority): ("q", 3)}
+        builder = client.payloads()
+        fast = builder.build_many([(env, "tid", data)], route, "r", True)[0]
+        slow = builder.build_many([(env, "tid", None)], route, "r", True)[0]
+        assert fast.key == slow.key == keys.priority_list_key("q", 3)
+        a, b = _decoded(fast.payload), _decoded(slow.payload)
+        assert a["properties"].pop("delivery_tag") != b["properties"].pop("delivery_tag")
+        assert a == b and a["body"][1] == {"request": env.model_dump(mode="json")}
+        ev_a, ev_b = json.loads(fast.event), json.loads(slow.event)  # type: ignore[arg-type]
+        assert ev_b["clock"] == ev_a["clock"] + 1
+        for ev in (ev_a, ev_b):
+            ev.pop("clock"), ev.pop("timestamp")
+        assert ev_a == ev_b
+    finally:
+        client.close()
+
+
+def test_a_chunk_sent_before_its_successor_fails_to_build_is_counted_then_the_error_raised(
+    redis_only: Any,
+) -> None:
+    """publish_many sends a chunk, then builds the next one while Redis takes it: when that
+    building fails, the sent chunk is still read back and yielded (on Redis: its requests
+    must have handles), and the error comes out after it."""
+    client = FleetClient(redis_only.s)
+    admin = redis.Redis.from_url(redis_only.s.redis_url("admin"))
+    envs = [client.envelope("text", {"text": f"chunked {i}"}, "bulk") for i in range(25)]
+    ids = [f"id-{i}" for i in range(25)]
+    good = list(client.outgoing(envs, ids))
+
+    def messages() -> Iterator[Any]:
+        yield from good[:20]
+        raise RuntimeError("the 21st message could not be built")
+
+    try:
+        sent = client.publish_many(messages(), chunk=10)
+        assert next(sent) == 10
+        assert next(sent) == 20  # sent before the failing build of the third chunk
+        with pytest.raises(RuntimeError, match="21st"):
+            next(sent)
+        lists = _lists(admin)
+        got = [json.loads(m)["headers"]["id"] for m in lists[keys.priority_list_key("text", 9)]]
+        assert got == ids[:20]
+    finally:
+        admin.delete(*_lists(admin))
+        client.close()
