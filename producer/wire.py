@@ -50,7 +50,7 @@ from celery.utils.time import utcoffset
 from kombu.utils.json import dumps
 
 from shared import jsonfast, keys, tracing
-from shared.queue_stats import fleet_headers
+from shared.queue_stats import FLEET_HEADER_FIELDS
 from shared.schema import ENVELOPE_KWARG, TaskEnvelope
 
 
@@ -109,12 +109,13 @@ class _Kind:
         self.embed = embed
 
 
-# the values a message's format is filled with, in this order (then fleet_headers', in
-# theirs), and an event's
+# the values a message's format is filled with, in this order (then the fleet headers', in
+# FLEET_HEADER_FIELDS' order), and an event's
 _MESSAGE_SLOTS = ("body", "id", "kwargsrepr", "extra", "tag")
 _EVENT_SLOTS = ("id", "kwargs", "utcoffset", "clock", "timestamp")
 _EXTRA = "@@extra@@"
-_SAMPLE = TaskEnvelope(modality="text", priority="normal", inputs={})  # fleet_headers' names
+_FLEET_FIELDS = tuple(FLEET_HEADER_FIELDS.values())  # in fleet_headers' order
+_outgoing = tuple.__new__  # Outgoing(*t) without NamedTuple's Python-level __new__
 _SUMMARY_CACHE_MAX = 1024  # summaries kept (per distinct input keys); more are built each time
 
 
@@ -149,7 +150,7 @@ class PayloadBuilder:
         m = self.app.amqp.create_task_message(
             "@@id@@", keys.task_name(modality), (), {}, reply_to=reply_to, argsrepr="()"
         )
-        fleet = {k: f"@@{k}@@" for k in fleet_headers(_SAMPLE)}
+        fleet = {k: f"@@{k}@@" for k in FLEET_HEADER_FIELDS}
         headers = {**m.headers, "kwargsrepr": "@@kwargsrepr@@", **fleet}
         headers[_EXTRA] = 0  # trace context, when there is one, goes last (as tracing.inject)
         message = {
@@ -167,7 +168,7 @@ class PayloadBuilder:
             },
         }
         list_key = keys.priority_list_key(queue, prio)
-        text = _Format(dumps(message), (*_MESSAGE_SLOTS, *fleet))
+        text = _Format(dumps(message), (*_MESSAGE_SLOTS, *FLEET_HEADER_FIELDS))
         found = _Kind(list_key, text, dumps(m.body[2]).encode())
         self._kinds[key] = found
         return found
@@ -248,14 +249,15 @@ class PayloadBuilder:
                 summary,
                 _trace(env, task_id) if tracing_on else b"",
                 tag,
-                *map(_json, fleet_headers(env).values()),
+                *[_json(d[name]) for name in _FLEET_FIELDS],
             )
             payload = message.fmt % message.pick(values)
             if event is None:
-                out.append(Outgoing(kind.list_key, payload, None))
+                out.append(_outgoing(Outgoing, (kind.list_key, payload, None)))
                 continue
             sent = (tid, summary, utc, b"%d" % next(clock), orjson.dumps(now()))
-            out.append(Outgoing(kind.list_key, payload, event.fmt % event.pick(sent)))
+            built = (kind.list_key, payload, event.fmt % event.pick(sent))
+            out.append(_outgoing(Outgoing, built))
         return out
 
     def _summary(self, env: TaskEnvelope) -> bytes:

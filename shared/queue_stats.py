@@ -32,15 +32,25 @@ from typing import Any
 
 from shared import keys
 
-__all__ = ["SUBMITTED_HEADER", "QueueReader", "QueueStats", "fleet_headers", "parse_rows"]
+__all__ = [
+    "FLEET_HEADER_FIELDS",
+    "SUBMITTED_HEADER",
+    "QueueReader",
+    "QueueStats",
+    "fleet_headers",
+    "parse_rows",
+]
 
 SUBMITTED_HEADER = "fleet_submitted_ms"
+# header -> the envelope field it carries
+FLEET_HEADER_FIELDS: dict[str, str] = {SUBMITTED_HEADER: "submitted_ms"}
 
 
 def fleet_headers(env: Any) -> dict[str, Any]:
     """Message headers the fleet adds to Celery's for one request (a ``TaskEnvelope``):
-    ``fleet_submitted_ms``, its submit time (epoch ms), which the queue age is read from."""
-    return {SUBMITTED_HEADER: env.submitted_ms}
+    ``fleet_submitted_ms``, its submit time (epoch ms), which the queue age is read from
+    (:data:`FLEET_HEADER_FIELDS`)."""
+    return {header: getattr(env, name) for header, name in FLEET_HEADER_FIELDS.items()}
 
 
 # KEYS: every queue's priority lists (steps in order, queue after queue), then the unacked
