@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from producer.client_push import Attempt, Chunk, DepthCheck, Line, Nothing, attempt
+from producer.client_push import DepthCheck, Pusher
 from producer.wire import Outgoing, PayloadBuilder
 from shared import keys, tracing
 from shared.priority import Priority
@@ -156,42 +156,12 @@ class Publishing:
         conf = self.app.conf
         retry = conf.task_publish_retry  # as Celery's send_task: retry=False, no retries
         policy = dict(conf.task_publish_retry_policy or {}) if retry else {"max_retries": 0}
-        exchange = conf.event_exchange
-        sent = 0
-        it = iter(messages)
-        builder = self.payloads()
         with self.app.pool.acquire(block=True) as conn:
-            line = Line(conn)
-            push: Attempt = conn.ensure(Nothing(), attempt, **policy)
-            inflight: Chunk | None = None  # sent, its replies not read yet
+            pusher = Pusher(conn, policy, conf.event_exchange, self.payloads().sent_group)
             try:
-                if check is not None:  # asked now, answered while the first chunk is built
-                    inflight = Chunk([], None, exchange, check.commands())
-                    inflight.send(line)
-                part = list(itertools.islice(it, chunk))
-                if inflight is not None and check is not None:
-                    asked, inflight = inflight, None
-                    check.judge(push(conn, line, asked))
-                while part:
-                    events = [m.event for m in part if m.event is not None]
-                    inflight = Chunk(part, builder.sent_group(events) if events else None, exchange)
-                    inflight.send(line)
-                    failed = None
-                    try:  # the next chunk is built while Redis takes this one
-                        following = list(itertools.islice(it, chunk))
-                    except Exception as exc:  # this chunk is sent: it is counted first
-                        following, failed = [], exc
-                    job, inflight = inflight, None
-                    push(conn, line, job)
-                    sent += len(part)
-                    yield sent
-                    if failed is not None:
-                        raise failed
-                    part = following
+                yield from pusher.chunks(iter(messages), chunk, check)
             finally:
-                if inflight is not None:
-                    inflight.abandon(line)  # its replies unread: the connection is dropped
-                line.close()
+                pusher.close()
 
     def queue_depth(self, modality: str) -> dict[str, int]:
         """Messages waiting in ``modality``'s queue, per priority class (one round trip).

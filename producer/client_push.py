@@ -11,7 +11,8 @@ channel's pool and sends the transaction again (:func:`attempt`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from shared.schema import TaskEnvelope
 if TYPE_CHECKING:
     from shared.settings import Settings
 
-__all__ = ["Chunk", "DepthCheck", "Line", "Nothing", "attempt"]
+__all__ = ["Chunk", "DepthCheck", "Line", "Nothing", "Pusher", "attempt"]
 
 
 class Nothing:
@@ -145,6 +146,69 @@ def attempt(kconn: Any, line: Line, job: Chunk) -> list[Any]:
     except BaseException:
         line.drop()
         raise
+
+
+class Pusher:
+    """The chunks of one ``publish_many`` call on kombu connection ``kconn``: one
+    :class:`Line`, each attempt through ``Connection.ensure`` with the publish retry
+    ``policy``; ``group`` makes a chunk's events' message (``PayloadBuilder.sent_group``),
+    published on the event ``exchange``."""
+
+    def __init__(
+        self,
+        kconn: Any,
+        policy: dict[str, Any],
+        exchange: str,
+        group: Callable[[list[bytes]], bytes],
+    ) -> None:
+        self.kconn, self.exchange, self.group = kconn, exchange, group
+        self.line = Line(kconn)
+        self.push: Attempt = kconn.ensure(Nothing(), attempt, **policy)
+        self.inflight: Chunk | None = None  # sent, its replies not read yet
+
+    def chunks(
+        self, messages: Iterator[Outgoing], chunk: int, check: DepthCheck | None
+    ) -> Iterator[int]:
+        """Send ``messages`` in chunks of ``chunk``, each built while Redis takes the one
+        before; yields after each chunk how many are on Redis. ``check`` is asked before
+        the first chunk is built and judged before it is sent (``QueueFull``: nothing sent).
+        A chunk sent before the next one fails to build is counted, then the error raised.
+        """
+        sent = 0
+        if check is not None:  # asked now, answered while the first chunk is built
+            self.inflight = Chunk([], None, self.exchange, check.commands())
+            self.inflight.send(self.line)
+        part = list(itertools.islice(messages, chunk))
+        if check is not None:
+            check.judge(self._finish())
+        while part:
+            events = [m.event for m in part if m.event is not None]
+            self.inflight = Chunk(part, self.group(events) if events else None, self.exchange)
+            self.inflight.send(self.line)
+            failed = None
+            try:  # the next chunk is built while Redis takes this one
+                following = list(itertools.islice(messages, chunk))
+            except Exception as exc:  # this chunk is sent: it is counted first
+                following, failed = [], exc
+            self._finish()
+            sent += len(part)
+            yield sent
+            if failed is not None:
+                raise failed
+            part = following
+
+    def _finish(self) -> list[Any]:
+        """The in-flight transaction's replies (retried per the policy)."""
+        job, self.inflight = self.inflight, None
+        assert job is not None
+        return self.push(self.kconn, self.line, job)
+
+    def close(self) -> None:
+        """Give the connection back (dropped when a transaction's replies are unread)."""
+        if self.inflight is not None:
+            self.inflight.abandon(self.line)
+            self.inflight = None
+        self.line.close()
 
 
 @dataclass(frozen=True)
