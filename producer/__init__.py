@@ -5,6 +5,7 @@ Structure (one concern per module)::
 
     client.py                  FleetClient: build, validate and submit requests
       client_publish.py        task messages, queue depth, backpressure, live workers
+      client_push.py           a submission's chunks and queue-length check on one connection
       client_results.py        ResultHandle, poll, wait_all, cancel; outcomes from Celery meta
       client_inputs.py         image, video and xmodal inputs; tensor wire objects -> arrays
     wire.py                    the exact bytes of a request on Redis (other languages)

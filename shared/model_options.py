@@ -81,6 +81,7 @@ class ImageOptions(ModelOptions):
     checkpoint: str = ""  # a local save_pretrained folder; "" = random weights from seed
     seed: int = 0
     jpeg_draft: bool = True  # decode large JPEGs at reduced scale before resizing
+    torchscript: bool = True  # traced encoder, kept in the trace cache; False = eager
 
 
 class VideoOptions(ImageOptions):

@@ -177,8 +177,9 @@ def test_run_batch_edge_cases(
 
 
 def test_direct_call_builds_no_autograd_graph(adapter: ImageAdapter) -> None:
-    assert not any(p.requires_grad for p in adapter._model.parameters())  # type: ignore[union-attr]
-    assert not adapter._model.training  # type: ignore[union-attr]
+    encoder = adapter._encoder()  # traced (from the trace cache or just traced) or eager
+    assert not any(p.requires_grad for p in encoder.parameters())
+    assert not encoder.training
 
 
 # -- determinism and weights --------------------------------------------------------------------
@@ -236,7 +237,10 @@ def test_load_leaves_the_global_rng_alone(settings: Settings, runtime: DeviceRun
 def test_checkpoint_folder_round_trip(
     adapter: ImageAdapter, settings: Settings, runtime: DeviceRuntime, tmp_path: Path
 ) -> None:
-    adapter._model.save_pretrained(tmp_path)  # type: ignore[union-attr]
+    eager = ImageAdapter(with_model(settings, torchscript=False), settings, runtime)
+    eager.load()
+    assert eager.traced is None and eager.trace_cache == "off"
+    eager._model.save_pretrained(tmp_path)  # type: ignore[union-attr]
     loaded = ImageAdapter(with_model(settings, checkpoint=str(tmp_path)), settings, runtime)
     loaded.load()
     assert loaded.describe()["weights"] == str(tmp_path)
@@ -278,3 +282,57 @@ def test_describe(adapter: ImageAdapter) -> None:
     assert (d["image_size"], d["dim"], d["device"]) == (224, 512, "cpu")
     assert 11_000_000 < d["params"] < 12_000_000
     json.dumps(d)
+
+
+# -- the trace cache ----------------------------------------------------------------------------
+def test_a_second_load_takes_the_traced_encoder_from_the_cache_and_embeds_alike(
+    settings: Settings, runtime: DeviceRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_TRACE_CACHE_DIR", str(tmp_path / "traced"))
+    eager = ImageAdapter(with_model(settings, torchscript=False), settings, runtime)
+    eager.load()
+    first = ImageAdapter(settings.models[MODEL], settings, runtime)
+    first.load()
+    assert first.trace_cache == "stored" and first.traced is not None
+    second = ImageAdapter(settings.models[MODEL], settings, runtime)
+    second.load()
+    assert second.trace_cache == "hit" and second._model is None  # no eager model built
+    assert second.dim == eager.dim == 512 and second.describe()["params"] == 11176512
+    want = embed(eager, PHOTOS)
+    np.testing.assert_allclose(embed(first, PHOTOS), want, atol=1e-5)
+    np.testing.assert_allclose(embed(second, PHOTOS), want, atol=1e-5)
+    other_seed = ImageAdapter(with_model(settings, seed=1), settings, runtime)
+    other_seed.load()
+    assert other_seed.trace_cache == "stored"  # another key: its own entry
+
+
+def test_a_start_from_the_cache_does_not_import_the_model_code(tmp_path: Path) -> None:
+    """What cold start saves: transformers' modeling modules (seconds of imports) are never
+    imported by a worker whose encoder comes from the trace cache."""
+    script = (
+        "import sys\n"
+        "from shared.settings import DeviceConfig, load_settings\n"
+        "from workers.models.image import ImageAdapter\n"
+        "from workers.runtime import DeviceRuntime\n"
+        "s = load_settings(); rt = DeviceRuntime(DeviceConfig()); rt.start()\n"
+        f"a = ImageAdapter(s.models[{MODEL!r}], s, rt); a.load()\n"
+        "print(a.trace_cache, 'transformers.modeling_utils' in sys.modules)\n"
+    )
+    env = {
+        **os.environ,
+        "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
+        "FLEET_TRACE_CACHE_DIR": str(tmp_path / "traced"),
+    }
+    outs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=True,
+        )
+        outs.append(proc.stdout.strip().splitlines()[-1])
+    assert outs == ["stored True", "hit False"]

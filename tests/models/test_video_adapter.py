@@ -71,7 +71,7 @@ def variant(adapter: VideoAdapter, settings: Settings | None = None, **extra: An
     s = settings or adapter.settings
     cfg = parse_model_options({**s.models[MODEL].model_dump(), **extra})
     v = VideoAdapter(cfg, s, adapter.runtime)
-    v._model, v.dim = adapter._model, adapter.dim
+    v._model, v.traced, v.dim = adapter._model, adapter.traced, adapter.dim
     return v
 
 
@@ -177,7 +177,7 @@ def test_frame_embeds_like_the_same_picture_sent_as_an_image(
     png = io.BytesIO()
     first.save(png, format="PNG")
     image = ImageAdapter(settings.models["resnet18-random"], settings, runtime)
-    image._model = adapter._model  # same config and seed: the same network
+    image._model, image.traced = adapter._model, adapter.traced  # same config and seed
     img_emb = image.run_batch([image.preprocess(image.prepare(
         {"image_b64": base64.b64encode(png.getvalue()).decode("ascii")}
     ))])[0]["embedding"]  # fmt: skip

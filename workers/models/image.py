@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import logging
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge
+from workers.models import trace_cache
 from workers.models.base import ModelAdapter, Prepared, check_pixel_shapes, require_loaded
 from workers.models.imaging import decode_image, probe_image
 
@@ -33,8 +37,35 @@ if TYPE_CHECKING:
     from shared.settings import Settings
     from workers.runtime import DeviceRuntime
 
+log = logging.getLogger(__name__)
+
 INPUT_KEY = "image_b64"
 _EXAMPLE_SIZE = (320, 256)  # width, height: not square, so warmup runs the resize + crop path
+
+
+RESNET18_DIM = 512  # resnet18_config()'s hidden_sizes[-1]: the embedding's size
+
+
+class _Pooled(torch.nn.Module):
+    """A transformers ResNet's pooled output, flattened: (B, 3, S, S) -> (B, dim)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).pooler_output.flatten(1)
+
+
+def _params(module: Any) -> int | None:
+    """``module``'s parameter count (``None``: not loaded)."""
+    return None if module is None else sum(p.numel() for p in module.parameters())
+
+
+def _checkpoint_dim(path: Path) -> int:
+    """The embedding size of the checkpoint at ``path`` (its ``config.json``)."""
+    config = json.loads((path / "config.json").read_text())
+    return int(config["hidden_sizes"][-1])
 
 
 def resnet18_config() -> ResNetConfig:
@@ -111,6 +142,8 @@ class ImageAdapter(ModelAdapter):
         self.bucket = str(self.image_size)
         self.dim: int | None = None
         self._model: ResNetModel | None = None
+        self.traced: Any = None  # the traced encoder (torchscript), when there is one
+        self.trace_cache = "off"
 
     @property
     def weights_source(self) -> str:
@@ -121,6 +154,10 @@ class ImageAdapter(ModelAdapter):
     def load(self) -> None:
         """Build or load the model on ``runtime.device``, in eval mode, without gradients.
 
+        With ``torchscript`` (default) the pooled encoder is traced (checked against eager,
+        else eager runs) and kept in the trace cache (``workers.models.trace_cache``): a later
+        start with the same key loads it and builds no eager model (nor imports its code).
+
         Random weights are drawn under ``torch.manual_seed(seed)`` inside a forked RNG (the
         process's global RNG state is left as it was), so every process with the same seed,
         torch and transformers versions builds bit-identical weights.
@@ -129,17 +166,46 @@ class ImageAdapter(ModelAdapter):
             ModelError: ``checkpoint`` is set but is not a non-empty local folder, or
                 transformers cannot load it.
         """
+        self.traced = None
+        self.trace_cache = "off"
+        path = self._checkpoint_path()
+        key, parts = "", {}
+        if self.cfg.torchscript:
+            parts = self._trace_parts(path)
+            key = trace_cache.cache_key(parts)
+            self.traced = trace_cache.load(key, self.runtime.device)
+            if self.traced is not None:
+                self.trace_cache = "hit"
+                self.dim = _checkpoint_dim(path) if path else RESNET18_DIM
+                return
+        self._load_eager(path)
+        if self.cfg.torchscript:
+            self.traced = self._trace()
+            if self.traced is not None and trace_cache.save(key, self.traced, parts):
+                self.trace_cache = "stored"
+
+    def _checkpoint_path(self) -> Path | None:
+        """The checkpoint folder (``None``: random weights).
+
+        Raises:
+            ModelError: a checkpoint was asked for and is not a non-empty folder (never
+                random weights under a real model's name).
+        """
+        if not self.checkpoint:
+            return None
+        path = Path(self.checkpoint).expanduser()
+        if not path.is_dir() or not any(path.iterdir()):
+            raise ModelError(
+                f"model {self.name!r}: checkpoint {self.checkpoint!r} is not a non-empty "
+                "local folder"
+            )
+        return path
+
+    def _load_eager(self, path: Path | None) -> None:
+        """The transformers model, from ``path`` or seeded random weights."""
         from transformers import ResNetModel
 
-        if self.checkpoint:
-            path = Path(self.checkpoint).expanduser()
-            # Never fall back to random weights when a checkpoint was asked for: serving
-            # noise under a real model's name is worse than failing at startup.
-            if not path.is_dir() or not any(path.iterdir()):
-                raise ModelError(
-                    f"model {self.name!r}: checkpoint {self.checkpoint!r} is not a non-empty "
-                    "local folder"
-                )
+        if path is not None:
             try:
                 model = ResNetModel.from_pretrained(path, local_files_only=True)
             except Exception as e:
@@ -153,6 +219,62 @@ class ImageAdapter(ModelAdapter):
         model.eval().requires_grad_(False)
         self._model = model.to(self.runtime.device)
         self.dim = int(model.config.hidden_sizes[-1])
+
+    def _trace_parts(self, path: Path | None) -> dict[str, Any]:
+        """Everything the traced encoder depends on (the trace cache's key); no import of
+        the model code."""
+        from importlib.metadata import version
+
+        weights: Any = (
+            {"checkpoint": str(path.resolve()), "files": trace_cache.folder_fingerprint(path)}
+            if path is not None
+            else {"config": "resnet18", "seed": self.seed}
+        )
+        return {
+            "adapter": "resnet-pooled",
+            "weights": weights,
+            "torch": torch.__version__,
+            "transformers": version("transformers"),
+            "device": self.runtime.device.type,
+        }
+
+    def _trace(self) -> Any:
+        """The eager model's pooled output (``pixel_values`` (B, 3, S, S) float32 -> (B,
+        dim)) traced with TorchScript and checked against eager on another batch size;
+        ``None`` (logged, eager runs) when tracing fails or differs."""
+        pooled = _Pooled(self._model).eval()
+        size, dev = self.image_size, self.runtime.device
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad(), warnings.catch_warnings():
+                torch.manual_seed(0)
+                warnings.simplefilter("ignore")  # TracerWarnings about shapes; checked below
+                example = torch.rand(2, 3, size, size, device=dev)
+                check = torch.rand(3, 3, size, size, device=dev)
+                traced = torch.jit.trace(pooled, (example,), strict=False)
+                diff = float((traced(check) - pooled(check)).abs().max())
+        except Exception:  # an architecture the tracer cannot follow: run eagerly
+            log.warning("TorchScript trace of %s failed; running eagerly", self.name, exc_info=True)
+            return None
+        if diff > 1e-4:
+            log.warning("TorchScript trace of %s differs from eager by %.2e; running eagerly",
+                        self.name, diff)  # fmt: skip
+            return None
+        return traced
+
+    def _encoder(self) -> Any:
+        """What embeds a pixel batch: the traced encoder, else the eager model's pooled
+        output (:class:`_Pooled`).
+
+        Raises:
+            ModelError: called before :meth:`load`.
+        """
+        if self.traced is not None:
+            return self.traced
+        return _Pooled(require_loaded(self._model, self.name)).eval()
+
+    def torch_modules(self) -> list[Any]:
+        # A traced encoder runs no Python hooks: no yield points to put in it.
+        return [] if self.traced is not None or self._model is None else [self._model]
 
     # -- per request ----------------------------------------------------------------------
     def prepare(self, inputs: dict[str, Any]) -> Prepared:
@@ -234,7 +356,7 @@ class ImageAdapter(ModelAdapter):
         Raises:
             ModelError: called before :meth:`load`, or a sample of the wrong shape.
         """
-        model = require_loaded(self._model, self.name)
+        encoder = self._encoder()
         if not samples:
             return []
         check_pixel_shapes(samples, (3, self.image_size, self.image_size))
@@ -245,8 +367,7 @@ class ImageAdapter(ModelAdapter):
         # in-process limit) off autograd. batch_context itself is not re-entered: it would
         # synchronize the stream a second time.
         with torch.inference_mode():
-            pooled = model(pixel_values=batch).pooler_output.flatten(1)
-            emb = F.normalize(pooled.float(), dim=1).cpu().numpy()
+            emb = F.normalize(encoder(batch).float(), dim=1).cpu().numpy()
         dim = int(emb.shape[1])
         return [{"embedding": row.tolist(), "dim": dim, "model": self.name} for row in emb]
 
@@ -276,9 +397,8 @@ class ImageAdapter(ModelAdapter):
             image_size=self.image_size,
             bucket=self.bucket,
             dim=self.dim,
-            params=None
-            if self._model is None
-            else sum(p.numel() for p in self._model.parameters()),
+            params=_params(self.traced if self.traced is not None else self._model),
+            trace_cache=getattr(self, "trace_cache", "off"),
             device=str(self.runtime.device),
         )
         return out

@@ -69,7 +69,7 @@ import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge, VideoDecodeError
 from shared.transport import TensorRef
-from workers.models.base import Prepared, require_loaded
+from workers.models.base import Prepared
 from workers.models.image import ImageAdapter
 from workers.models.imaging import normalize_frames
 from workers.models.tensors import TensorIO
@@ -282,7 +282,7 @@ class VideoAdapter(ImageAdapter):
             ModelError: called before :meth:`load`, or a sample that is not a VideoSample.
             ShmCapacityError: the output segments do not fit (none is left behind).
         """
-        model = require_loaded(self._model, self.name)
+        encoder = self._encoder()
         if not samples:
             return []
         for i, s in enumerate(samples):
@@ -291,8 +291,7 @@ class VideoAdapter(ImageAdapter):
         counts = [len(s.video.frames) for s in samples]
         owner = np.repeat(np.arange(len(samples)), counts)  # sample index of each frame
         frames = np.concatenate([s.video.frames for s in samples])
-        dim = int(model.config.hidden_sizes[-1])
-        emb = np.empty((len(frames), dim), dtype=np.float32)
+        emb = np.empty((len(frames), int(self.dim or 0)), dtype=np.float32)
         done = [0] * len(samples)
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -303,8 +302,7 @@ class VideoAdapter(ImageAdapter):
                 (batch,) = self.runtime.stage(
                     [torch.from_numpy(normalize_frames(frames[start:stop]))]
                 )
-                pooled = model(pixel_values=batch).pooler_output.flatten(1)
-                emb[start:stop] = F.normalize(pooled.float(), dim=1).cpu().numpy()
+                emb[start:stop] = F.normalize(encoder(batch).float(), dim=1).cpu().numpy()
                 for i in np.unique(owner[start:stop]).tolist():
                     done[i] += int(np.count_nonzero(owner[start:stop] == i))
                     self.report_progress(i, done[i], counts[i])
