@@ -29,7 +29,6 @@ __all__ = [
     "SentTransaction",
     "Waiter",
     "async_redis_client",
-    "execute_transaction",
     "execute_waiting",
     "node_client",
     "pack",
@@ -263,27 +262,6 @@ def execute_waiting(client: redis.Redis, pipe: Any, waiter: Waiter | None) -> li
     return replies
 
 
-def execute_transaction(
-    client: redis.Redis, commands: Sequence[tuple[Any, ...]], waiter: Waiter | None
-) -> list[Any]:
-    """Run ``commands`` (each ``(name, *args)``) as one ``MULTI``/``EXEC`` transaction on one
-    connection of ``client``, in one round trip: Redis applies all of them or none. With a
-    waiter, ``WAIT`` follows ``EXEC`` on that connection (inside ``MULTI`` it could not
-    block) and a short answer is handled as :func:`execute_waiting` does. Returns ``EXEC``'s
-    replies, one per command. :func:`send_transaction` and :meth:`SentTransaction.replies`
-    are its two halves, for a caller with work to do while Redis runs it.
-
-    Raises:
-        ReplicationUncertain: as :func:`execute_waiting` (the transaction was applied on a
-            node that may be demoted; retry it).
-        redis.ConnectionError, redis.TimeoutError: the connection broke (it is dropped). The
-            transaction was applied or not: an ``EXEC`` whose reply was lost may have run.
-        redis.ResponseError: Redis refused a command (``EXECABORT``: nothing was applied) or
-            one failed inside the transaction (the others were applied).
-    """
-    return send_transaction(client, commands, waiter).replies()
-
-
 def send_transaction(
     client: redis.Redis,
     commands: Sequence[tuple[Any, ...]],
@@ -291,8 +269,11 @@ def send_transaction(
     conn: Any = None,
     atomic: bool = True,
 ) -> SentTransaction:
-    """Send :func:`execute_transaction`'s transaction and return before its replies: read
-    them with :meth:`SentTransaction.replies` (or give the connection up with
+    """Send ``commands`` (each ``(name, *args)``) as one ``MULTI``/``EXEC`` transaction on one
+    connection of ``client``, in one write: Redis applies all of them or none. With a
+    waiter, ``WAIT`` follows ``EXEC`` on that connection (inside ``MULTI`` it could not
+    block) and a short answer is handled as :func:`execute_waiting` does. Returns before the
+    replies: read them with :meth:`SentTransaction.replies` (or give the connection up with
     :meth:`SentTransaction.abandon`). ``conn``: a connection of ``client``'s pool the
     caller holds (and gives back), sent on and read from in order; else one is taken from
     the pool until the replies are read. ``atomic=False``: the commands go as a plain
@@ -341,8 +322,17 @@ class SentTransaction:
         self._atomic = atomic
 
     def replies(self) -> list[Any]:
-        """``EXEC``'s replies (or the pipeline's), one per command; raises as
-        :func:`execute_transaction`."""
+        """``EXEC``'s replies (or the pipeline's), one per command.
+
+        Raises:
+            ReplicationUncertain: as :func:`execute_waiting` (the transaction was applied on
+                a node that may be demoted; retry it).
+            redis.ConnectionError, redis.TimeoutError: the connection broke (it is dropped).
+                The transaction was applied or not: an ``EXEC`` whose reply was lost may
+                have run.
+            redis.ResponseError: Redis refused a command (``EXECABORT``: nothing was
+                applied) or one failed inside the transaction (the others were applied).
+        """
         conn, pool = self._conn, self._client.connection_pool
         n = self._n
         framing = 2 if self._atomic else 0  # MULTI, EXEC
