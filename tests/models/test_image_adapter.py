@@ -46,6 +46,31 @@ def embed(adapter: ImageAdapter, names: list[str]) -> np.ndarray:
     return np.asarray([r["embedding"] for r in out], dtype=np.float32)
 
 
+# A fresh process's adapter of MODEL, loaded (``a``), from the repo's config.
+_LOAD = (
+    "import sys\n"
+    "from shared.settings import DeviceConfig, load_settings\n"
+    "from workers.models.image import ImageAdapter\n"
+    "from workers.runtime import DeviceRuntime\n"
+    "s = load_settings(); rt = DeviceRuntime(DeviceConfig()); rt.start()\n"
+    f"a = ImageAdapter(s.models[{MODEL!r}], s, rt); a.load()\n"
+)
+
+
+def _last_line(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """The last line ``script`` prints, run by a fresh interpreter in the repo."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=REPO,
+        env={**os.environ, "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def with_model(settings: Settings, **extra: Any) -> ModelOptions:
     base = settings.models[MODEL].model_dump()
     return parse_model_options({**base, **extra})
@@ -201,28 +226,14 @@ def test_other_seed_other_model(
 
 
 def test_same_seed_same_model_across_processes(adapter: ImageAdapter) -> None:
-    script = (
-        "import base64, json, sys\n"
-        "from shared.settings import DeviceConfig, load_settings\n"
-        "from workers.models.image import ImageAdapter\n"
-        "from workers.runtime import DeviceRuntime\n"
-        "s = load_settings(); rt = DeviceRuntime(DeviceConfig()); rt.start()\n"
-        f"a = ImageAdapter(s.models[{MODEL!r}], s, rt); a.load()\n"
+    script = _LOAD + (
+        "import base64, json\n"
         "data = base64.b64encode(open(sys.argv[1], 'rb').read()).decode()\n"
         "out = a.run_batch([a.preprocess(a.prepare({'image_b64': data}))])\n"
         "print(json.dumps(out[0]['embedding']))\n"
     )
-    env = {**os.environ, "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml")}
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(IMAGES / PHOTOS[0])],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    theirs = np.asarray(json.loads(proc.stdout.strip().splitlines()[-1]), dtype=np.float32)
+    last = _last_line(script, str(IMAGES / PHOTOS[0]))
+    theirs = np.asarray(json.loads(last), dtype=np.float32)
     np.testing.assert_array_equal(theirs, embed(adapter, PHOTOS[:1])[0])
 
 
@@ -309,30 +320,7 @@ def test_a_second_load_takes_the_traced_encoder_from_the_cache_and_embeds_alike(
 def test_a_start_from_the_cache_does_not_import_the_model_code(tmp_path: Path) -> None:
     """What cold start saves: transformers' modeling modules (seconds of imports) are never
     imported by a worker whose encoder comes from the trace cache."""
-    script = (
-        "import sys\n"
-        "from shared.settings import DeviceConfig, load_settings\n"
-        "from workers.models.image import ImageAdapter\n"
-        "from workers.runtime import DeviceRuntime\n"
-        "s = load_settings(); rt = DeviceRuntime(DeviceConfig()); rt.start()\n"
-        f"a = ImageAdapter(s.models[{MODEL!r}], s, rt); a.load()\n"
-        "print(a.trace_cache, 'transformers.modeling_utils' in sys.modules)\n"
-    )
-    env = {
-        **os.environ,
-        "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
-        "FLEET_TRACE_CACHE_DIR": str(tmp_path / "traced"),
-    }
-    outs = []
-    for _ in range(2):
-        proc = subprocess.run(
-            [sys.executable, "-c", script],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=True,
-        )
-        outs.append(proc.stdout.strip().splitlines()[-1])
+    script = _LOAD + "print(a.trace_cache, 'transformers.modeling_utils' in sys.modules)\n"
+    env = {"FLEET_TRACE_CACHE_DIR": str(tmp_path / "traced")}
+    outs = [_last_line(script, env=env) for _ in range(2)]
     assert outs == ["stored True", "hit False"]
