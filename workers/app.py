@@ -30,7 +30,7 @@ from shared.errors import FleetError
 from shared.keys import task_name
 from shared.metrics import metrics_port, serve
 from shared.settings import MODALITIES, load_settings
-from workers import engine_registry
+from workers import engine_registry, heap
 from workers.janitor import ShmJanitor
 from workers.lease import lease_transport_options
 from workers.probe import PROBE_TASK, read_tensor
@@ -113,6 +113,10 @@ def _log_ready(sender: Any = None, **_: Any) -> None:
             engine.keeper.announce(engine.modality, sender.hostname)
         except Exception as exc:  # Redis away: the next renewal announces it
             log.warning("liveness not announced yet: %s", exc)
+    # Everything alive now lives as long as the process: out of the collector's full
+    # passes, which otherwise hold the event loop (see workers.heap).
+    frozen = heap.freeze_startup_heap()
+    engine.gc.reset()  # the worker's stats count serving pauses, not startup's
     warning = _shm_warning()
     if warning:
         log.warning("%s", warning)
@@ -125,11 +129,13 @@ def _log_ready(sender: Any = None, **_: Any) -> None:
             log.warning("metrics endpoint not started on port %d: %s", port, exc)
             port = None
     log.info(
-        "fleet worker ready modality=%s model=%s runtime=%s warmup_later=%s metrics=%s",
+        "fleet worker ready modality=%s model=%s runtime=%s warmup_later=%s gc_frozen=%d "
+        "metrics=%s",
         engine.modality,
         engine.adapter.describe(),
         engine.runtime.stats(),
         engine.warmup_later,
+        frozen,
         f"http://{settings.metrics.host}:{port}/metrics" if port else "off",
     )
 

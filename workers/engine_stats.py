@@ -20,7 +20,7 @@ __all__ = ["bind_gauges", "snapshot"]
 def snapshot(engine: Engine) -> dict[str, Any]:
     """JSON-able stats of ``engine`` for the ``fleet_stats`` control command and metrics:
     counters since start, the held requests, leases, batch sizes and triggers, the breaker,
-    the device runtime and the model."""
+    the device runtime, the garbage collector's pauses and the model."""
     s = engine.stats
     return {
         "modality": engine.modality,
@@ -46,6 +46,7 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "errors": dict(s.errors),
         "circuit": engine.breaker.snapshot(),
         "runtime": engine.runtime.stats(),
+        "gc": engine.gc.snapshot(),
         "model": engine.adapter.describe(),
     }
 

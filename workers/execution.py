@@ -26,8 +26,6 @@ and retries through ``schedule`` (the engine's delay queue). No Celery and no Re
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import itertools
 import logging
 import time
@@ -36,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.errors import CircuitOpen, DeviceError, DeviceOOM, FleetError, InvalidInput, ModelError
+from workers import heap
 from workers.batcher import LatencyModel, Pending, Trigger
 from workers.circuit import CircuitBreaker
 from workers.faults import FaultInjector
@@ -49,7 +48,7 @@ __all__ = ["BatchRunner", "RetryPolicy", "RunnerHost", "as_fleet_error", "judge_
 
 log = logging.getLogger("fleet.engine")
 
-TRIM_EVERY_BATCHES = 10  # give glibc's freed-but-kept heap pages back (see _trim_heap)
+TRIM_EVERY_BATCHES = 10  # give glibc's freed-but-kept heap pages back (see workers.heap.trim)
 SETTLE_WAIT_S = 10.0  # longest a suspect waits for earlier outcomes to be stored
 
 
@@ -207,7 +206,7 @@ class BatchRunner:
         self.runtime.yield_now()
         self.post(self._retry_transient(failed + ran))
         if next(self._trim_count) % TRIM_EVERY_BATCHES == 0:
-            _trim_heap()
+            heap.trim()
 
     def run_alone(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Run one request's inputs alone, in the calling thread (baseline mode).
@@ -293,25 +292,3 @@ class BatchRunner:
                 self.post([Progress(w, done, total)])
 
         self.adapter.progress_sink = sink
-
-
-def _trim_heap() -> None:
-    """Return freed heap memory to the OS (glibc ``malloc_trim``; a no-op elsewhere).
-
-    Batches of varying shapes leave glibc holding freed arenas, so the worker's RSS creeps
-    up over a long run. A fixed ``MALLOC_MMAP_THRESHOLD_`` would cure that but sends every
-    tensor buffer through mmap/munmap (system time); an occasional trim is cheap.
-    """
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-@functools.cache
-def _libc() -> Any:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        return libc
-    except (OSError, AttributeError):
-        return None
