@@ -166,25 +166,36 @@ class ResultWriter:
         client = self.backend.client
         publish_later = self.waiter is not None
         stored: list[tuple[str, bytes | str]] = []
-        with client.pipeline(transaction=False) as pipe:
-            for o in outcomes:
-                key = self.backend.get_key_for_task(o.task_id)
-                value = self.encode(self.meta(o))
-                stored.append((key, value))
-                ttl = self.failure_expires_s if o.error is not None else self.expires_s
-                self._script(0)(
-                    keys=[keys.final_key(o.task_id), key],
-                    args=[
-                        value,
-                        ttl,
-                        "1" if o.keep_existing else "0",
-                        "0" if publish_later else "1",
-                    ],
-                    client=pipe,
+        calls: list[tuple[list[str], list[Any]]] = []
+        for o in outcomes:
+            key = self.backend.get_key_for_task(o.task_id)
+            value = self.encode(self.meta(o))
+            stored.append((key, value))
+            ttl = self.failure_expires_s if o.error is not None else self.expires_s
+            calls.append(
+                (
+                    [keys.final_key(o.task_id), key],
+                    [value, ttl, "1" if o.keep_existing else "0", "0" if publish_later else "1"],
                 )
-            if also_delete:
-                pipe.delete(*also_delete)
-            replies = execute_waiting(client, pipe, self.waiter)
+            )
+        sha = self._script(0).sha
+        for attempt in (1, 2):
+            # EVALSHA straight into the pipeline: redis-py's Script objects in a pipeline
+            # first ask SCRIPT EXISTS, one more round trip for every write.
+            with client.pipeline(transaction=False) as pipe:
+                for k, a in calls:
+                    pipe.evalsha(sha, len(k), *k, *a)
+                if also_delete:
+                    pipe.delete(*also_delete)
+                try:
+                    replies = execute_waiting(client, pipe, self.waiter)
+                    break
+                except redis.exceptions.NoScriptError:
+                    # Not loaded on this server (it restarted, failed over, or flushed its
+                    # scripts): nothing ran but the deletes, which repeat harmlessly.
+                    if attempt == 2:
+                        raise
+                    client.script_load(_WRITE_FIRST)
         written = [bool(r) for r in replies[: len(outcomes)]]
         if publish_later and any(written):
             # The results are stored and replicated: a lost announcement costs only
