@@ -48,7 +48,6 @@ from celery.worker import state as worker_state
 
 from shared.errors import DeadlineExceeded, FleetError, ModelError, Revoked
 from shared.metrics import FleetMetrics
-from shared.priority import Priority
 from shared.redis_client import Waiter
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
@@ -388,13 +387,6 @@ class Engine:
             ready = [
                 (m, c) for m, c in zip(batch, counts, strict=True) if not self.deliveries.suspect(c)
             ]
-            realtime = [x for x in ready if _is_realtime(x[0][1])]
-            if realtime and len(realtime) < len(ready):
-                # REALTIME ones decode and go to their lane before the rest of the fetch
-                # decodes: they wait for no lower-priority message's tokenizing. Their counts
-                # are given back first, so a mate that kills the decoder is blamed alone.
-                self._hold(self._decode_counted(realtime))
-                ready = [x for x in ready if not _is_realtime(x[0][1])]
             held = self._decode_counted(ready)
             for m in suspects:
                 held += self._decode_counted([(m, self.deliveries.arrive([m[0].id])[0])])
@@ -512,7 +504,3 @@ class Engine:
         """Point-in-time gauges, read at scrape time."""
         engine_stats.bind_gauges(self)
 
-
-def _is_realtime(env: TaskEnvelope) -> bool:
-    """Whether a screened envelope (its priority parsed already once) is REALTIME."""
-    return Priority.parse(env.priority) is Priority.REALTIME
