@@ -179,6 +179,10 @@ class DeviceConfig(_Section):
     # REALTIME p99 for about the same BULK drain (see docs/decisions.md, "Main-lane nice").
     # Raising nice needs no privilege.
     main_lane_nice: int = Field(default=5, ge=0, le=19)
+    # With a REALTIME lane, while REALTIME traffic flows: the main lane's batches run on a
+    # thread of Linux's SCHED_IDLE class, which any normal thread (the REALTIME lane, the
+    # event loop, Redis) preempts at once (workers.lanes.IdleRunner). Needs no privilege.
+    main_lane_idle_while_realtime: bool = True
 
 
 class TransportSettings(_Section):

@@ -178,6 +178,7 @@ class Engine:
             crashed=self._crashed,
             expire=self._expire,
             warm_step=self._warm_step,
+            idle_while_realtime=self.cfg.device.main_lane_idle_while_realtime,
         )
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -503,4 +504,3 @@ class Engine:
     def _bind_gauges(self) -> None:
         """Point-in-time gauges, read at scrape time."""
         engine_stats.bind_gauges(self)
-

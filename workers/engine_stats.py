@@ -47,6 +47,9 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "circuit": engine.breaker.snapshot(),
         "runtime": engine.runtime.stats(),
         "gc": engine.gc.snapshot(),
+        "main_lane_idle": None
+        if engine.lanes.idle is None
+        else {"idle_class": engine.lanes.idle.idle_class, "batches": engine.lanes.idle.batches},
         "model": engine.adapter.describe(),
     }
 

@@ -8,6 +8,16 @@ whole window for every BULK message). Batches run outside the lock.
 
 While nothing waits, the idle MAIN lane warms one more bucket at a time
 (``workers.warmup``).
+
+While REALTIME traffic flows (a REALTIME request held within the batcher's
+``realtime_grace_s``) the MAIN lane hands each batch to a second main-lane thread in Linux's
+``SCHED_IDLE`` class (:class:`IdleRunner`, ``main_lane_idle_while_realtime``): it runs only
+on a core nothing else of normal class wants, so the kernel preempts it at once for the
+REALTIME lane, the event loop (which reads, admits and acks REALTIME messages) and Redis,
+at any instruction, inside a TorchScript graph too. Without REALTIME traffic batches run
+on the MAIN thread itself (nice ``main_lane_nice``), so a saturated worker's throughput is
+unchanged. A thread may enter ``SCHED_IDLE`` without privilege but not leave it, hence a
+thread of its own rather than a switch.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +35,7 @@ from workers.runtime import DeviceRuntime
 from workers.warmup import WarmQueue, WarmStep
 from workers.work import Work
 
-__all__ = ["Lanes"]
+__all__ = ["IdleRunner", "Lanes"]
 
 log = logging.getLogger("fleet.engine")
 
@@ -39,6 +50,8 @@ class Lanes:
         crashed: fails a batch whose run raised (the lane thread must not die).
         expire: fails requests whose deadline passed while held.
         warm_step: warms one bucket.
+        idle_while_realtime: run MAIN batches on an :class:`IdleRunner` while REALTIME
+            traffic flows (two lanes only).
     """
 
     def __init__(
@@ -50,6 +63,7 @@ class Lanes:
         crashed: Callable[[list[Pending]], None],
         expire: Callable[[list[Pending]], None],
         warm_step: Callable[[WarmStep], object],
+        idle_while_realtime: bool = False,
     ) -> None:
         self.batcher, self.runtime = batcher, runtime
         self.run, self.crashed, self.expire, self.warm_step = run, crashed, expire, warm_step
@@ -60,9 +74,12 @@ class Lanes:
         self.warm_later = WarmQueue()  # buckets warmed by the idle main lane after ready
         self._threads: list[threading.Thread] = []
         self._stop = False
+        self.idle = IdleRunner(runtime) if idle_while_realtime and runtime.lanes > 1 else None
 
     def start(self) -> None:
-        """Start one thread per lane of the runtime."""
+        """Start one thread per lane of the runtime (and the idle-class runner)."""
+        if self.idle is not None:
+            self.idle.start()
         for i, lane in enumerate([Lane.MAIN, Lane.REALTIME][: self.runtime.lanes]):
             t = threading.Thread(
                 target=self._loop, args=(lane, i), name=f"fleet-{lane}", daemon=True
@@ -102,6 +119,8 @@ class Lanes:
             self.wake_all()
         for t in self._threads:
             t.join(timeout=max(end_s - time.monotonic(), 0.0) + 1.0)
+        if self.idle is not None:
+            self.idle.stop()
 
     def _loop(self, lane: Lane, index: int) -> None:
         self.runtime.bind_lane(index)
@@ -115,7 +134,14 @@ class Lanes:
             if d.expired:  # outside the lock: failing them writes to Redis
                 self.expire(d.expired)
             if d.batch:
-                self._run(lane, d.batch, d.trigger)
+                if lane is Lane.MAIN and self.idle is not None and self._realtime_flows():
+                    self.idle.run(lambda d=d: self._run(lane, d.batch, d.trigger))
+                else:
+                    self._run(lane, d.batch, d.trigger)
+
+    def _realtime_flows(self) -> bool:
+        with self.lock:
+            return self.batcher.realtime_present(time.monotonic())
 
     def _next(self, lane: Lane) -> Decision | None:
         """Wait for the lane's next batch (or expired requests, or a bucket to warm);
@@ -166,3 +192,62 @@ class Lanes:
         while self._delayed and self._delayed[0][0] <= now:
             _, _, pending = heapq.heappop(self._delayed)
             self.hold(pending)
+
+
+class IdleRunner:
+    """A MAIN-lane thread in the ``SCHED_IDLE`` scheduling class that runs what the MAIN
+    lane thread hands it, one call at a time, while the MAIN thread waits.
+
+    ``idle_class`` says whether the kernel took the policy (Linux only; refused elsewhere,
+    or by a seccomp profile: the runner then runs at the MAIN thread's priority, logged).
+    ``batches`` counts the calls it ran.
+    """
+
+    def __init__(self, runtime: DeviceRuntime) -> None:
+        self.runtime = runtime
+        self.idle_class = False
+        self.batches = 0
+        self._cv = threading.Condition()
+        self._job: Callable[[], None] | None = None
+        self._done = False
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="fleet-main-idle", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=5.0)
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the idle-class thread and wait until it returned (it must not
+        raise: the lanes' ``_run`` catches everything)."""
+        with self._cv:
+            self._job, self._done = job, False
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._done or self._stop)
+
+    def _loop(self) -> None:
+        self.runtime.bind_lane(0)  # the MAIN lane's stream, arena slot and yield points
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+            self.idle_class = True
+            self.runtime.mark_idle_class()
+        except (AttributeError, OSError) as exc:
+            log.warning("main lane: SCHED_IDLE refused (%s); batches run at its priority", exc)
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._job is not None or self._stop)
+                if self._job is None:
+                    return
+                job = self._job
+            try:
+                job()
+            finally:
+                with self._cv:
+                    self._job, self._done = None, True
+                    self.batches += 1
+                    self._cv.notify_all()

@@ -186,6 +186,8 @@ class DeviceRuntime:
     def _yield_point(self, _module: Any, _args: Any) -> None:
         if not self._rt_active or self.lanes < 2 or self.on_realtime_lane:
             return
+        if getattr(self._local, "idle_class", False):
+            return  # the kernel preempts this thread for the REALTIME lane already
         t0 = time.perf_counter()
         with self._rt_cv:
             self._rt_cv.wait_for(lambda: not self._rt_active, timeout=MAX_PAUSE_S)
@@ -199,6 +201,12 @@ class DeviceRuntime:
         self._local.lane = lane
         if lane == 0 and self.lanes > 1 and self.cfg.main_lane_nice:
             self._renice_thread(self.cfg.main_lane_nice)
+
+    def mark_idle_class(self) -> None:
+        """The calling (main-lane) thread runs in ``SCHED_IDLE`` (``workers.lanes``): it
+        skips the yield points, since any normal thread preempts it anyway; pausing there
+        too would only leave a core idle."""
+        self._local.idle_class = True
 
     def _renice_thread(self, nice: int) -> None:
         """Give the calling thread its own nice value (Linux: per thread; raising it needs no
