@@ -182,6 +182,8 @@ class DeviceConfig(_Section):
     # With a REALTIME lane, while REALTIME traffic flows: the main lane's batches run on a
     # thread of Linux's SCHED_IDLE class, which any normal thread (the REALTIME lane, the
     # event loop, Redis) preempts at once (workers.lanes.IdleRunner). Needs no privilege.
+    # Meanwhile any other busy process of normal class on the same cores starves BULK work:
+    # turn it off where the worker shares its cores with such a process.
     main_lane_idle_while_realtime: bool = True
 
 
