@@ -41,7 +41,10 @@ A model run through TorchScript (the text encoder by default) runs no Python hoo
 has no yield points inside; but it runs without the GIL, so the lanes no longer contend
 for it. There, and everywhere with two lanes, the main lane's thread also runs at a higher
 nice value (``main_lane_nice``, 5), so that a core it shares with the REALTIME lane or the
-event loop goes to them first.
+event loop goes to them first; and while REALTIME traffic flows its batches run on a
+``SCHED_IDLE`` thread instead (``workers.lanes.IdleRunner``), which the kernel preempts for
+them at once, hooks or not. That thread skips the yield points
+(:meth:`DeviceRuntime.mark_idle_class`): pausing there too would only leave a core idle.
 """
 
 from __future__ import annotations
