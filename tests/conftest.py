@@ -144,3 +144,20 @@ def own_text_stack(
             yield st
         finally:
             st.down()
+
+
+@contextlib.contextmanager
+def own_redis(
+    tmp_path_factory: pytest.TempPathFactory, name: str, overrides: dict[str, str] | None = None
+) -> Iterator[Any]:
+    """A Redis of a test module's own (no worker, Flower or gateway): its keys, scripts and
+    command counts are that module's alone."""
+    from producer.stack import Stack, isolated_environment
+
+    with isolated_environment(tmp_path_factory.mktemp(name), overrides or {}) as settings:
+        st = Stack(settings)
+        st.up([], flower=False, gateway=False)
+        try:
+            yield st
+        finally:
+            st.down()

@@ -10,7 +10,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -18,10 +17,11 @@ import redis
 from producer.chaos.ha import _ports
 from producer.client import FleetClient, SubmitRequest
 from producer.client_publish import CHUNK
-from producer.stack import Stack, isolated_environment
+from producer.stack import Stack
 from producer.stack_ha import node_port, start_node
 from shared import keys
 from shared.redis_client import node_client
+from tests.conftest import own_redis
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +36,8 @@ def ha_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "FLEET_REDIS__SENTINELS": json.dumps([f"127.0.0.1:{p}" for p in sentinels]),
         "FLEET_REDIS__SENTINEL_DOWN_AFTER_MS": "5000",  # no failover while the replica is off
     }
-    with isolated_environment(Path(tmp_path_factory.mktemp("ha-pipe")), overrides) as settings:
-        st = Stack(settings)
-        st.up([], flower=False, gateway=False)
-        try:
-            yield st
-        finally:
-            st.down()
+    with own_redis(tmp_path_factory, "ha-pipe", overrides) as st:
+        yield st
 
 
 def node(st: Stack, name: str) -> redis.Redis:

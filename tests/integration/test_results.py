@@ -5,16 +5,15 @@ and still stored after the server lost its scripts."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from producer.stack import Stack, isolated_environment
 from shared import jsonfast
 from shared.celery_app import make_app
 from shared.errors import DeadlineExceeded
+from tests.conftest import own_redis as own_redis_stack
 from workers.results import Outcome, ResultWriter
 
 pytestmark = pytest.mark.integration
@@ -22,13 +21,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with isolated_environment(Path(tmp_path_factory.mktemp("results-run"))) as settings:
-        st = Stack(settings)
-        st.up([], flower=False, gateway=False)
-        try:
-            yield st
-        finally:
-            st.down()
+    with own_redis_stack(tmp_path_factory, "results-run") as st:
+        yield st
 
 
 def _calls(admin: redis.Redis) -> dict[str, int]:

@@ -10,7 +10,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,26 +18,21 @@ from celery.events.receiver import EventReceiver
 
 from producer.client import FleetClient, SubmitRequest
 from producer.client_publish import CHUNK
-from producer.stack import Stack, isolated_environment
 from producer.wire import envelope_json, kwargs_summary
 from shared import keys
 from shared.celery_app import make_app
 from shared.errors import QueueFull
 from shared.priority import Priority
 from shared.settings import load_settings
+from tests.conftest import own_redis
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def redis_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with isolated_environment(Path(tmp_path_factory.mktemp("wire-run"))) as settings:
-        st = Stack(settings)
-        st.up([], flower=False, gateway=False)
-        try:
-            yield st
-        finally:
-            st.down()
+    with own_redis(tmp_path_factory, "wire-run") as st:
+        yield st
 
 
 def _decoded(raw: bytes) -> dict[str, Any]:
