@@ -71,6 +71,7 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
     mode = os.environ.get("FLEET_WORKER_MODE", "batch")
     refuse_early_cuda()
     validate_partitions(settings)
+    heap.PAUSES.install()  # collection pauses, for fleet_stats (workers.heap)
     try:
         engine = Engine(modality, settings, app, threaded=(mode == "batch"))
         engine.start()
@@ -116,7 +117,7 @@ def _log_ready(sender: Any = None, **_: Any) -> None:
     # Everything alive now lives as long as the process: out of the collector's full
     # passes, which otherwise hold the event loop (see workers.heap).
     frozen = heap.freeze_startup_heap()
-    engine.gc.reset()  # the worker's stats count serving pauses, not startup's
+    heap.PAUSES.reset()  # the worker's stats count serving pauses, not startup's
     warning = _shm_warning()
     if warning:
         log.warning("%s", warning)

@@ -59,7 +59,6 @@ from workers.circuit import CircuitBreaker
 from workers.completion import Completer, Handoff, Loop
 from workers.execution import BatchRunner, RetryPolicy
 from workers.faults import FaultInjector
-from workers.heap import GcPauses
 from workers.inflight import MAX_DELIVERIES, InFlight
 from workers.lanes import Lanes
 from workers.lease import LeaseKeeper
@@ -132,7 +131,6 @@ class Engine:
         self.tracing = Tracing(settings, modality)
         telemetry.install(self.tracing)
         self.ready = False
-        self.gc = GcPauses()  # collection pauses of this process (workers.heap)
         self.warmup_later: dict[str, Any] = {}  # what _warmup left for the idle main lane
         self._by_id: dict[str, Work] = {}  # held or running, by task id (twins join these)
         self._arriving: dict[str, list[Any]] = {}  # arrived, not yet admitted -> its twins
@@ -172,20 +170,15 @@ class Engine:
         self.isolation.on_clear = self.handoff.wake  # admits what waited for a suspect
         self.handoff.on_drain = self._resume_admission
         self.lanes = Lanes(
-            self.batcher,
-            self.runtime,
-            run=self.runner.run,
-            crashed=self._crashed,
-            expire=self._expire,
-            warm_step=self._warm_step,
+            self.batcher, self.runtime, run=self.runner.run, crashed=self._crashed,
+            expire=self._expire, warm_step=self._warm_step,
             idle_while_realtime=self.cfg.device.main_lane_idle_while_realtime,
-        )
+        )  # fmt: skip
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
         """Open the device, load the model, warm every bucket; then start the lanes."""
         self.runtime.start()
-        self.gc.install()
         t0 = time.perf_counter()
         self.adapter.load()
         load_s = time.perf_counter() - t0
@@ -242,7 +235,6 @@ class Engine:
         self._give_back_rest()
         if self.keeper is not None:
             self.keeper.stop()
-        self.gc.uninstall()
 
     def _give_back_rest(self) -> None:
         """Return everything still held (unrun, or running past the shutdown timeout)."""
@@ -385,18 +377,17 @@ class Engine:
             suspects = [m for m, c in zip(batch, counts, strict=True) if self.deliveries.suspect(c)]
             if suspects:  # not counted while the others decode; each again, alone, below
                 self.deliveries.decoded([req.id for req, _ in suspects])
-            ready = [
-                (m, c) for m, c in zip(batch, counts, strict=True) if not self.deliveries.suspect(c)
-            ]
-            held = self._decode_counted(ready)
+            held = self._decode_counted(
+                [
+                    (m, c)
+                    for m, c in zip(batch, counts, strict=True)
+                    if not self.deliveries.suspect(c)
+                ]
+            )
             for m in suspects:
                 held += self._decode_counted([(m, self.deliveries.arrive([m[0].id])[0])])
         finally:
             self.isolation.admitted()
-        self._hold(held)
-
-    def _hold(self, held: list[Pending]) -> None:
-        """Give decoded requests to their lanes."""
         with self._lock:
             for pending in held:
                 self._by_id[pending.id] = pending.item

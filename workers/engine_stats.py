@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workers import broker
+from workers import broker, heap
 
 if TYPE_CHECKING:
     from workers.engine import Engine
@@ -46,7 +46,7 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "errors": dict(s.errors),
         "circuit": engine.breaker.snapshot(),
         "runtime": engine.runtime.stats(),
-        "gc": engine.gc.snapshot(),
+        "gc": heap.PAUSES.snapshot(),
         "main_lane_idle": None
         if engine.lanes.idle is None
         else {"idle_class": engine.lanes.idle.idle_class, "batches": engine.lanes.idle.batches},

@@ -35,7 +35,7 @@ import gc
 import time
 from typing import Any
 
-__all__ = ["GcPauses", "freeze_startup_heap", "trim"]
+__all__ = ["PAUSES", "GcPauses", "freeze_startup_heap", "trim"]
 
 
 def freeze_startup_heap() -> int:
@@ -97,6 +97,10 @@ class GcPauses:
                 for c, t, m in zip(self.count, self.total_s, self.max_s, strict=True)
             ],
         }
+
+
+PAUSES = GcPauses()
+"""This process's collection pauses (the worker installs it at start, resets it at ready)."""
 
 
 def trim() -> None:
