@@ -60,8 +60,9 @@ test: lint
 # Through the HTTP gateway too: make bench WORKLOAD=text-saturate MODES=fleet,gateway
 # Metrics + tracing (1 %) on vs off instead of the modes, interleaved in one run:
 # make bench WORKLOAD=text-saturate METRICS_COST=1 [COST_ROUNDS=4] [COST_ROUND_S=15]
+# Modes run interleaved by repetition; SEQUENTIAL=1 runs each mode's repetitions in a row.
 bench: venv
-	$(BIN)/fleet bench $(WORKLOAD) --modes $(MODES) $(if $(filter 1 yes true,$(METRICS_COST)),--metrics-cost \
+	$(BIN)/fleet bench $(WORKLOAD) --modes $(MODES) $(if $(filter 1 yes true,$(SEQUENTIAL)),--sequential) $(if $(filter 1 yes true,$(METRICS_COST)),--metrics-cost \
 		--cost-rounds $(COST_ROUNDS) --cost-round-s $(COST_ROUND_S))
 
 # A reduced-precision text model vs fp32, in-process: cosine per text, the demo's semantic

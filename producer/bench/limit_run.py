@@ -16,6 +16,7 @@ from typing import Any
 
 from producer.bench.limit import default_batch_sizes
 from producer.bench.records import Record
+from producer.bench.results import BenchResult
 from producer.bench.schedule import open_schedule
 from producer.bench.sources import InputCatalog
 from producer.bench.workload import REPO, Workload
@@ -50,22 +51,68 @@ def limit_items(
     return out
 
 
+def limit_into(
+    res: BenchResult,
+    w: Workload,
+    catalog: InputCatalog,
+    reps: int,
+    stack: Any,
+    rep: int | None = None,
+) -> None:
+    """Run the limit into ``res.limit`` (or ``res.limit_error``), on :func:`limit_items` of
+    the fleet's first repetition (else the baseline's, else the schedule's).
+
+    ``rep`` ``None``: all ``reps`` repetitions in one process. Else repetition ``rep`` of an
+    interleaved run, a process of its own: the first sweeps the batch sizes; a later one
+    times only the size the first chose and appends its throughput to ``throughput_reps``.
+    """
+    source = res.modes.get("fleet") or res.modes.get("baseline")
+    items = limit_items(w, catalog, source.reps[0] if source is not None and source.reps else None)
+    if not items:
+        res.limit_error = "no measured inputs to run the limit on"
+        return
+    sizes = None
+    if rep is not None and res.limit:
+        sizes = {m: [int(r["best_batch_size"])] for m, r in res.limit.items()}
+    tag = "" if rep is None else f"-{rep + 1}"
+    n = reps if rep is None else 1
+    out, err = run_limit(w, n, items, Path(res.run_dir), stack, sizes, tag)
+    if out is None:
+        res.limit_error = err
+        return
+    for m, r in out.items():
+        if m in res.limit:
+            res.limit[m]["throughput_reps"] += r["throughput_reps"]
+        else:
+            res.limit[m] = r
+
+
 def run_limit(
-    w: Workload, reps: int, items: dict[str, list[list[Any]]], run_dir: Path, stack: Any
+    w: Workload,
+    reps: int,
+    items: dict[str, list[list[Any]]],
+    run_dir: Path,
+    stack: Any,
+    batch_sizes: dict[str, list[int]] | None = None,
+    tag: str = "",
 ) -> tuple[dict[str, Any] | None, str | None]:
     """Run the limit process on ``items``: ``(its output, None)`` or ``(None, why not)``.
 
-    Its spec and output lie in ``run_dir``; its log is ``limit.log`` in the stack's logs.
+    ``batch_sizes`` per modality replace the sweep's candidates. Its spec and output lie in
+    ``run_dir`` (``limit-spec{tag}.json``, ``limit-out{tag}.json``); its log is
+    ``limit.log`` in the stack's logs.
     """
     settings = load_settings()
     mods: dict[str, Any] = {}
     for m, its in items.items():
         cfg = settings.modality(m).batching
-        sizes = w.limit.batch_sizes.get(m) or default_batch_sizes(
-            cfg.max_batch_size, cfg.preferred_batch_sizes
+        sizes = (
+            (batch_sizes or {}).get(m)
+            or w.limit.batch_sizes.get(m)
+            or default_batch_sizes(cfg.max_batch_size, cfg.preferred_batch_sizes)
         )
         mods[m] = {"items": its, "batch_sizes": sizes, "sweep_inputs": w.limit.sweep_inputs}
-    spec_path, out_path = run_dir / "limit-spec.json", run_dir / "limit-out.json"
+    spec_path, out_path = run_dir / f"limit-spec{tag}.json", run_dir / f"limit-out{tag}.json"
     used = used_sources(w)
     spec = {
         "repetitions": reps,

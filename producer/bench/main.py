@@ -36,6 +36,7 @@ def main(
     plot: bool = True,
     run_dir: Path | None = None,
     metrics_cost: CostOptions | None = None,
+    interleave: bool = True,
 ) -> int:
     """Run one workload; see the module docstring for exit codes."""
     err = Console(stderr=True)
@@ -63,7 +64,13 @@ def main(
     from producer.bench.report import build_report, write_report
     from producer.bench.tables import print_report
 
-    opts = BenchOptions(w, wanted, repetitions, run_dir=run_dir.resolve() if run_dir else None)
+    opts = BenchOptions(
+        w,
+        wanted,
+        repetitions,
+        run_dir=run_dir.resolve() if run_dir else None,
+        interleave=interleave,
+    )
     try:
         if metrics_cost is not None:
             from producer.bench.metricscost import CostBench

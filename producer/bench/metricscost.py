@@ -40,6 +40,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from producer.bench.results import merge_mode
 from producer.bench.runner import Bench, BenchError, BenchOptions, BenchResult, ModeResult
 from producer.bench.stats import median, spread
 from producer.bench.workerstats import fleet_stats
@@ -209,23 +210,6 @@ def count_spans(path: Path) -> dict[str, Any]:
                 names[str(span.get("name"))] += 1
                 traces.add(str(span.get("context", {}).get("trace_id")))
     return {"exported": sum(names.values()), "traces": len(traces), "by_name": dict(names)}
-
-
-def merge_mode(into: ModeResult, one: ModeResult) -> None:
-    """Add one round's single repetition to its variant's results."""
-    into.reps += one.reps
-    into.summaries += one.summaries
-    for m, c in one.batches.items():
-        into.batches.setdefault(m, Counter()).update(c)
-    for m, c in one.triggers.items():
-        into.triggers.setdefault(m, Counter()).update(c)
-    for m, xs in one.model_busy.items():
-        into.model_busy.setdefault(m, []).extend(xs)
-    for m, facts in one.workers.items():
-        into.workers.setdefault(m, facts)
-    for m, cold in one.cold.items():
-        into.cold.setdefault(m, cold)  # the first round's: a fresh worker of that variant
-    into.leftovers += one.leftovers
 
 
 def round_rps(summary: dict[str, Any]) -> float | None:

@@ -19,7 +19,9 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
         repetition's wall time, first send to last result, that the worker's inference
         threads spent running batches; fleet only), model_busy_reps
     ratios.{modality}: fleet_over_baseline, fleet_over_limit (of median throughputs), and
-        fleet_over_celery-batches, fleet_over_ray-serve when those peers ran (bench/peers/)
+        fleet_over_celery-batches, fleet_over_ray-serve when those peers ran (bench/peers/);
+        interleaved runs also by_repetition.fleet_over_{mode}: [repetition k's ratio, ...]
+    order (interleaved runs): the modes in the order each repetition ran them
     cold_start.{mode}.{modality}: ready_s, first_ms, warm_idle_ms, idle_overhead_ms,
         steady_p50_ms, worker_warmup_s
     generator.{mode}.{phase}: send lag p50/p99/max, behind
@@ -191,8 +193,10 @@ def build_report(res: BenchResult) -> dict[str, Any]:
         "repetitions": res.repetitions,
         "machine": machine_info(res),
         "run_dir": res.run_dir,
-        "method": dict(METHOD),
+        "method": {**METHOD, "order": "interleaved" if res.order else "sequential"},
     }
+    if res.order:
+        rep["order"] = res.order
     modes: dict[str, Any] = {}
     for key in PER_MODE_KEYS:
         rep[key] = {}
@@ -208,7 +212,7 @@ def build_report(res: BenchResult) -> dict[str, Any]:
         modes["limit"] = _limit_entries(res.limit)
     rep["modes"] = modes
     rep["cdf_ms"] = {mode: _cdf_samples(mr) for mode, mr in res.modes.items()}
-    rep["ratios"] = _ratios(modes)
+    rep["ratios"] = _ratios(modes, paired=bool(res.order))
     if "gateway" in res.modes:  # bench/gateway.py: the fleet through `fleet gateway`
         rep["gateway"] = _gateway_section(res, modes)
     rep["noise"] = _noise(modes)
@@ -347,7 +351,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def _ratios(modes: dict[str, Any]) -> dict[str, Any]:
+def _ratios(modes: dict[str, Any], paired: bool = False) -> dict[str, Any]:
+    """Fleet over each other mode, of median throughputs; ``paired`` (an interleaved run):
+    also ``by_repetition``, repetition k's ratio, both measured in the same round."""
     out: dict[str, Any] = {}
     fleet = modes.get("fleet", {})
     for m in fleet:
@@ -360,6 +366,19 @@ def _ratios(modes: dict[str, Any]) -> dict[str, Any]:
             **{f"fleet_over_{p}": _ratio(f, modes[p][m]["throughput_rps"])
                for p in PEER_MODES if m in modes.get(p, {})},
         }  # fmt: skip
+        if paired:
+            out[m]["by_repetition"] = _paired(modes, m)
+    return out
+
+
+def _paired(modes: dict[str, Any], m: str) -> dict[str, list[float | None]]:
+    """``fleet_over_<mode>`` per repetition, for every other mode with ``m``'s throughputs."""
+    fleet = modes["fleet"][m].get("throughput_reps") or []
+    out: dict[str, list[float | None]] = {}
+    for mode, mods in modes.items():
+        other = mods.get(m, {}).get("throughput_reps") if mode != "fleet" else None
+        if other:
+            out[f"fleet_over_{mode}"] = [_ratio(a, b) for a, b in zip(fleet, other, strict=False)]
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from producer.bench.records import Record
 from producer.bench.workload import Workload
 
-__all__ = ["MODES", "BenchError", "BenchOptions", "BenchResult", "ModeResult"]
+__all__ = ["MODES", "BenchError", "BenchOptions", "BenchResult", "ModeResult", "merge_mode"]
 
 MODES = ("fleet", "baseline", "limit")
 
@@ -22,12 +22,20 @@ class BenchError(RuntimeError):
 
 @dataclass
 class BenchOptions:
-    """What to run. ``repetitions`` 0 means the workload's own."""
+    """What to run. ``repetitions`` 0 means the workload's own.
+
+    ``interleave``: with several modes, run repetition k of every mode before repetition
+    k + 1 of any (each mode's workers started for its repetition and stopped after it, the
+    order rotated by one mode per repetition), so that a machine whose speed drifts during
+    the run weighs on every mode alike; ``False``: every repetition of one mode, then the
+    next mode (the order before 2026-12-03).
+    """
 
     workload: Workload
     modes: tuple[str, ...] = MODES
     repetitions: int = 0
     run_dir: Path | None = None
+    interleave: bool = True
 
 
 @dataclass
@@ -64,3 +72,25 @@ class BenchResult:
     load_avg_end: tuple[float, ...] = ()
     notes: list[str] = field(default_factory=list)
     metrics_cost: dict[str, Any] = field(default_factory=dict)  # bench/metricscost.py
+    # interleaved runs: the modes in the order each repetition ran them ([] = sequential)
+    order: list[list[str]] = field(default_factory=list)
+
+
+def merge_mode(into: ModeResult, one: ModeResult) -> None:
+    """Add ``one`` (a later start of the same mode: its repetitions, counts and busy shares)
+    to ``into``; worker facts and cold-start figures stay those of the first start."""
+    into.reps += one.reps
+    into.summaries += one.summaries
+    for m, c in one.batches.items():
+        into.batches.setdefault(m, Counter()).update(c)
+    for m, c in one.triggers.items():
+        into.triggers.setdefault(m, Counter()).update(c)
+    for m, xs in one.model_busy.items():
+        into.model_busy.setdefault(m, []).extend(xs)
+    for m, facts in one.workers.items():
+        into.workers.setdefault(m, facts)
+    for m, cold in one.cold.items():
+        into.cold.setdefault(m, cold)  # the first start's: a fresh worker
+    into.leftovers += one.leftovers
+    if one.gateway and not into.gateway:
+        into.gateway = one.gateway

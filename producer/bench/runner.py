@@ -15,6 +15,8 @@ Sequence (one invocation, one machine, one set of inputs):
 4. ``limit``: workers stopped; ``producer.bench.limit`` in a subprocess on the inputs the
    measured requests used.
 5. Everything stopped (Redis last), the report written.
+
+With several modes the repetitions are interleaved by default (``producer.bench.order``).
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ from rich.progress import (
 
 from producer.bench.collector import EventTap, ResultCollector
 from producer.bench.generator import ClosedLoop, OpenLoop, Sender
-from producer.bench.limit_run import limit_items, run_limit, used_sources
-from producer.bench.peers import PEER_MODES, PeerProcess, start_peer, unavailable_reason
+from producer.bench.limit_run import limit_into, used_sources
+from producer.bench.order import available_modes, run_interleaved
+from producer.bench.peers import PEER_MODES, PeerProcess, start_peer
 from producer.bench.records import NO_RESULT, Record, RecordTable, Timebase
 from producer.bench.results import MODES, BenchError, BenchOptions, BenchResult, ModeResult
 from producer.bench.schedule import ClosedPicker, Planned, open_schedule
@@ -127,23 +130,44 @@ class Bench:
         return res
 
     def _run_modes(self, stack: Any, settings: Settings, res: BenchResult) -> None:
-        """The requested modes, one after the other, on the started Redis."""
-        for mode in ("fleet", "gateway", "baseline", *PEER_MODES):
-            if mode not in self.opts.modes:
-                continue
-            reason = unavailable_reason(mode) if mode in PEER_MODES else None
-            if reason:  # an optional extra: skipped with the reason, never failed
-                self.console.print(f"[yellow]skipped[/yellow] {reason}")
-                res.notes.append(f"skipped {reason}")
-                continue
+        """The requested modes on the started Redis, interleaved (``BenchOptions``) or not."""
+        modes, skipped = available_modes(self.opts.modes)
+        for why in skipped:  # an optional extra: skipped with the reason, never failed
+            self.console.print(f"[yellow]skipped[/yellow] {why}")
+            res.notes.append(f"skipped {why}")
+        runs = [*modes, *(["limit"] if "limit" in self.opts.modes else [])]
+        if self.opts.interleave and len(runs) > 1 and self.reps > 1:
+            run_interleaved(
+                runs,
+                self.reps,
+                res,
+                lambda mode, rep, first: self._service_mode(
+                    mode, stack, settings, res, reps=[rep], first=first
+                ),
+                lambda rep: self._limit(res, stack, rep),
+                self.console.print,
+            )
+            return
+        for mode in modes:
             res.modes[mode] = self._service_mode(mode, stack, settings, res)
         if "limit" in self.opts.modes:
             self._limit(res, stack)
 
     # -- fleet and baseline ---------------------------------------------------------------
     def _service_mode(
-        self, mode: str, stack: Any, settings: Settings, res: BenchResult
+        self,
+        mode: str,
+        stack: Any,
+        settings: Settings,
+        res: BenchResult,
+        reps: list[int] | None = None,
+        first: bool = True,
     ) -> ModeResult:
+        """Start ``mode``'s workers, run repetitions ``reps`` (default: all), stop them.
+
+        ``first``: the mode's first start, which also takes the idle probes (warm idle
+        latency, the gateway's overhead); a later start only checks its first request.
+        """
         out = ModeResult(mode)
         client = FleetClient(settings, role="admin")  # it flushes the db between modes
         if not res.redis_version:
@@ -161,8 +185,9 @@ class Bench:
                     stack.start_gateway()
                 self._gateway = (stack.gateway_url(), settings.gateway_token())
             self._start_workers(mode, stack, client, probe_table, out)
-            self._warm_probes(client, probe_table, out)
-            if mode == "gateway" and "text" in self.modalities:
+            if first:
+                self._warm_probes(client, probe_table, out)
+            if first and mode == "gateway" and "text" in self.modalities:
                 from producer.bench.gateway import measure_overhead
 
                 texts = [self.catalog.get(s, i)["text"] for s, i in self._text_inputs()]
@@ -171,7 +196,7 @@ class Bench:
             for m, s in stats_before.items():
                 out.workers.setdefault(m, {})["runtime"] = s.get("runtime")
                 out.workers[m]["model"] = s.get("model")
-            self._repetitions(mode, client, collector, tap, out, fifo)
+            self._repetitions(mode, client, collector, tap, out, fifo, reps)
             self._measured(mode, client)
             if tap.failed is not None:
                 res.notes.append(f"{mode}: the event tap failed ({tap.failed}); no queue/compute")
@@ -194,9 +219,11 @@ class Bench:
         tap: EventTap,
         out: ModeResult,
         fifo: int | None,
+        reps: list[int] | None = None,
     ) -> None:
-        """The measured repetitions, each with a fresh record table and its stats diff."""
-        for rep in range(self.reps):
+        """The measured repetitions (``reps``, default all), each with a fresh record table
+        and its stats diff."""
+        for rep in range(self.reps) if reps is None else reps:
             table = RecordTable()
             collector.table = table
             tap.table = table
@@ -432,17 +459,10 @@ class Bench:
         return left
 
     # -- limit ----------------------------------------------------------------------------
-    def _limit(self, res: BenchResult, stack: Any) -> None:
-        source = res.modes.get("fleet") or res.modes.get("baseline")
-        first = source.reps[0] if source is not None and source.reps else None
-        items = limit_items(self.w, self.catalog, first)
-        if not items:
-            res.limit_error = "no measured inputs to run the limit on"
-            return
-        with self._spinner(f"limit: {', '.join(items)} in-process"):
-            res.limit, res.limit_error = run_limit(
-                self.w, self.reps, items, Path(res.run_dir), stack
-            )
+    def _limit(self, res: BenchResult, stack: Any, rep: int | None = None) -> None:
+        """The in-process limit: all repetitions, or an interleaved run's ``rep``."""
+        with self._spinner("limit: in-process"):
+            limit_into(res, self.w, self.catalog, self.reps, stack, rep)
 
     # -- progress -------------------------------------------------------------------------
     def _progress(self) -> Progress:

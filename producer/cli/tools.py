@@ -26,6 +26,14 @@ def bench(
         typer.Option(help="Redis, logs, pidfiles of the run; default .run/bench/<name>-<time>"),
     ] = None,
     plot: Annotated[bool, typer.Option(help="write the PNG plot")] = True,
+    interleave: Annotated[
+        bool,
+        typer.Option(
+            "--interleave/--sequential",
+            help="repetition k of every mode before k + 1 of any (order rotated each "
+            "repetition), or every repetition of one mode in a row",
+        ),
+    ] = True,
     metrics_cost: Annotated[
         bool,
         typer.Option(
@@ -54,7 +62,9 @@ def bench(
         if cost_rounds < 1 or cost_round_s < 0:
             raise typer.BadParameter("--cost-rounds must be >= 1 and --cost-round-s >= 0")
         cost = CostOptions(cost_rounds, cost_round_s or None)
-    raise typer.Exit(main(workload, repetitions, modes, out_dir, plot, run_dir, cost))
+    raise typer.Exit(
+        main(workload, repetitions, modes, out_dir, plot, run_dir, cost, interleave=interleave)
+    )
 
 
 @app.command()

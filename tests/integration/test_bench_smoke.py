@@ -51,8 +51,19 @@ def test_bench_smoke_report(tmp_path: Path) -> None:
                 assert {"p50", "p95", "p99", "max"} <= set(r["latency_ms"][mode][m][p])
                 assert 0.0 <= r["deadline_misses"][mode][m][p] <= 1.0
             assert r["cold_start"][mode][m]["first_ms"] is not None
+    # Interleaved (the default): each repetition runs every mode, the order rotated by one.
+    n = r["repetitions"]
+    assert r["method"]["order"] == "interleaved"
+    assert r["order"] == [["fleet", "baseline", "limit"], ["baseline", "limit", "fleet"],
+                          ["limit", "fleet", "baseline"]][:n]  # fmt: skip
     for m in ("text", "image"):
-        assert set(r["ratios"][m]) == {"fleet_over_baseline", "fleet_over_limit"}
+        ratios = r["ratios"][m]
+        assert set(ratios) == {"fleet_over_baseline", "fleet_over_limit", "by_repetition"}
+        for mode in ("baseline", "limit"):
+            reps = [r["modes"][x][m]["throughput_reps"] for x in ("fleet", mode)]
+            assert len(reps[0]) == len(reps[1]) == n
+            paired = ratios["by_repetition"][f"fleet_over_{mode}"]
+            assert paired == pytest.approx([a / b for a, b in zip(*reps, strict=True)])
 
     # Every request got a result or a coded error (smoke sends a few invalid texts on purpose).
     for mode in ("fleet", "baseline"):
