@@ -251,7 +251,7 @@ class Completer:
         )
         log.info(
             "request id=%s state=%s code=%s priority=%s queued_ms=%.1f run_ms=%.1f "
-            "batch=%s size=%d attempts=%d total_ms=%.1f since_submit_ms=%.1f",
+            "batch=%s size=%d bucket=%s length=%d attempts=%d total_ms=%.1f since_submit_ms=%.1f",
             req.id,
             o.state,
             o.error.code if o.error else "-",
@@ -260,6 +260,8 @@ class Completer:
             d.run_ms,
             w.batch_id if w else "-",
             w.batch_size if w else 0,
+            w.prepared.bucket if w else "-",
+            w.prepared.length if w else 0,
             (w.attempts + 1) if w else 0,
             (now - w.arrival_s) * 1000.0 if w else 0.0,
             # the producer's clock: meaningful on one host, or with clocks in sync
