@@ -9,8 +9,11 @@ Batching contract
 Ordering
     Held requests are ordered by priority class (REALTIME, HIGH, NORMAL, BULK), then by
     arrival. The first request in that order is the *head*; a batch only holds requests of
-    the head's bucket (text: the token-length bucket; image: the image size), taken in the
-    same order, so padding only reaches the longest member of one bucket.
+    the head's bucket (text: the token-length bucket; image: the image size), so padding
+    only reaches the longest member of one bucket. They are taken by priority class, then
+    nearest in length to the head, then by arrival: when the bucket holds more than a batch,
+    the batch pads less (the ones left wait for a batch nearer their own length, or until
+    they are the head themselves: nothing waits forever).
 Expiry
     A request whose deadline has passed is never run: :meth:`Batcher.next_batch` removes it
     and returns it in ``expired``; the engine fails it with ``DEADLINE_EXCEEDED``.
@@ -242,7 +245,10 @@ class Batcher:
             return Decision([], None, expired, None)
         ordered = sorted(pool, key=Pending.sort_key)
         head = ordered[0]
-        members = [p for p in ordered if p.bucket == head.bucket]
+        members = sorted(
+            (p for p in ordered if p.bucket == head.bucket),
+            key=lambda p: (int(p.priority), abs(p.length - head.length), p.arrival_s, p.seq),
+        )
         cap = self.size_cap(head.bucket, now)
         trigger, wake_at = self._trigger(now, ordered, members, cap)
         batch = self._take(members, cap)

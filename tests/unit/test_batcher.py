@@ -557,3 +557,34 @@ def test_other_triggers_release_the_largest_preferred_size() -> None:
 def test_without_preferred_sizes_nothing_changes() -> None:
     b = batcher(*(req(f"r{i}") for i in range(5)))
     assert b.next_batch(now=0.0).batch == []  # QUIET: no trigger, no preferred size
+
+
+def test_a_full_bucket_gives_the_batch_the_members_nearest_the_heads_length() -> None:
+    """More held than a batch: after priority, members nearest in length to the head go
+    first (less padding); the farthest wait, and one of them is the next head."""
+    held = [Pending(id="head", priority=BULK, arrival_s=0.0, deadline_s=None, bucket="len24",
+                    length=20)]  # fmt: skip
+    # 6 arrivals alternate far (24 tokens) and near (21, 20, 22 tokens) lengths
+    for i in range(6):
+        length = 24 if i % 2 == 0 else 20 + i % 3
+        held.append(Pending(id=f"r{i}", priority=BULK, arrival_s=0.1 + i, deadline_s=None,
+                            bucket="len24", length=length))  # fmt: skip
+    b = batcher(*held, max_batch_size=4)
+    d = b.next_batch(now=10.0)
+    assert d.trigger is Trigger.FULL
+    # in arrival order it would be head, r0, r1, r2: padded to 24 tokens, not 22
+    assert [p.id for p in d.batch] == ["head", "r3", "r1", "r5"]
+    assert [p.length for p in d.batch] == [20, 20, 21, 22]
+    left = b.next_batch(now=100.0)  # the far ones form the next batch, oldest first
+    assert [p.id for p in left.batch] == ["r0", "r2", "r4"]
+
+
+def test_priority_comes_before_length_when_taking_members() -> None:
+    """A HIGH request far from the head's length still goes before a nearer BULK one."""
+    head = Pending(id="h", priority=HIGH, arrival_s=0.0, deadline_s=None, bucket="b", length=10)
+    far_high = Pending(id="fh", priority=HIGH, arrival_s=2.0, deadline_s=None, bucket="b",
+                       length=16)  # fmt: skip
+    near_bulk = Pending(id="nb", priority=BULK, arrival_s=1.0, deadline_s=None, bucket="b",
+                        length=10)  # fmt: skip
+    b = batcher(head, far_high, near_bulk, max_batch_size=2)
+    assert [p.id for p in b.next_batch(now=5.0).batch] == ["h", "fh"]
