@@ -24,6 +24,9 @@ NO_RESULT = "NO_RESULT"  # no result within the drain timeout
 SEND_FAILED = "SEND_FAILED"  # the broker refused the message
 
 
+CLOCK_STEP_MS = 50.0  # a wall-clock step this large during a repetition is reported
+
+
 class Timebase:
     """Translate the producer's monotonic clock to epoch milliseconds, with one offset.
 
@@ -34,6 +37,30 @@ class Timebase:
 
     def __init__(self) -> None:
         self.offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
+
+    def resync(self) -> float:
+        """Read the offset again (the bench does before each repetition, so a step between
+        repetitions, e.g. a VM paused and resumed, does not shift the later ones); returns
+        the step in milliseconds (new offset minus old)."""
+        old = self.offset_ms
+        self.offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
+        return self.offset_ms - old
+
+    def step_ms(self) -> float:
+        """How far the wall clock moved against the monotonic clock since the offset was
+        read (0 without a step; a few microseconds of jitter)."""
+        return time.time() * 1000.0 - time.monotonic() * 1000.0 - self.offset_ms
+
+    def step_note(self, what: str) -> str | None:
+        """A warning for the report when the wall clock stepped more than
+        :data:`CLOCK_STEP_MS` since the offset was read during ``what``, else ``None``."""
+        step = self.step_ms()
+        if abs(step) <= CLOCK_STEP_MS:
+            return None
+        return (
+            f"{what}: the wall clock stepped {step:+.0f} ms against the monotonic clock; "
+            "its latencies and throughput are off by about that much"
+        )
 
     def wall_ms(self, mono_s: float) -> float:
         return mono_s * 1000.0 + self.offset_ms

@@ -97,6 +97,7 @@ class Bench:
         self._closers: list[Callable[[], None]] = []  # the HTTP senders of a repetition
         self._peers: dict[str, PeerProcess] = {}  # a peer mode's processes, by modality
         self._mode = ""
+        self._clock_notes: list[str] = []  # wall-clock steps seen during repetitions
 
     # -- whole run ------------------------------------------------------------------------
     def run(self) -> BenchResult:
@@ -124,6 +125,7 @@ class Bench:
             finally:
                 stack.down()
                 shutil.rmtree(run_dir / "redis", ignore_errors=True)
+        res.notes.extend(self._clock_notes)
         res.finished_utc = datetime.now(UTC).isoformat()
         res.duration_s = time.monotonic() - t_start
         res.load_avg_end = os.getloadavg()
@@ -163,11 +165,8 @@ class Bench:
         reps: list[int] | None = None,
         first: bool = True,
     ) -> ModeResult:
-        """Start ``mode``'s workers, run repetitions ``reps`` (default: all), stop them.
-
-        ``first``: the mode's first start, which also takes the idle probes (warm idle
-        latency, the gateway's overhead); a later start only checks its first request.
-        """
+        """Start ``mode``'s workers, run repetitions ``reps`` (default: all), stop them;
+        only the ``first`` start takes the idle probes (warm idle latency, gateway overhead)."""
         out = ModeResult(mode)
         client = FleetClient(settings, role="admin")  # it flushes the db between modes
         if not res.redis_version:
@@ -224,6 +223,7 @@ class Bench:
         """The measured repetitions (``reps``, default all), each with a fresh record table
         and its stats diff."""
         for rep in range(self.reps) if reps is None else reps:
+            self.tb.resync()
             table = RecordTable()
             collector.table = table
             tap.table = table
@@ -231,6 +231,8 @@ class Bench:
             t0 = time.monotonic()
             records = self._repetition(mode, rep, client, table, collector, fifo)
             wall_s = time.monotonic() - t0
+            if note := self.tb.step_note(f"{mode} repetition {rep + 1}"):
+                self._clock_notes.append(note)
             after = self._stats(client)
             add_stats_diff(out, before, after, wall_s)
             out.reps.append(records)
@@ -458,7 +460,6 @@ class Bench:
         time.sleep(0.5)  # let the workers settle between repetitions
         return left
 
-    # -- limit ----------------------------------------------------------------------------
     def _limit(self, res: BenchResult, stack: Any, rep: int | None = None) -> None:
         """The in-process limit: all repetitions, or an interleaved run's ``rep``."""
         with self._spinner("limit: in-process"):

@@ -55,3 +55,20 @@ def test_every_mode_runs_once_per_repetition_and_merges_into_its_first_start() -
         assert [s["rep"] for s in mr.summaries] == [0, 1, 2]  # in repetition order
         assert mr.batches["text"] == Counter({32: 1 + 2 + 3})  # counts add up
         assert mr.cold["text"] == {"ready_s": 0.0}  # the first start's cold figures stay
+
+
+def test_a_wall_clock_step_is_seen_and_resync_takes_it_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VM paused and resumed steps the wall clock: the repetition in which it happened is
+    reported, and the next repetition's offset (resync) no longer carries it."""
+    import time as real_time
+
+    from producer.bench import records
+
+    tb = records.Timebase()
+    assert tb.step_note("fleet repetition 1") is None
+    wall = real_time.time
+    monkeypatch.setattr(records.time, "time", lambda: wall() + 17.0)  # 17 s forward
+    note = tb.step_note("fleet repetition 1")
+    assert note is not None and "+17000 ms" in note and note.startswith("fleet repetition 1")
+    assert tb.resync() == pytest.approx(17_000.0, abs=20.0)
+    assert tb.step_note("fleet repetition 2") is None
