@@ -27,6 +27,10 @@ SEND_FAILED = "SEND_FAILED"  # the broker refused the message
 CLOCK_STEP_MS = 50.0  # a wall-clock step this large during a repetition is reported
 
 
+def _wall_minus_monotonic_ms() -> float:
+    return time.time() * 1000.0 - time.monotonic() * 1000.0
+
+
 class Timebase:
     """Translate the producer's monotonic clock to epoch milliseconds, with one offset.
 
@@ -36,20 +40,20 @@ class Timebase:
     """
 
     def __init__(self) -> None:
-        self.offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
+        self.offset_ms = _wall_minus_monotonic_ms()
 
     def resync(self) -> float:
         """Read the offset again (the bench does before each repetition, so a step between
         repetitions, e.g. a VM paused and resumed, does not shift the later ones); returns
         the step in milliseconds (new offset minus old)."""
         old = self.offset_ms
-        self.offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
+        self.offset_ms = _wall_minus_monotonic_ms()
         return self.offset_ms - old
 
     def step_ms(self) -> float:
         """How far the wall clock moved against the monotonic clock since the offset was
         read (0 without a step; a few microseconds of jitter)."""
-        return time.time() * 1000.0 - time.monotonic() * 1000.0 - self.offset_ms
+        return _wall_minus_monotonic_ms() - self.offset_ms
 
     def step_note(self, what: str) -> str | None:
         """A warning for the report when the wall clock stepped more than
