@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from shared.errors import FleetError, InvalidMessage
 from shared.keys import delivery_count_key
-from workers.results import Outcome, ResultWriter
+from workers.results import Outcome, ResultWriter, new_token
 from workers.work import Done, Observers, Posted, Progress, ProgressThrottle, Retry, Started
 
 __all__ = ["SETTLE_GIVE_UP_S", "Completer", "CompletionHost", "Handoff", "Loop"]
@@ -143,11 +143,14 @@ class Completer:
             with contextlib.suppress(Exception):
                 self.client.delete(*[delivery_count_key(d.req.id) for d in done])
             return True
+        for d in todo:
+            d.token = d.token or new_token()
         try:
             with self.tracing.result_write([d.req for d in todo]):
                 written = self.writer.write(
                     [d.outcome for d in todo],
                     also_delete=[delivery_count_key(d.req.id) for d in todo],
+                    tokens=[d.token for d in todo],
                 )
         except Exception as exc:
             # Not acked, still leased: retried with backoff (_settle_later).

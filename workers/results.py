@@ -2,9 +2,12 @@
 
 Delivery is at-least-once (a lost ack, a lapsed lease, a duplicate publish), so a request may
 run twice; what a client observes must be one final result. Each final write is one small
-Lua script (``_WRITE_FIRST``): ``SET fleet:final:<id> NX`` and, only if that set it, the
-result's SETEX + PUBLISH, atomically. A later copy's write changes nothing (a SUCCESS is
-never overwritten by a redelivered copy's ``DEADLINE_EXCEEDED``). Celery's own
+Lua script (``_WRITE_FIRST``): ``SET fleet:final:<id> <write token> NX`` and, only if that set
+it, the result's SETEX + PUBLISH, atomically. A later copy's write changes nothing (a SUCCESS
+is never overwritten by a redelivered copy's ``DEADLINE_EXCEEDED``). The marker holds the
+writer's token (one per outcome, kept across its retries): a write that ran but whose reply
+was lost (Redis shut down or the connection dropped after executing it) is recognised as
+this writer's own when it is retried, and reported stored, not as a duplicate. Celery's own
 ``backend.store_result`` refuses only to overwrite a SUCCESS, and with a GET before the write
 (two round trips, not atomic). A batch of N costs one pipeline. ``PROGRESS`` states are not
 final: they are plain SETEX and never overwrite a final result (``_WRITE_PROGRESS``).
@@ -23,6 +26,7 @@ A failure's ``result`` is Celery's JSON exception encoding with the fleet's code
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,16 +44,20 @@ if TYPE_CHECKING:  # the engine's Celery-free parts import Outcome from here
 
 # KEYS: final marker, result key. ARGV: encoded meta, ttl_s (0 = none), "1" to keep a
 # document already stored (Celery's own REVOKED, written by its revoke command), "0" not to
-# PUBLISH (the caller publishes once a replica has the write). Returns 1 if written.
+# PUBLISH (the caller publishes once a replica has the write), the write token. Returns 1 if
+# written, 2 if this token's earlier write stands (its reply was lost), 0 if another's does.
 _WRITE_FIRST = """
 local ttl = tonumber(ARGV[2])
 local set
 if ttl > 0 then
-  set = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ttl)
+  set = redis.call('SET', KEYS[1], ARGV[5], 'NX', 'EX', ttl)
 else
-  set = redis.call('SET', KEYS[1], '1', 'NX')
+  set = redis.call('SET', KEYS[1], ARGV[5], 'NX')
 end
-if not set then return 0 end
+if not set then
+  if redis.call('GET', KEYS[1]) == ARGV[5] then return 2 end
+  return 0
+end
 if ARGV[3] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 if ttl > 0 then
   redis.call('SETEX', KEYS[2], ttl, ARGV[1])
@@ -81,6 +89,12 @@ class Outcome:
     @property
     def state(self) -> str:
         return "SUCCESS" if self.error is None else "FAILURE"
+
+
+def new_token() -> str:
+    """A final write's token: random, 16 hex digits (never the ``"1"`` a producer's cancel
+    writes)."""
+    return secrets.token_hex(8)
 
 
 exception_dict = error_to_wire
@@ -144,14 +158,24 @@ class ResultWriter:
             args=[self.encode(meta), self.expires_s or 86400],
         )
 
-    def write(self, outcomes: Sequence[Outcome], also_delete: Sequence[str] = ()) -> list[bool]:
+    def write(
+        self,
+        outcomes: Sequence[Outcome],
+        also_delete: Sequence[str] = (),
+        tokens: Sequence[str] | None = None,
+    ) -> list[bool]:
         """Store every outcome whose request has no final result yet, in one round trip.
 
-        ``also_delete``: keys to delete in the same pipeline (the requests' in-flight
-        counters).
+        Args:
+            outcomes: the final outcomes.
+            also_delete: keys to delete in the same pipeline (the requests' in-flight
+                counters).
+            tokens: one write token per outcome (:func:`new_token`), the same on every retry
+                of that outcome's write: a retry after a lost reply then finds its own write
+                and reports it stored. ``None``: a fresh token each (no retry to recognise).
 
         Returns:
-            For each outcome, whether it was stored (``False``: an earlier final result
+            For each outcome, whether it is stored (``False``: another write's final result
             stands and this one was dropped).
 
         Raises:
@@ -165,9 +189,11 @@ class ResultWriter:
 
         client = self.backend.client
         publish_later = self.waiter is not None
+        if tokens is None:
+            tokens = [new_token() for _ in outcomes]
         stored: list[tuple[str, bytes | str]] = []
         calls: list[tuple[list[str], list[Any]]] = []
-        for o in outcomes:
+        for o, token in zip(outcomes, tokens, strict=True):
             key = self.backend.get_key_for_task(o.task_id)
             value = self.encode(self.meta(o))
             stored.append((key, value))
@@ -175,7 +201,13 @@ class ResultWriter:
             calls.append(
                 (
                     [keys.final_key(o.task_id), key],
-                    [value, ttl, "1" if o.keep_existing else "0", "0" if publish_later else "1"],
+                    [
+                        value,
+                        ttl,
+                        "1" if o.keep_existing else "0",
+                        "0" if publish_later else "1",
+                        token,
+                    ],
                 )
             )
         sha = self._script(0).sha
@@ -197,6 +229,8 @@ class ResultWriter:
                         raise
                     client.script_load(_WRITE_FIRST)
         written = [bool(r) for r in replies[: len(outcomes)]]
+        # A 2 (this token's earlier write, its reply lost) is announced here too when the
+        # announcement waits for a replica: the earlier attempt never got that far.
         if publish_later and any(written):
             # The results are stored and replicated: a lost announcement costs only
             # subscribers a wait (Celery's result consumer reads stored results when it

@@ -115,6 +115,9 @@ class Done:
         duplicate: the request had its final result already: ack it, write nothing.
         first_failure_s: monotonic time of the first refused store or ack.
         attempts: store/ack attempts so far.
+        token: its final write's token (``workers.results.new_token``), drawn at the first
+            store attempt and kept for the retries: a retry after a lost reply finds its own
+            write (stored) rather than a duplicate's.
     """
 
     work: Work | None
@@ -127,6 +130,7 @@ class Done:
     acked: bool = False
     first_failure_s: float = 0.0
     attempts: int = 0
+    token: str = ""
 
 
 Posted = Done | Progress | Retry | Started

@@ -102,6 +102,8 @@ def assert_each_ran_once(client: FleetClient, st: Any, handles: list[ResultHandl
         o for o in outs if not o or "result" not in o
     ][:3]
     wait_for(lambda: settled(st), "the queue and unacked hash to empty")
+    # The worker logs a request's line just after its ack: wait for the lines, then count.
+    wait_for(lambda: all(runs(st, h.id) for h in handles), "every request's log line")
     ran = [runs(st, h.id, "SUCCESS") for h in handles]
     assert ran == [1] * len(handles), [h.id for h, n in zip(handles, ran, strict=True) if n != 1]
     assert sum(runs(st, h.id, "FAILURE") for h in handles) == 0

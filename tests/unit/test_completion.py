@@ -37,22 +37,36 @@ class EventReq(FakeReq):
 
 
 class Writer:
-    """First-wins results in a dict; refuses ``refuse`` writes first (Redis restarting)."""
+    """First-wins results in a dict, each under its write token (``workers.results``' rule:
+    a write finding its own token's result reports it stored); refuses ``refuse`` writes
+    first (Redis restarting); ``lose_replies`` writes are done, then raise (the reply lost)."""
 
     def __init__(self, timeline: list[str]) -> None:
         self.stored: dict[str, Outcome] = {}
+        self.tokens: dict[str, str] = {}
         self.refuse = 0
+        self.lose_replies = 0
         self.timeline = timeline
 
-    def write(self, outcomes: Sequence[Outcome], also_delete: Sequence[str] = ()) -> list[bool]:
+    def write(
+        self,
+        outcomes: Sequence[Outcome],
+        also_delete: Sequence[str] = (),
+        tokens: Sequence[str] | None = None,
+    ) -> list[bool]:
         if self.refuse:
             self.refuse -= 1
             raise ConnectionError("Redis is loading the dataset in memory")
         firsts = []
-        for o in outcomes:
-            firsts.append(o.task_id not in self.stored)
+        for o, t in zip(outcomes, tokens or [""] * len(outcomes), strict=True):
+            mine = self.tokens.get(o.task_id)
+            firsts.append(mine is None or (bool(t) and mine == t))
             self.stored.setdefault(o.task_id, o)
+            self.tokens.setdefault(o.task_id, t)
             self.timeline.append(f"stored:{o.task_id}")
+        if self.lose_replies:
+            self.lose_replies -= 1
+            raise ConnectionError("Connection closed by server.")
         return firsts
 
     def write_progress(self, task_id: str, progress: dict[str, int]) -> None:
@@ -167,9 +181,26 @@ def test_a_refused_result_write_is_retried_with_backoff_and_acked_only_after_it(
     assert b.stats.errors == {"MODEL_ERROR": 1}
 
 
+def test_a_write_whose_reply_was_lost_is_retried_and_counted_once_not_as_a_duplicate() -> None:
+    """Redis ran the write and went away before replying: the retry (same token) finds
+    the request's own result. It is this request's one success (its event, its log line,
+    its metrics), not a duplicate acked in silence."""
+    b = bench()
+    b.writer.lose_replies = 1
+    a = b.work("a")
+    b.handoff.post([ok(a)])
+    b.handoff.drain()
+    assert b.timeline == ["stored:a"] and b.stats.settle_retries == 1  # not acked yet
+    [(_, fn, args)] = b.hub.later
+    fn(*args)
+    assert b.timeline == ["stored:a", "stored:a", "acked:a", "task-succeeded:a"]
+    assert b.stats.duplicates == 0 and b.stats.succeeded == 1
+
+
 def test_a_copy_whose_result_stands_already_is_acked_without_events() -> None:
     b = bench()
     b.writer.stored["a"] = Outcome("a", result={"y": 2})
+    b.writer.tokens["a"] = "another-copy"
     a = b.work("a")
     b.handoff.post([ok(a)])
     b.handoff.drain()
