@@ -1,14 +1,17 @@
-"""``fleet bench|soak|chaos|shm``: measurements, fault drills and /dev/shm housekeeping."""
+"""``fleet bench|soak|chaos|prepare|shm``: measurements, fault drills, the trace cache and
+/dev/shm housekeeping."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from producer.cli.base import app, cli_settings, shm_app
+from producer.cli.base import CliProblem, ExitCode, app, cli_settings, emit, shm_app
+from shared.settings import MODALITIES
 
 
 @app.command()
@@ -110,6 +113,36 @@ def chaos(
     from producer.chaos.main import main
 
     raise typer.Exit(main(file, [n for n in scenarios.split(",") if n], short, video, out))
+
+
+@app.command()
+def prepare(
+    modalities: Annotated[
+        list[str] | None, typer.Argument(help="text, image, video, xmodal (default: all)")
+    ] = None,
+) -> None:
+    """Trace each modality's model and store it in the trace cache, so that a worker's first
+    start on this host (or in this image: the Dockerfile runs it) loads the stored trace.
+    One JSON line per modality: its model, device, trace_cache (stored, hit or off), load_s.
+    """
+    for k, v in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("TRANSFORMERS_VERBOSITY", "error"),
+        ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ):
+        os.environ.setdefault(k, v)  # as `fleet worker` sets them, before transformers loads
+    from workers.prepare import prepare as fill
+
+    unknown = [m for m in modalities or [] if m not in MODALITIES]
+    if unknown:
+        raise CliProblem(
+            f"unknown modality {unknown[0]!r}; expected one of {', '.join(MODALITIES)}",
+            ExitCode.REFUSED,
+        )
+    for line in fill(cli_settings(), modalities or None):
+        emit(line)
 
 
 @shm_app.command("ls")
