@@ -5,9 +5,7 @@ as its own when retried."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +16,10 @@ from shared import jsonfast
 from shared.celery_app import make_app
 from shared.errors import DeadlineExceeded
 from tests.conftest import own_redis as own_redis_stack
-from workers.results import Outcome, ResultWriter, new_token
+from tests.netfaults import ReplyDropper
+from workers.results import _WRITE_FIRST, Outcome, ResultWriter, new_token
+
+WRITE_SHA = hashlib.sha1(_WRITE_FIRST.encode()).hexdigest()  # the final write's script
 
 pytestmark = pytest.mark.integration
 
@@ -84,59 +85,11 @@ def test_results_are_stored_after_the_server_flushed_its_scripts(own_redis: Any)
     assert calls.get("evalsha") == 8  # 4 refused with NOSCRIPT, then 4 that ran
 
 
-class ReplyDropper:
-    """A TCP proxy in front of Redis that, once ``armed``, forwards the next request holding
-    ``EVALSHA`` and then closes the client's connection instead of passing Redis's reply on:
-    the write ran, its reply was lost (what a Redis shutting down, or a dropped connection,
-    does to a client)."""
-
-    def __init__(self, port: int) -> None:
-        self.target = ("127.0.0.1", port)
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.armed = False
-        self.dropped = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            drop = threading.Event()
-            threading.Thread(target=self._up, args=(client, upstream, drop), daemon=True).start()
-            threading.Thread(target=self._down, args=(upstream, client, drop), daemon=True).start()
-
-    def _up(self, src: socket.socket, dst: socket.socket, drop: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                if self.armed and b"EVALSHA" in data.upper():
-                    self.armed = False
-                    drop.set()
-                dst.sendall(data)
-
-    def _down(self, src: socket.socket, dst: socket.socket, drop: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                if drop.is_set():  # Redis replied: the client never hears it
-                    self.dropped += 1
-                    dst.shutdown(socket.SHUT_RDWR)
-                    dst.close()
-                    src.close()
-                    return
-                dst.sendall(data)
-
-    def close(self) -> None:
-        self.server.close()
-
-
 def test_a_write_whose_reply_was_lost_is_reported_stored_when_retried(own_redis: Any) -> None:
     """The same outcomes written again with their tokens after the reply to the first write
     was lost: stored (this writer's own write), not refused as another copy's; the document
     is the first write's; another token is still refused."""
-    proxy = ReplyDropper(own_redis.s.redis.port)
+    proxy = ReplyDropper(own_redis.s.redis.port, WRITE_SHA)
     try:
         s = own_redis.s
         via_proxy = s.model_copy(update={"redis": s.redis.model_copy(update={"port": proxy.port})})
