@@ -44,6 +44,16 @@ class ExitCode(IntEnum):
 
 
 STACK_CODES = frozenset({"NO_READY_WORKER"})
+
+# What a process that loads models runs with unless told otherwise (`fleet worker`, `fleet
+# prepare`): no hub (nothing is downloaded), no progress bars, no tokenizer thread pool.
+MODEL_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+}
 """Error codes that mean the stack, not the request, is the problem (exit 3)."""
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from producer.cli.base import CliProblem, ExitCode, app, cli_settings, emit
+from producer.cli.base import MODEL_ENV, CliProblem, ExitCode, app, cli_settings, emit
 from shared.keys import realtime_queue_name
 from shared.settings import MODALITIES
 
@@ -60,11 +60,8 @@ def worker(
     if replica:
         base = replica_metrics_base(settings.metrics.port_base, replica)
         env["FLEET_METRICS__PORT_BASE"] = str(base)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for k, v in MODEL_ENV.items():
+        env.setdefault(k, v)
     # With a REALTIME lane the worker reads <modality>.realtime on a channel of its own
     # (workers/realtime.py); otherwise both queues share the main prefetch window.
     lane = mode == "batch" and settings.modality(modality).batching.realtime_lane

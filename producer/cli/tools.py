@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from producer.cli.base import CliProblem, ExitCode, app, cli_settings, emit, shm_app
+from producer.cli.base import MODEL_ENV, CliProblem, ExitCode, app, cli_settings, emit, shm_app
 from shared.settings import MODALITIES
 
 
@@ -125,14 +125,8 @@ def prepare(
     start on this host (or in this image: the Dockerfile runs it) loads the stored trace.
     One JSON line per modality: its model, device, trace_cache (stored, hit or off), load_s.
     """
-    for k, v in (
-        ("HF_HUB_OFFLINE", "1"),
-        ("TRANSFORMERS_OFFLINE", "1"),
-        ("TRANSFORMERS_VERBOSITY", "error"),
-        ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
-        ("TOKENIZERS_PARALLELISM", "false"),
-    ):
-        os.environ.setdefault(k, v)  # as `fleet worker` sets them, before transformers loads
+    for k, v in MODEL_ENV.items():
+        os.environ.setdefault(k, v)  # before transformers is imported
     from workers.prepare import prepare as fill
 
     unknown = [m for m in modalities or [] if m not in MODALITIES]
