@@ -143,8 +143,9 @@ class Completer:
             with contextlib.suppress(Exception):
                 self.client.delete(*[delivery_count_key(d.req.id) for d in done])
             return True
+        fresh = new_token()  # one per write: a token only has to differ from other copies'
         for d in todo:
-            d.token = d.token or new_token()
+            d.token = d.token or fresh
         try:
             with self.tracing.result_write([d.req for d in todo]):
                 written = self.writer.write(

@@ -170,9 +170,10 @@ class ResultWriter:
             outcomes: the final outcomes.
             also_delete: keys to delete in the same pipeline (the requests' in-flight
                 counters).
-            tokens: one write token per outcome (:func:`new_token`), the same on every retry
-                of that outcome's write: a retry after a lost reply then finds its own write
-                and reports it stored. ``None``: a fresh token each (no retry to recognise).
+            tokens: one write token per outcome (:func:`new_token`; outcomes of different
+                requests may share one), the same on every retry of that outcome's write: a
+                retry after a lost reply then finds its own write and reports it stored.
+                ``None``: one fresh token for the call (no retry to recognise).
 
         Returns:
             For each outcome, whether it is stored (``False``: another write's final result
@@ -190,7 +191,7 @@ class ResultWriter:
         client = self.backend.client
         publish_later = self.waiter is not None
         if tokens is None:
-            tokens = [new_token() for _ in outcomes]
+            tokens = [new_token()] * len(outcomes)
         stored: list[tuple[str, bytes | str]] = []
         calls: list[tuple[list[str], list[Any]]] = []
         for o, token in zip(outcomes, tokens, strict=True):

@@ -116,8 +116,9 @@ class Done:
         first_failure_s: monotonic time of the first refused store or ack.
         attempts: store/ack attempts so far.
         token: its final write's token (``workers.results.new_token``), drawn at the first
-            store attempt and kept for the retries: a retry after a lost reply finds its own
-            write (stored) rather than a duplicate's.
+            store attempt (one for all the requests of that write) and kept for the
+            retries: a retry after a lost reply finds its own write (stored) rather than a
+            duplicate's.
     """
 
     work: Work | None
