@@ -221,6 +221,8 @@ def test_flower_shows_each_request_with_its_batch(client: FleetClient, stack: An
         time.sleep(0.1)
     assert info.get("state") == "SUCCESS", info
     assert "batch_id" in str(info.get("result")), info
+    # the producer's task-sent event (grouped, producer.wire.sent_group) reached Flower too
+    assert info.get("sent") and info["sent"] <= info["received"], info
     with pytest.raises(Exception, match="401"):
         urlopen(f"{stack.flower_url()}/api/tasks", timeout=2)
 
