@@ -125,56 +125,76 @@ class FleetClient(Publishing, ResultReading):
     ) -> tuple[TaskEnvelope, bytes]:
         """:meth:`envelope`'s envelope and its inputs' JSON (UTF-8, compact: what the message
         carries, measured against ``max_inline_bytes``). Raises as :meth:`envelope`."""
-        if modality not in MODALITIES:
-            raise UnsupportedModality(
-                f"unknown modality {modality!r}; expected one of: {', '.join(MODALITIES)}"
-            )
-        label, default_timeout_s = self._class_of(priority)
-        if not isinstance(inputs, dict):
-            raise InvalidInput("inputs must be a JSON object")
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, int | float)
-            or not (math.isfinite(timeout_s) and timeout_s > 0)
-        ):
-            raise InvalidInput(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
-        try:
-            data = jsonfast.compact(inputs)  # the UTF-8 JSON the request carries
-        except (TypeError, ValueError) as exc:
-            raise InvalidInput(f"inputs are not JSON-serializable: {exc}") from None
-        limits = self.settings.limits
-        if len(data) > limits.max_inline_bytes:
-            raise PayloadTooLarge(
-                f"inline inputs are {len(data)} bytes; the limit is {limits.max_inline_bytes}"
-            )
-        if modality in _TEXT_MODALITIES:
-            _check_texts(modality, inputs, limits.max_text_chars)
-        now_ms = time.time() * 1000.0
-        t = timeout_s if timeout_s is not None else default_timeout_s
-        fields = {
-            "modality": modality,
-            "priority": label,
-            "submitted_ms": now_ms,
-            "deadline_ms": None if t is None else now_ms + t * 1000.0,
-            "inputs": inputs,
-        }
-        return _validate_envelope(fields), data  # TaskEnvelope(**fields): pydantic validates
+        envs, datas = self._validated_many([SubmitRequest(modality, inputs, priority, timeout_s)])
+        return envs[0], datas[0]
 
-    def _class_of(self, priority: str) -> tuple[str, float | None]:
-        """``priority``'s class label and default timeout (s), from a table made once per
-        settings (they are frozen).
+    def _validated_many(
+        self, requests: list[SubmitRequest]
+    ) -> tuple[list[TaskEnvelope], list[bytes]]:
+        """:meth:`_validated` of each request, in one loop (the settings read once): their
+        envelopes, and their inputs' JSON. The requests of one call share their submit time
+        (``submitted_ms``, from which a deadline counts): they are sent together.
 
         Raises:
-            InvalidPriority: not a class name (:meth:`Priority.parse`).
+            as :meth:`envelope`, for the first request that is not valid.
         """
-        table = self.__dict__.get("_classes")
+        classes = self._classes()
+        limits = self.settings.limits
+        max_inline, max_chars = limits.max_inline_bytes, limits.max_text_chars
+        now_ms = time.time() * 1000.0
+        envs: list[TaskEnvelope] = []
+        datas: list[bytes] = []
+        for r in requests:
+            modality, inputs, timeout_s = r.modality, r.inputs, r.timeout_s
+            if modality not in MODALITIES:
+                raise UnsupportedModality(
+                    f"unknown modality {modality!r}; expected one of: {', '.join(MODALITIES)}"
+                )
+            found = classes.get(r.priority) if type(r.priority) is str else None
+            label, default_timeout_s = found or classes[Priority.parse(r.priority).label]
+            if not isinstance(inputs, dict):
+                raise InvalidInput("inputs must be a JSON object")
+            if timeout_s is None:
+                timeout_s = default_timeout_s
+            elif (
+                isinstance(timeout_s, bool)
+                or not isinstance(timeout_s, int | float)
+                or not (math.isfinite(timeout_s) and timeout_s > 0)
+            ):
+                raise InvalidInput(
+                    f"timeout_s must be a positive number of seconds, not {timeout_s!r}"
+                )
+            try:
+                data = jsonfast.compact(inputs)  # the UTF-8 JSON the request carries
+            except (TypeError, ValueError) as exc:
+                raise InvalidInput(f"inputs are not JSON-serializable: {exc}") from None
+            if len(data) > max_inline:
+                raise PayloadTooLarge(
+                    f"inline inputs are {len(data)} bytes; the limit is {max_inline}"
+                )
+            if modality in _TEXT_MODALITIES:
+                text = inputs.get("text")  # a text request's one text: checked here
+                if modality != "text" or (isinstance(text, str) and len(text) > max_chars):
+                    _check_texts(modality, inputs, max_chars)
+            fields = {
+                "modality": modality,
+                "priority": label,
+                "submitted_ms": now_ms,
+                "deadline_ms": None if timeout_s is None else now_ms + timeout_s * 1000.0,
+                "inputs": inputs,
+            }
+            envs.append(_validate_envelope(fields))  # TaskEnvelope(**fields): pydantic validates
+            datas.append(data)
+        return envs, datas
+
+    def _classes(self) -> dict[str, tuple[str, float | None]]:
+        """Class label -> (label, default timeout in s), made once per settings (they are
+        frozen)."""
+        table = self.__dict__.get("_class_table")
         if table is None or table[0] is not self.settings:
             rows = {p.label: (p.label, p.default_timeout_s(self.settings)) for p in Priority}
-            table = self.__dict__["_classes"] = (self.settings, rows)
-        found = table[1].get(priority) if type(priority) is str else None
-        if found is None:
-            found = table[1][Priority.parse(priority).label]
-        return found
+            table = self.__dict__["_class_table"] = (self.settings, rows)
+        return table[1]
 
     # -- submitting -----------------------------------------------------------------
     def submit(
@@ -216,12 +236,11 @@ class FleetClient(Publishing, ResultReading):
                 (a lost ``EXEC`` reply); the rest were not sent.
         """
         requests = list(requests)
-        checked = [self._validated(r.modality, r.inputs, r.priority, r.timeout_s) for r in requests]
-        envs = [env for env, _ in checked]
+        envs, datas = self._validated_many(requests)
         ids = self._task_ids(requests)
         unbind = bool(self._bound)  # some video input waits for its request
         check = self._depth_check(envs)  # its answer comes while the first chunk is built
-        messages = self.outgoing(envs, ids, [data for _, data in checked])
+        messages = self.outgoing(envs, ids, datas)
         handles: list[ResultHandle] = []
         try:
             for sent in self.publish_many(messages, check=check):

@@ -97,7 +97,7 @@ class Publishing:
         are consumed (``producer.wire``, :data:`BUILD_BATCH` at a time), each with its
         ``task-sent`` event when the app sends them (``task_send_sent_event``).
         ``inputs_json``: each request's inputs as its validation wrote them
-        (``FleetClient._validated``), when the caller has them."""
+        (``FleetClient._validated_many``), when the caller has them."""
         builder = self.payloads()
         events = bool(self.app.conf.task_send_sent_event)
         reply_to = self.app.thread_oid
