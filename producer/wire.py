@@ -115,13 +115,9 @@ _MESSAGE_SLOTS = ("body", "id", "kwargsrepr", "extra", "tag")
 _EVENT_SLOTS = ("id", "kwargs", "utcoffset", "clock", "timestamp")
 _EXTRA = "@@extra@@"
 _FLEET_FIELDS = tuple(FLEET_HEADER_FIELDS.values())  # in fleet_headers' order
-
-
 # an envelope's fields -> its fleet headers' values (one value, or a tuple of two or more)
 _fleet_values = itemgetter(*_FLEET_FIELDS)
 _FLEET_ONE = len(_FLEET_FIELDS) == 1
-
-
 _outgoing = tuple.__new__  # Outgoing(*t) without NamedTuple's Python-level __new__
 _SUMMARY_CACHE_MAX = 1024  # summaries kept (per distinct input keys); more are built each time
 
