@@ -173,9 +173,7 @@ class FleetClient(Publishing, ResultReading):
                     f"inline inputs are {len(data)} bytes; the limit is {max_inline}"
                 )
             if modality in _TEXT_MODALITIES:
-                text = inputs.get("text")  # a text request's one text: checked here
-                if modality != "text" or (isinstance(text, str) and len(text) > max_chars):
-                    _check_texts(modality, inputs, max_chars)
+                _check_texts(modality, inputs, max_chars)
             fields = {
                 "modality": modality,
                 "priority": label,
@@ -410,10 +408,9 @@ def _check_texts(modality: str, inputs: dict[str, Any], limit: int) -> None:
     Raises:
         PayloadTooLarge: a text over ``limit`` characters.
     """
-    texts = [inputs.get("text")]
+    text = inputs.get("text")
     many = inputs.get("texts") if modality == "xmodal" else None
-    if isinstance(many, list):
-        texts += many
+    texts = [text, *many] if isinstance(many, list) else (text,)  # most requests: one text
     for text in texts:
         if isinstance(text, str) and len(text) > limit:
             raise PayloadTooLarge(
