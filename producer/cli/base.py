@@ -44,6 +44,7 @@ class ExitCode(IntEnum):
 
 
 STACK_CODES = frozenset({"NO_READY_WORKER"})
+"""Error codes that mean the stack, not the request, is the problem (exit 3)."""
 
 # What a process that loads models runs with unless told otherwise (`fleet worker`, `fleet
 # prepare`): no hub (nothing is downloaded), no progress bars, no tokenizer thread pool.
@@ -54,7 +55,6 @@ MODEL_ENV = {
     "TRANSFORMERS_VERBOSITY": "error",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
-"""Error codes that mean the stack, not the request, is the problem (exit 3)."""
 
 
 def exit_code_for(code: str) -> ExitCode:
