@@ -2,12 +2,20 @@
 
 Delivery is at-least-once (a lost ack, a lapsed lease, a duplicate publish), so a request may
 run twice; what a client observes must be one final result. Each final write is one small
-Lua script (``_WRITE_FIRST``): ``SET fleet:final:<id> <write token> NX`` and, only if that set
-it, the result's SETEX + PUBLISH, atomically. A later copy's write changes nothing (a SUCCESS
-is never overwritten by a redelivered copy's ``DEADLINE_EXCEEDED``). The marker holds the
-writer's token (one per outcome, kept across its retries): a write that ran but whose reply
-was lost (Redis shut down or the connection dropped after executing it) is recognised as
-this writer's own when it is retried, and reported stored, not as a duplicate. Celery's own
+Lua script (``_WRITE_FIRST``): if ``fleet:final:<id>`` is absent, the result's SETEX, then
+the marker ``SET fleet:final:<id> <write token>``, then PUBLISH, atomically. A later copy's
+write changes nothing (a SUCCESS is never overwritten by a redelivered copy's
+``DEADLINE_EXCEEDED``). The marker holds the writer's token (one per outcome, kept across its
+retries): a write that ran but whose reply was lost (Redis shut down or the connection
+dropped after executing it) is recognised as this writer's own when it is retried, and
+reported stored, not as a duplicate.
+
+A script is atomic against other clients but not all-or-nothing: Redis keeps the writes a
+script made before one of its commands was refused (an ACL rule, a full disk, a replica
+turned read-only). So the document is written before the marker: a script refused halfway
+leaves at most a document without a marker, which the retry writes again together with its
+marker, never a marker without a document (a request that would read ``PENDING`` for the
+marker's whole TTL while every copy of it is acked as a duplicate). Celery's own
 ``backend.store_result`` refuses only to overwrite a SUCCESS, and with a GET before the write
 (two round trips, not atomic). A batch of N costs one pipeline. ``PROGRESS`` states are not
 final: they are plain SETEX and never overwrite a final result (``_WRITE_PROGRESS``).
@@ -46,24 +54,28 @@ if TYPE_CHECKING:  # the engine's Celery-free parts import Outcome from here
 # document already stored (Celery's own REVOKED, written by its revoke command), "0" not to
 # PUBLISH (the caller publishes once a replica has the write), the write token. Returns 1 if
 # written, 2 if this token's earlier write stands (its reply was lost), 0 if another's does.
+# The document before the marker: a command refused after the first write leaves no marker.
 _WRITE_FIRST = """
 local ttl = tonumber(ARGV[2])
-local set
-if ttl > 0 then
-  set = redis.call('SET', KEYS[1], ARGV[5], 'NX', 'EX', ttl)
-else
-  set = redis.call('SET', KEYS[1], ARGV[5], 'NX')
-end
-if not set then
-  if redis.call('GET', KEYS[1]) == ARGV[5] then return 2 end
+local held = redis.call('GET', KEYS[1])
+if held then
+  if held == ARGV[5] then return 2 end
   return 0
 end
-if ARGV[3] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-if ttl > 0 then
-  redis.call('SETEX', KEYS[2], ttl, ARGV[1])
-else
-  redis.call('SET', KEYS[2], ARGV[1])
+local kept = ARGV[3] == '1' and redis.call('EXISTS', KEYS[2]) == 1
+if not kept then
+  if ttl > 0 then
+    redis.call('SETEX', KEYS[2], ttl, ARGV[1])
+  else
+    redis.call('SET', KEYS[2], ARGV[1])
+  end
 end
+if ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[5], 'EX', ttl)
+else
+  redis.call('SET', KEYS[1], ARGV[5])
+end
+if kept then return 0 end
 if ARGV[4] ~= '0' then redis.call('PUBLISH', KEYS[2], ARGV[1]) end
 return 1
 """

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from shared import jsonfast
+from shared import jsonfast, keys
 from shared.celery_app import make_app
 from shared.errors import DeadlineExceeded
 from tests.conftest import own_redis as own_redis_stack
@@ -114,3 +114,39 @@ def test_a_write_whose_reply_was_lost_is_reported_stored_when_retried(own_redis:
         assert [_stored(admin, app, i)["status"] for i in ids] == ["SUCCESS"] * 3
     finally:
         proxy.close()
+
+
+def test_a_write_refused_halfway_leaves_no_marker_and_its_retry_stores_the_result(
+    own_redis: Any,
+) -> None:
+    """The worker's ACL user loses ``SETEX`` (the result document's write) while a batch is
+    stored: the script is refused after its first read, and Redis keeps what a script wrote
+    before a refused command. No marker may stand without its document (each request would
+    read PENDING for a day while its retry, finding its own token, reported it stored); once
+    ``SETEX`` is allowed again the same write with the same tokens stores every document,
+    and another copy's write is then refused."""
+    s = own_redis.s
+    app = make_app(s, name="test-results-halfway", role="worker")
+    admin = redis.Redis.from_url(s.redis_url("admin"))
+    user = s.redis_credentials("worker")[0] or "default"
+    writer = ResultWriter(app)
+    writer.write([Outcome("halfway-warm", result={"warm": 1})])  # connected, script loaded
+    ids = [f"halfway-{i}" for i in range(4)]
+    outcomes = [Outcome(i, result={"i": i}) for i in ids]
+    tokens = [new_token() for _ in ids]
+
+    admin.execute_command("ACL", "SETUSER", user, "-setex")
+    try:
+        with pytest.raises(redis.ResponseError):
+            writer.write(outcomes, tokens=tokens)
+        assert [admin.exists(keys.final_key(i)) for i in ids] == [0] * 4
+        assert [admin.exists(app.backend.get_key_for_task(i)) for i in ids] == [0] * 4
+    finally:
+        admin.execute_command("ACL", "SETUSER", user, "+setex")
+
+    assert writer.write(outcomes, tokens=tokens) == [True] * 4
+    assert [_stored(admin, app, i)["result"] for i in ids] == [{"i": i} for i in ids]
+    assert [admin.get(keys.final_key(i)).decode() for i in ids] == tokens
+    late = [Outcome(i, error=DeadlineExceeded("another copy")) for i in ids]
+    assert writer.write(late, tokens=[new_token() for _ in ids]) == [False] * 4
+    assert [_stored(admin, app, i)["status"] for i in ids] == ["SUCCESS"] * 4
