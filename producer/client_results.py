@@ -219,18 +219,22 @@ class ResultReading:
     def cancel(self, task_id: str, reason: str = "cancelled by its producer") -> bool:
         """Cancel a request that has no final result yet: it ends ``REVOKED``.
 
-        No Lua (a producer's Redis user may not run scripts): ``SET fleet:final:<id> 1 NX EX
-        <result_expires_s>`` claims the request's one final result first; only if that set it,
-        the REVOKED document (Celery's result meta, the shape ``workers.results`` stores, with
-        ``Revoked``'s exception encoding: code ``REVOKED``) is stored with SETEX on the result
-        key and PUBLISHed on it (what Celery's result consumers and the gateway wait on).
-        Workers check the marker before every batch and ack such a request unrun, and their
-        own result write is first-wins on the same marker: a request still queued or held in
-        a worker's prefetch window never runs. One whose batch was already running finishes
-        computing, but its result is dropped (REVOKED stands).
+        No Lua (a producer's Redis user may not run scripts): one optimistic transaction.
+        ``WATCH fleet:final:<id>``; if the marker is absent, ``MULTI``: the REVOKED document
+        (Celery's result meta, the shape ``workers.results`` stores, with ``Revoked``'s
+        exception encoding: code ``REVOKED``) with SETEX on the result key, the marker
+        ``fleet:final:<id> 1`` (same TTL) claiming the request's one final result, and a
+        PUBLISH on the result key (what Celery's result consumers and the gateway wait on);
+        ``EXEC``. A worker's final write in between aborts the ``EXEC`` and the marker is read
+        again. Workers check the marker before every batch and ack such a request unrun, and
+        their own result write is first-wins on the same marker: a request still queued or
+        held in a worker's prefetch window never runs. One whose batch was already running
+        finishes computing, but its result is dropped (REVOKED stands).
 
-        If this process dies between the two steps the request has a final marker and no
-        document: it never runs, and reads as PENDING until the marker expires.
+        All or nothing: Redis applies a transaction whole once ``EXEC`` arrives, and refuses
+        it whole (``EXECABORT``) when a command was refused as it was queued (an ACL rule,
+        out of memory, a full disk, a read-only replica); a process that dies before ``EXEC``
+        leaves nothing. A marker never stands without its document.
 
         Returns:
             True if this call cancelled it; False if it already had a final result (stored by
@@ -241,12 +245,12 @@ class ResultReading:
         """
         from datetime import UTC, datetime
 
+        import redis
+
         from shared.errors import Revoked
 
         backend = self.app.backend
         ttl = int(self.settings.redis.result_expires_s)
-        if not backend.client.set(keys.final_key(task_id), "1", nx=True, ex=ttl):
-            return False
         meta = {
             "status": "REVOKED",
             "result": error_to_wire(Revoked(reason)),
@@ -256,12 +260,21 @@ class ResultReading:
             "task_id": task_id,
         }
         value = backend.encode(meta)
-        key = backend.get_key_for_task(task_id)
-        with backend.client.pipeline(transaction=False) as pipe:
-            pipe.setex(key, ttl, value)
-            pipe.publish(key, value)
-            pipe.execute()
-        return True
+        key, final = backend.get_key_for_task(task_id), keys.final_key(task_id)
+        with backend.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(final)
+                    if pipe.exists(final):
+                        return False
+                    pipe.multi()
+                    pipe.setex(key, ttl, value)
+                    pipe.set(final, "1", ex=ttl)
+                    pipe.publish(key, value)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue  # a final write landed meanwhile: read the marker again
 
 
 def _epoch_ms(date_done: Any) -> float | None:

@@ -150,3 +150,39 @@ def test_a_write_refused_halfway_leaves_no_marker_and_its_retry_stores_the_resul
     late = [Outcome(i, error=DeadlineExceeded("another copy")) for i in ids]
     assert writer.write(late, tokens=[new_token() for _ in ids]) == [False] * 4
     assert [_stored(admin, app, i)["status"] for i in ids] == ["SUCCESS"] * 4
+
+
+def test_a_cancel_refused_halfway_leaves_no_marker_and_a_worker_result_then_wins(
+    own_redis: Any,
+) -> None:
+    """``FleetClient.cancel`` as the producer's ACL user, which loses ``SETEX`` (the REVOKED
+    document's write): the cancel raises and leaves nothing, no marker that would make
+    workers drop the request's result while it reads PENDING. A worker's result then wins;
+    a cancel after it returns False; a cancel of a fresh request stores REVOKED and its
+    marker."""
+    from producer.client import FleetClient
+
+    s = own_redis.s
+    admin = redis.Redis.from_url(s.redis_url("admin"))
+    user = s.redis_credentials("producer")[0] or "default"
+    client = FleetClient(s)
+    app = make_app(s, name="test-results-cancel", role="worker")
+    try:
+        admin.execute_command("ACL", "SETUSER", user, "-setex")
+        try:
+            with pytest.raises(redis.ResponseError):
+                client.cancel("cancel-halfway")
+            assert admin.exists(keys.final_key("cancel-halfway")) == 0
+        finally:
+            admin.execute_command("ACL", "SETUSER", user, "+setex")
+
+        assert ResultWriter(app).write([Outcome("cancel-halfway", result={"ran": 1})]) == [True]
+        assert client.cancel("cancel-halfway") is False
+        assert _stored(admin, app, "cancel-halfway")["result"] == {"ran": 1}
+
+        assert client.cancel("cancel-fresh") is True
+        assert _stored(admin, app, "cancel-fresh")["status"] == "REVOKED"
+        assert admin.get(keys.final_key("cancel-fresh")) == b"1"
+        assert ResultWriter(app).write([Outcome("cancel-fresh", result={"late": 1})]) == [False]
+    finally:
+        client.close()
