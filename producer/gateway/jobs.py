@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from producer.client import FleetClient
+from producer.gateway import crashpoints
 from producer.gateway.admission import (
     RateMeter,
     ahead_of,
@@ -309,6 +310,7 @@ class JobService:
         if video is not None:
             # bound to this request: renewed while it waits (shared.transport.lifetime)
             inputs = await self._io(self.client.video_inputs, video, None, task_id)
+        await crashpoints.pause("inputs-written", task_id)
         refs = list(iter_wires(inputs, SHM))
         try:
             env = await self._envelope(spec, inputs, priority, timeout_s, body_bytes)
@@ -330,7 +332,9 @@ class JobService:
                 return existing, False
             try:
                 self._admit(spec, env.priority, timeout_s, depth)
+                await crashpoints.pause("before-push", task_id)
                 await self._push(env, task_id)
+                await crashpoints.pause("after-push", task_id)
             except BaseException:
                 # Not sent: forget the job, so that a retry with this id is sent.
                 await self._forget(task_id)
