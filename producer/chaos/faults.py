@@ -195,6 +195,24 @@ def results_refused(ctx: Ctx) -> None:
     ctx.end()
 
 
+def results_halfway(ctx: Ctx) -> None:
+    """The workers' result writes refused halfway through their script for ``seconds``: an
+    ACL rule denies the workers' user ``SETEX`` (the result document) for the first half,
+    then ``SET`` (the final marker) for the second. Whichever the script writes first, one
+    half refuses the command after that first write, and Redis keeps what a script wrote
+    before a refused command: a marker left without its document would read PENDING for a
+    day while the worker's retry counted it stored."""
+    user = ctx.stack.s.redis_credentials("worker")[0] or "default"
+    half = ctx.sc.seconds / 2
+    for command in ("setex", "set"):
+        ctx.r.execute_command("ACL", "SETUSER", user, f"-{command}")
+        try:
+            time.sleep(half)
+        finally:
+            ctx.r.execute_command("ACL", "SETUSER", user, f"+{command}")
+    ctx.end()
+
+
 FAULTS: dict[str, Callable[[Ctx], None]] = {
     "sigkill": sigkill,
     "sigstop": sigstop,
@@ -205,4 +223,5 @@ FAULTS: dict[str, Callable[[Ctx], None]] = {
     "duplicates": duplicates,
     "malformed": malformed,
     "results_refused": results_refused,
+    "results_halfway": results_halfway,
 }

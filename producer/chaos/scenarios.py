@@ -17,6 +17,7 @@ FaultKind = Literal[
     "duplicates",
     "malformed",
     "results_refused",
+    "results_halfway",
     "video_sigkill",
 ]
 DEFAULT_FILE = Path(__file__).resolve().parent.parent.parent / "configs" / "chaos.toml"

@@ -24,6 +24,7 @@ SHORT_OK = [
     "duplicate_publishes_50",
     "malformed_bodies_20",
     "results_refused_5s",
+    "results_refused_halfway_6s",
 ]
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from producer.chaos.faults import parse_target
-from producer.chaos.scenarios import ScenarioError, load_scenarios, select
+from producer.chaos.faults import FAULTS, parse_target
+from producer.chaos.scenarios import FaultKind, ScenarioError, load_scenarios, select
 from producer.chaos.tally import Seen, row, verdict
 
 OK = {"result": {"dim": 384}}
@@ -80,8 +81,20 @@ def test_copies_of_an_id_count_once_as_sent() -> None:
 def test_the_shipped_scenario_file_covers_the_issue_and_short_runs_text_only() -> None:
     cf = load_scenarios()
     kinds = {s.fault for s in cf.scenarios}
-    assert kinds == {"sigkill", "sigstop", "sigterm", "redis_restart", "client_kill",
-                     "duplicates", "malformed", "results_refused", "video_sigkill"}  # fmt: skip
+    # every fault kind the drill knows has a function and a scenario in the shipped file
+    assert kinds == set(get_args(FaultKind)) == set(FAULTS)
+    assert {
+        "sigkill",
+        "sigstop",
+        "sigterm",
+        "redis_restart",
+        "client_kill",
+        "duplicates",
+        "malformed",
+        "results_refused",
+        "results_halfway",
+        "video_sigkill",
+    } <= kinds
     short = select(cf, [], short=True, with_video=False)
     assert short and all(s.short and s.modality == "text" for s in short)
     assert len(select(cf, [], short=False, with_video=True)) == len(cf.scenarios)
