@@ -59,7 +59,7 @@ ADMIN = "admin"  # Redis's ``default`` user
 # backend (results, their pubsub) and producer.client (queue depth, cancel, liveness).
 PRODUCER_COMMANDS: tuple[str, ...] = (
     "ping", "hello", "auth", "select", "reset", "multi", "exec", "discard",
-    "watch", "unwatch",  # cancel: one optimistic transaction (producer.client_results)
+    "watch", "unwatch",  # optimistic transactions: cancel, a gateway job's record + message
     "lpush", "llen", "exists", "sadd", "smembers",
     "get", "mget", "set", "setex",
     "publish", "subscribe", "unsubscribe",

@@ -332,6 +332,7 @@ class SentTransaction:
                 have run.
             redis.ResponseError: Redis refused a command (``EXECABORT``: nothing was
                 applied) or one failed inside the transaction (the others were applied).
+            redis.WatchError: a key the connection ``WATCH``ed changed (nothing applied).
         """
         conn, pool = self._conn, self._client.connection_pool
         n = self._n
@@ -355,6 +356,8 @@ class SentTransaction:
             failed = [r for r in replies[: n + 1] if isinstance(r, Exception)]
             if isinstance(exec_reply, Exception) or failed:
                 raise failed[0] if failed else exec_reply
+            if exec_reply is None:  # a key WATCHed before MULTI changed: nothing was applied
+                raise redis.WatchError("a watched key changed; the transaction was not applied")
             result = list(exec_reply)
         else:
             result = replies[:n]

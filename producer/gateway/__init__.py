@@ -11,6 +11,8 @@ Structure (one concern per module)::
     models.py         served models, their inputs and outputs
     params.py         priority, timeout, Prefer, ids
     jobs.py           submit, idempotency, state, cancel
+    commit.py         a job's record and message: one transaction, once per id
+    crashpoints.py    debug-only pauses where a crash test kills the gateway
     waiter.py         results over pubsub
     events.py         the Server-Sent Events stream of one job
     admission.py      QUEUE_FULL, DEADLINE_UNREACHABLE

@@ -2,15 +2,17 @@
 
 A job is a fleet task whose id is the OIP request ``id``, the ``Idempotency-Key`` header, or
 a fresh UUID. Its document ``fleet:job:<id>`` (JSON: model, modality, priority, times, the
-/dev/shm segments of its input) is written with ``SET NX`` before the task is published, so
-a repeated POST with the same id finds it and never publishes again; every gateway process
+/dev/shm segments of its input) is written in the same transaction as the task's message,
+only if the id has none (``producer.gateway.commit``: a crash leaves both or neither), so a
+repeated POST with the same id finds it and never publishes again; every gateway process
 shares it through Redis (no other state). Its state is Celery's result document
 (``celery-task-meta-<id>``): absent = ``PENDING`` (queued), ``PROGRESS`` (a video's
 done/total frames), then one final ``SUCCESS`` / ``FAILURE`` / ``REVOKED``.
 
-A new job costs two round trips on the event loop's own ``redis.asyncio`` connections: the
-``SET NX`` of its document with the LLENs admission needs (one pipeline), then one ``LPUSH``
-of the message kombu would have sent (``producer.wire``). Blocking work (/dev/shm writes,
+A new job costs three round trips on the event loop's own ``redis.asyncio`` connections:
+``WATCH`` and ``GET`` of its document (the LLENs admission needs beside them, on another
+connection), then ``MULTI``/``SET``/``LPUSH``/``EXEC`` of the document and the message kombu
+would have sent (``producer.wire``). Blocking work (/dev/shm writes,
 ``FleetClient.cancel``, large inputs' encoding) runs on a small thread pool, never on the
 event loop.
 """
@@ -23,6 +25,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -36,6 +39,7 @@ from producer.gateway.admission import (
     queue_full,
     queue_of,
 )
+from producer.gateway.commit import Attempt, commit, commit_waiting
 from producer.gateway.errors import BrokerUnavailable
 from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
@@ -43,6 +47,7 @@ from producer.wire import Outgoing
 from shared import keys
 from shared.errors import (
     DeadlineUnreachable,
+    FleetError,
     NoReadyWorker,
     QueueFull,
     error_from_wire,
@@ -312,6 +317,7 @@ class JobService:
             inputs = await self._io(self.client.video_inputs, video, None, task_id)
         await crashpoints.pause("inputs-written", task_id)
         refs = list(iter_wires(inputs, SHM))
+        attempt: Attempt | None = None
         try:
             env = await self._envelope(spec, inputs, priority, timeout_s, body_bytes)
             job = Job(
@@ -323,25 +329,25 @@ class JobService:
                 env.deadline_ms,
                 refs,
             )
-            created, depth = await self._claim(job)
-            if not created:  # another POST with this id made the job: that one is the job
-                await self._release(refs)
-                existing = await self.get_job(task_id)
-                if existing is None:
-                    raise BrokerUnavailable(f"job {task_id} vanished while being created")
-                return existing, False
-            try:
-                self._admit(spec, env.priority, timeout_s, depth)
-                await crashpoints.pause("before-push", task_id)
-                await self._push(env, task_id)
-                await crashpoints.pause("after-push", task_id)
-            except BaseException:
-                # Not sent: forget the job, so that a retry with this id is sent.
-                await self._forget(task_id)
-                raise
+            ttl = int(self.settings.redis.result_expires_s)
+            message = self._message(env, task_id)
+            attempt = Attempt(task_id, keys.job_key(task_id), job.to_json(), ttl, message)
+
+            async def admit() -> None:
+                self._admit(spec, env.priority, timeout_s, await self._depth_now(job.modality))
+
+            found = await self._create(attempt, admit)
         except BaseException:
-            await self._release(refs)
+            if attempt is None or not attempt.maybe_sent:  # else the message may name them
+                await self._release(refs)
             raise
+        if found is not None:  # another POST with this id made the job: that one is the job
+            await self._release(refs)
+            existing = Job.from_json(found)
+            if existing is None:
+                raise BrokerUnavailable(f"job {task_id} has an unreadable record")
+            return existing, False
+        await crashpoints.pause("after-push", task_id)
         self._meter_of[task_id] = queue_of(spec.modality, env.priority)
         return job, True
 
@@ -373,32 +379,22 @@ class JobService:
             env = self.client.envelope(spec.modality, inputs, priority, timeout_s)
         return env.model_copy(update={"model": spec.name})
 
-    async def _claim(self, job: Job) -> tuple[bool, dict[str, int]]:
-        """Create the job's document unless its id is taken (``SET NX``) and read its queue's
-        depth, in one round trip; returns ``(created, depth)``.
+    async def _depth_now(self, modality: str) -> dict[str, int]:
+        """:meth:`depth`, read now (admission judges the depth as of this request).
 
         Raises:
             BrokerUnavailable: Redis did not answer.
         """
-        ttl = int(self.settings.redis.result_expires_s)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(keys.job_key(job.id), job.to_json(), nx=True, ex=ttl)
-                names = self._depth_commands(pipe, job.modality)
-                created, *counts = await pipe.execute()
+                names = self._depth_commands(pipe, modality)
+                counts = await pipe.execute()
         except Exception as exc:
-            raise BrokerUnavailable(f"cannot create the job: {exc}") from None
-        return bool(created), self._observe(job.modality, names, counts)
+            raise BrokerUnavailable(f"cannot read the queue depth: {exc}") from None
+        return self._observe(modality, names, counts)
 
-    async def _push(self, env: TaskEnvelope, task_id: str) -> None:
-        """Enqueue the request: the bytes kombu would push (``producer.wire``), one LPUSH.
-        Behind Sentinel (``wait_replicas``) the push is ``FleetClient.publish_many``'s, on a
-        worker thread: ``WAIT`` for a replica on its connection, retried through a failover
-        (a push on the old primary, unreplicated, would be lost with it).
-
-        Raises:
-            BrokerUnavailable: Redis did not take it.
-        """
+    def _message(self, env: TaskEnvelope, task_id: str) -> Outgoing:
+        """The request's message: the bytes kombu would push (``producer.wire``)."""
         prio = Priority.parse(env.priority)
         key, payload = self.client.payloads().payload(
             env,
@@ -407,20 +403,34 @@ class JobService:
             prio.celery_priority(self.settings),
             self.reply_to,
         )
+        return Outgoing(key, payload, None)
+
+    async def _create(self, attempt: Attempt, admit: Callable[[], Awaitable[None]]) -> bytes | None:
+        """The job's record and message in one transaction, unless its id has a record
+        (``producer.gateway.commit``: why, and every crash point). ``admit`` judges the
+        queue first. Behind Sentinel (``wait_replicas``) the transaction is followed by
+        ``WAIT`` on its connection, on a worker thread, retried through a failover (a write
+        on the old primary, unreplicated, would be lost with it). Returns ``None`` when
+        this call made the job, else the record found.
+
+        Raises:
+            QueueFull, DeadlineUnreachable: ``admit`` refused it (nothing written).
+            BrokerUnavailable: Redis did not take it (``attempt.maybe_sent``: it may have).
+        """
         r = self.settings.redis
         try:
-            if r.sentinels and r.wait_replicas > 0:
-                await self._io(_push_waiting, self.client, Outgoing(key, payload, None))
-            else:
-                await self.redis.lpush(key, payload)
+            if not (r.sentinels and r.wait_replicas > 0):
+                return await commit(self.redis, attempt, admit)
+            found = await self.redis.get(attempt.key)
+            if found is not None:
+                return bytes(found)
+            await admit()
+            found = await self._io(commit_waiting, self.client, attempt)
+            return None if found is None else bytes(found)
+        except FleetError:
+            raise
         except Exception as exc:
-            raise BrokerUnavailable(f"could not enqueue the request: {exc}") from None
-
-    async def _forget(self, task_id: str) -> None:
-        try:
-            await self.redis.set(keys.job_key(task_id), "{}", xx=True, px=1)
-        except Exception:
-            log.warning("could not forget unsent job %s", task_id, exc_info=True)
+            raise BrokerUnavailable(f"could not create the job: {exc}") from None
 
     async def _release(self, refs: list[dict[str, Any]]) -> None:
         if refs:
@@ -461,9 +471,3 @@ class JobService:
             return bool(await self._io(self.client.cancel, task_id))
         except Exception as exc:
             raise BrokerUnavailable(f"could not cancel: {exc}") from None
-
-
-def _push_waiting(client: FleetClient, message: Outgoing) -> None:
-    """Push one message as ``submit`` does (``publish_many``: ``WAIT`` behind Sentinel)."""
-    for _ in client.publish_many([message]):
-        pass

@@ -106,8 +106,10 @@ def test_without_a_replica_a_chunk_stands_and_the_waiter_backs_off(ha_stack: Sta
 
 
 def test_the_gateways_push_is_on_the_replica_when_it_returns(ha_stack: Stack) -> None:
-    """The HTTP gateway's enqueue behind Sentinel: ``WAIT`` on the push's connection (it
-    pushed with ``redis.asyncio`` and no ``WAIT`` before, so a failover could lose it)."""
+    """The HTTP gateway's enqueue behind Sentinel: ``WAIT`` on the transaction's connection
+    (it pushed with ``redis.asyncio`` and no ``WAIT`` before, so a failover could lose it);
+    the job's record travels in the same transaction."""
+    from producer.gateway.commit import Attempt
     from producer.gateway.jobs import JobService
     from producer.gateway.models import model_specs
     from shared.redis_client import async_redis_client
@@ -115,25 +117,32 @@ def test_the_gateways_push_is_on_the_replica_when_it_returns(ha_stack: Stack) ->
     client = FleetClient(ha_stack.s)
     primary, replica = node(ha_stack, "redis"), node(ha_stack, "redis-replica")
 
-    async def push(task_id: str) -> None:
+    async def admitted() -> None:
+        return None
+
+    async def push(task_id: str) -> bytes | None:
         jobs = JobService(
             client, async_redis_client(ha_stack.s, client.role), model_specs(ha_stack.s)
         )
         try:
             env = client.envelope("text", {"text": "through the gateway"}, "bulk", None)
-            await jobs._push(env, task_id)
+            message = jobs._message(env, task_id)
+            attempt = Attempt(task_id, keys.job_key(task_id), '{"id": 1}', 60, message)
+            return await jobs._create(attempt, admitted)
         finally:
             jobs.pool.shutdown(wait=True)
             await jobs.redis.aclose()
 
     wait_for_replica(primary)  # another test may have restarted it
+    warm: list[str] = []
     try:
         # until a push waits: a short WAIT earlier in this process (another test's, without
         # a replica) pauses waiting for the waiter's backoff
         deadline = time.monotonic() + 10
         while True:
             before = waits(ha_stack)
-            asyncio.run(push("gw-warm"))
+            asyncio.run(push(f"gw-warm-{len(warm)}"))
+            warm.append(f"gw-warm-{len(warm)}")
             if waits(ha_stack) > before:
                 break
             assert time.monotonic() < deadline, "no push waited for the replica"
@@ -142,7 +151,10 @@ def test_the_gateways_push_is_on_the_replica_when_it_returns(ha_stack: Stack) ->
         asyncio.run(push("gw-1"))
         assert waits(ha_stack) - before == 1
         on_replica = [json.loads(m)["headers"]["id"] for m in replica.lrange(BULK_LIST, 0, -1)]
-        assert on_replica[0] == "gw-1" and set(on_replica) == {"gw-1", "gw-warm"}  # newest first
+        assert on_replica == ["gw-1", *reversed(warm)]  # newest first
+        assert replica.get(keys.job_key("gw-1")) == b'{"id": 1}'
+        assert asyncio.run(push("gw-1")) == b'{"id": 1}'  # the same id again: nothing sent
+        assert primary.llen(BULK_LIST) == len(warm) + 1
     finally:
-        primary.delete(BULK_LIST)
+        primary.delete(BULK_LIST, *(keys.job_key(i) for i in ["gw-1", *warm]))
         client.close()

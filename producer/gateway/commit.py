@@ -1,0 +1,170 @@
+"""A gateway job's one write: its record and its message, together, once per id.
+
+The job record (``fleet:job:<id>``) says "this id was sent"; the message is what runs it.
+Written apart (``SET NX`` first, ``LPUSH`` after), a gateway killed between the two left a
+record without a message: the retry the README advises found the record, answered 202, and
+the job stayed PENDING until the record expired (a day). So they are one step:
+
+    WATCH fleet:job:<id>; GET fleet:job:<id>          -> a record: the job exists, stop
+    MULTI; SET fleet:job:<id> <record> EX <ttl>; LPUSH <queue> <message>; EXEC
+
+``EXEC`` applies both or neither, and only if nobody wrote the record since ``WATCH`` (a
+concurrent POST with the same id, on any gateway: its ``EXEC`` then answers nil and this one
+reads the record again and returns it). The producer's ACL user may ``WATCH`` but not run
+scripts (``shared.acl``), hence the optimistic transaction rather than one ``EVAL``.
+
+Crash points (``producer.gateway.crashpoints``; each is tested by SIGKILLing a real
+gateway there, ``tests/integration/test_gateway_crash.py``):
+
+- before ``EXEC`` reached Redis (the /dev/shm inputs written, the record read under
+  ``WATCH``, the transaction half sent): Redis holds nothing of the job (a connection's
+  ``WATCH`` and its queued ``MULTI`` die with it), so the same id sent again is a new job.
+  Its /dev/shm inputs, bound to that id, are reclaimed after the job's final result
+  (``[transport] default_ttl_s``) or at ``max_ref_lifetime_s`` if it is never sent again.
+- after ``EXEC``: record and message are both on Redis (the AOF logs a transaction whole:
+  Redis drops a trailing ``MULTI`` without its ``EXEC`` when it loads a truncated AOF, and
+  replicates it whole too), so a retry finds the record and waits for the one message.
+
+Behind Sentinel with ``wait_replicas``, the transaction is followed by ``WAIT`` on its
+connection (:func:`commit_waiting`, on a worker thread, as ``FleetClient.publish_many``
+does): a short answer while a failover is under way (``ReplicationUncertain``) or a lost
+connection retries through kombu's publish retry, and each retry starts again with
+``WATCH``/``GET`` on the (new) primary: a transaction that survived the failover is found
+there (its record is this call's own, byte for byte: nothing is sent again), one that was
+lost with the old primary is sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from producer.client_push import Line, Nothing
+from producer.gateway.crashpoints import pause, pause_sync
+from producer.wire import Outgoing
+
+if TYPE_CHECKING:
+    from producer.client import FleetClient
+
+__all__ = ["TRIES", "Attempt", "commit", "commit_waiting"]
+
+TRIES = 5  # WATCH rounds before giving up (each lost one means the record was just written)
+
+
+@dataclass
+class Attempt:
+    """One job's commit: its id, record key, record (the JSON ``SET`` writes), the record's
+    TTL and the message. ``maybe_sent`` turns true once an ``EXEC`` may have reached Redis:
+    the caller then keeps the job's /dev/shm inputs, which the message may name."""
+
+    job_id: str
+    key: str
+    record: str
+    ttl_s: int
+    message: Outgoing
+    maybe_sent: bool = False
+
+    def writes(self) -> list[tuple[Any, ...]]:
+        """The transaction's commands: the record, then the message."""
+        return [
+            ("SET", self.key, self.record, "EX", self.ttl_s),
+            ("LPUSH", self.message.key, self.message.payload),
+        ]
+
+
+async def commit(aredis: Any, job: Attempt, admit: Callable[[], Awaitable[None]]) -> bytes | None:
+    """Write ``job``'s record and message in one transaction unless its id has a record;
+    ``admit`` (the queue-depth read and the admission check) runs while the record is read
+    and may refuse. Returns ``None`` when this call made the job, else the record found.
+
+    Raises:
+        what ``admit`` raises (nothing written), redis errors (``job.maybe_sent`` says
+        whether the transaction may have been applied), ``redis.WatchError`` after
+        :data:`TRIES` rounds that each found the record rewritten.
+    """
+    for _ in range(TRIES):
+        async with aredis.pipeline(transaction=True) as pipe:
+            found, admitted = await asyncio.gather(
+                _watch_get(pipe, job.key), admit(), return_exceptions=True
+            )
+            if isinstance(found, BaseException):
+                raise found
+            if found is not None:  # the job exists: a refusal of this copy does not matter
+                return found
+            if isinstance(admitted, BaseException):
+                raise admitted
+            await pause("before-push", job.job_id)
+            pipe.multi()
+            for command in job.writes():
+                pipe.execute_command(*command)
+            job.maybe_sent = True
+            try:
+                await pipe.execute()
+            except redis.WatchError:  # the record was written meanwhile: read it
+                job.maybe_sent = False
+                continue
+            except redis.ResponseError:  # refused before EXEC ran (EXECABORT): not applied
+                job.maybe_sent = False
+                raise
+            return None
+    raise redis.WatchError(f"the record of job {job.job_id} kept changing")
+
+
+async def _watch_get(pipe: Any, key: str) -> bytes | None:
+    await pipe.watch(key)
+    found: bytes | None = await pipe.get(key)
+    return found
+
+
+def commit_waiting(client: FleetClient, job: Attempt) -> bytes | None:
+    """:func:`commit` behind Sentinel, on a worker thread: the transaction followed by
+    ``WAIT`` for a replica on its connection, retried through a failover with the publish
+    retry policy (``task_publish_retry_policy``, as ``publish_many``). Admission was judged
+    before. Returns as :func:`commit` (``None``: made here, this call's earlier attempt
+    included).
+
+    Raises:
+        kombu.exceptions.OperationalError: the retries ran out (the job may be on Redis);
+        redis.ResponseError: Redis refused the transaction (nothing applied).
+    """
+    conf = client.app.conf
+    retry = conf.task_publish_retry  # as publish_many: retry=False, no retries
+    policy = dict(conf.task_publish_retry_policy or {}) if retry else {"max_retries": 0}
+    with client.app.pool.acquire(block=True) as kconn:
+        line = Line(kconn)
+        try:
+            attempt = kconn.ensure(Nothing(), _attempt, **policy)
+            found: bytes | None = attempt(kconn, line, job)
+            return found
+        finally:
+            line.close()
+
+
+def _attempt(_kconn: Any, line: Line, job: Attempt) -> bytes | None:
+    """One attempt of :func:`commit_waiting` on ``line``'s connection (dropped on a fault:
+    its ``WATCH`` goes with it)."""
+    try:
+        for _ in range(TRIES):
+            found = line.send([("WATCH", job.key), ("GET", job.key)], atomic=False).replies()[1]
+            if found is not None:
+                line.send([("UNWATCH",)], atomic=False).replies()
+                return None if found == job.record.encode() else found
+            pause_sync("before-push", job.job_id)
+            job.maybe_sent = True
+            try:
+                line.send(job.writes()).replies()  # EXEC, then WAIT (a replica has it)
+            except redis.WatchError:
+                job.maybe_sent = False
+                continue
+            except redis.ResponseError:  # refused before EXEC ran (EXECABORT): not applied
+                job.maybe_sent = False
+                raise
+            return None
+        raise redis.WatchError(f"the record of job {job.job_id} kept changing")
+    except BaseException:
+        line.drop()
+        raise
