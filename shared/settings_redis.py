@@ -42,6 +42,11 @@ class RedisSettings(BaseModel):
     # The last resort for consumers without leases (baseline workers, plain Celery).
     visibility_timeout_s: int = 3600
     restore_scan_interval_s: float = 10.0  # how often a worker returns expired unacked messages
+    # Deadlines, lease scores and heartbeats are on Redis' clock (TIME; shared.clock): a
+    # host's own clock cannot fail or hide work. A worker whose clock is further than this
+    # off Redis' logs a warning (and always exports fleet_worker_clock_skew_seconds); 0: no
+    # warning.
+    clock_skew_warn_s: float = Field(default=1.0, ge=0.0)
     result_expires_s: int = 86400
     # High availability (Redis Sentinel, shared.redis_client): with sentinels ("host:port"
     # each), every process asks them for the primary of ``master_name`` and follows it
