@@ -7,8 +7,10 @@ queue of that modality, with a single keyword argument ``request`` holding the e
      "submitted_ms": 1764460800123.4, "deadline_ms": 1764460800323.4,
      "model": null, "inputs": {"text": "A man is playing a guitar."}}
 
-Times are Unix epoch milliseconds (wall clock, so producers and workers on different hosts
-agree as far as their clocks do). ``deadline_ms`` null means no deadline. Inputs per modality:
+Times are Unix epoch milliseconds on Redis' clock (``TIME``, ``shared.clock``), the one
+clock producers and workers on different hosts share: a host whose own clock is off neither
+fails nor keeps requests past their deadline. ``deadline_ms`` null means no deadline.
+Inputs per modality:
 
 - text: ``{"text": str}``
 - image: ``{"image_b64": str}`` (base64 of JPEG/PNG/WebP/... file bytes)
@@ -19,11 +21,11 @@ Large tensors travel as ``TensorRef`` objects (see ``shared.transport``), never 
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shared import clock
 from shared.errors import InvalidInput, UnsupportedModality
 from shared.settings import MODALITIES
 
@@ -40,16 +42,17 @@ class TaskEnvelope(BaseModel):
     v: Literal[1] = 1
     modality: str
     priority: str
-    submitted_ms: float = Field(default_factory=lambda: time.time() * 1000.0)
+    submitted_ms: float = Field(default_factory=lambda: clock.now_s() * 1000.0)
     deadline_ms: float | None = None
     model: str | None = None
     inputs: dict[str, Any]
 
     def expired(self, now_ms: float | None = None) -> bool:
-        """True when a deadline is set and ``now_ms`` (default: now) is past it."""
+        """True when a deadline is set and ``now_ms`` (default: now, on this process's
+        clock: Redis' in a worker, ``shared.clock``) is past it."""
         if self.deadline_ms is None:
             return False
-        now = time.time() * 1000.0 if now_ms is None else now_ms
+        now = clock.now_s() * 1000.0 if now_ms is None else now_ms
         return now > self.deadline_ms
 
     def to_kwargs(self) -> dict[str, Any]:

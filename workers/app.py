@@ -30,7 +30,7 @@ from shared.errors import FleetError
 from shared.keys import task_name
 from shared.metrics import metrics_port, serve
 from shared.settings import MODALITIES, load_settings
-from workers import engine_registry, heap
+from workers import clock_watch, engine_registry, heap
 from workers.janitor import ShmJanitor
 from workers.lease import lease_transport_options
 from workers.probe import PROBE_TASK, read_tensor
@@ -99,6 +99,9 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
             **lease_transport_options(settings),
         }
         engine.start_leases()
+        if engine.keeper is not None:  # Redis' clock for every timestamp (workers.clock_watch)
+            gauge = engine.metrics.clock_skew.labels(modality)
+            clock_watch.start(engine.keeper.clock, settings.redis.clock_skew_warn_s, gauge)
         if engine.cfg.batching.realtime_lane:
             step = realtime_consumer_step(modality, engine.cfg.batching.realtime_prefetch)
             app.steps["consumer"].add(step)
@@ -114,6 +117,7 @@ def _log_ready(sender: Any = None, **_: Any) -> None:
             engine.keeper.announce(engine.modality, sender.hostname)
         except Exception as exc:  # Redis away: the next renewal announces it
             log.warning("liveness not announced yet: %s", exc)
+    clock_watch.remind()  # the first sample's warning came before logging was configured
     # Everything alive now lives as long as the process: out of the collector's full
     # passes, which otherwise hold the event loop (see workers.heap).
     frozen = heap.freeze_startup_heap()

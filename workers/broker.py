@@ -45,7 +45,7 @@ from kombu.utils.json import loads
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError as RedisResponseError
 
-from shared import keys
+from shared import clock, keys
 from workers import lease
 from workers.broker_take import TAKE_MANY, TakeRefused
 
@@ -348,7 +348,7 @@ class Channel(kombu_redis.Channel):
             if self._take_many is None:
                 self._take_many = client.register_script(TAKE_MANY)
             flat = self._take_many(
-                keys=keys, args=[n, repr(time.time()), self.fetch_max_bytes], client=client
+                keys=keys, args=[n, repr(clock.now_s()), self.fetch_max_bytes], client=client
             )
         except RedisResponseError as exc:
             # Refused before it ran (NOPERM: an ACL denies scripts; NOSCRIPT after a

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from shared import clock
 from shared.errors import FleetError, InvalidMessage
 from shared.keys import delivery_count_key
 from workers.results import Outcome, ResultWriter, new_token
@@ -249,7 +250,7 @@ class Completer:
             w.env.priority if w else d.priority,
             "ok" if o.error is None else o.error.code,
             queued_ms / 1000.0 if ran else None,
-            (time.time() - w.env.submitted_ms / 1000.0) if w else None,
+            (clock.now_s() - w.env.submitted_ms / 1000.0) if w else None,
             self.metrics.eco.queue_of(req),
             d.run_ms / 1000.0 if ran else None,
         )
@@ -268,8 +269,8 @@ class Completer:
             w.prepared.length if w else 0,
             (w.attempts + 1) if w else 0,
             (now - w.arrival_s) * 1000.0 if w else 0.0,
-            # the producer's clock: meaningful on one host, or with clocks in sync
-            (time.time() * 1000.0 - w.env.submitted_ms) if w else 0.0,
+            # both on Redis' clock (shared.clock): meaningful across hosts
+            (clock.now_s() * 1000.0 - w.env.submitted_ms) if w else 0.0,
         )
 
     def refuse_message(self, message: Any, exc: Exception) -> None:

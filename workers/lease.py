@@ -34,6 +34,7 @@ from typing import Any
 import redis
 
 from shared import keys
+from shared.clock import RedisClock
 from shared.settings import Settings
 
 log = logging.getLogger("fleet.lease")
@@ -47,13 +48,19 @@ class LeaseKeeper:
     Args:
         client: a Redis client of the keeper's own (thread-safe connection pool).
         renew_s: seconds between renewals.
+        clock: Redis' clock (``shared.clock``), which every score is on, so that a host
+            whose wall clock is off neither loses its leases nor takes others' for lapsed;
+            the renewal thread keeps it sampled. Default: one reading ``client``'s ``TIME``.
 
     Thread safety: every method may be called from any thread.
     """
 
-    def __init__(self, client: redis.Redis, renew_s: float) -> None:
+    def __init__(
+        self, client: redis.Redis, renew_s: float, clock: RedisClock | None = None
+    ) -> None:
         self.client = client
         self.renew_s = renew_s
+        self.clock = clock if clock is not None else RedisClock(client.time)
         self._tags: dict[str, int] = {}  # tag -> holds (a tag delivered twice is held twice)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -94,9 +101,9 @@ class LeaseKeeper:
             redis.RedisError: Redis is unreachable (the thread retries next period).
         """
         tags = self.held()
+        now = self.clock.now()  # Redis' time; samples it when due (this thread keeps it)
         if not tags:
             return 0
-        now = time.time()
         t0 = time.perf_counter()
         kept = 0
         with self.client.pipeline(transaction=False) as pipe:
@@ -157,7 +164,7 @@ class LeaseKeeper:
         if self._live is None:
             return
         key, node = self._live
-        now = time.time()
+        now = self.clock.now()  # Redis' time: producers compare it with Redis' time
         with self.client.pipeline(transaction=False) as pipe:
             pipe.zadd(key, {node: now})
             pipe.zremrangebyscore(key, "-inf", now - keys.LIVE_FORGET_S)

@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared import clock
 from shared.errors import FleetError
 from shared.metrics import FleetMetrics
 from shared.priority import Priority
@@ -190,7 +191,8 @@ class ProgressThrottle:
 
 
 def monotonic_deadline(deadline_ms: float | None) -> float | None:
-    """A wall-clock deadline (epoch ms, the producer's clock) on this process's monotonic clock."""
+    """A deadline (epoch ms on Redis' clock, ``shared.clock``) on this process's monotonic
+    clock."""
     if deadline_ms is None:
         return None
-    return time.monotonic() + (deadline_ms - time.time() * 1000.0) / 1000.0
+    return time.monotonic() + (deadline_ms - clock.now_s() * 1000.0) / 1000.0
