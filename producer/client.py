@@ -7,7 +7,9 @@
 
 Each request becomes one Celery task ``fleet.<modality>`` on the modality's queue, at the
 Celery priority of its class, carrying a :class:`~shared.schema.TaskEnvelope`. Its deadline is
-``submitted + timeout_s`` (the class default when ``timeout_s`` is ``None``; BULK has none).
+``submitted + timeout_s`` (the class default when ``timeout_s`` is ``None``; BULK has none),
+both on Redis' clock (``client.clock``, ``shared.clock``: one ``TIME`` every 15 s, none per
+request), which workers check it against: a host whose own clock is off changes nothing.
 
 Modules (import every name from here): this one builds and submits requests
 (:class:`FleetClient`, :class:`SubmitRequest`) and owns the client's /dev/shm store;
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from producer.client_results import READY_STATES, ResultHandle, ResultReading, o
 from producer.wire import fresh_ids
 from shared import jsonfast, tracing
 from shared.celery_app import make_app
+from shared.clock import RedisClock
 from shared.errors import FleetError, InvalidInput, PayloadTooLarge, UnsupportedModality
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
@@ -94,7 +96,14 @@ class FleetClient(Publishing, ResultReading):
         self.settings = settings
         self.role = role
         self.app = app or make_app(settings, name="fleet-producer", role=role)
+        # Redis' clock: submit times, deadlines and liveness are compared across hosts
+        self.clock = RedisClock(self._redis_time)
         tracing.configure(settings, "fleet-producer")  # off unless [tracing] says so
+
+    def _redis_time(self) -> Any:
+        """Redis' ``TIME`` (one round trip on a pooled broker connection)."""
+        with self.app.pool.acquire(block=True) as conn:
+            return conn.default_channel.client.time()
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> FleetClient:
@@ -133,7 +142,8 @@ class FleetClient(Publishing, ResultReading):
     ) -> tuple[list[TaskEnvelope], list[bytes]]:
         """:meth:`_validated` of each request, in one loop (the settings read once): their
         envelopes, and their inputs' JSON. The requests of one call share their submit time
-        (``submitted_ms``, from which a deadline counts): they are sent together.
+        (``submitted_ms``, from which a deadline counts, on Redis' clock): they are sent
+        together.
 
         Raises:
             as :meth:`envelope`, for the first request that is not valid.
@@ -141,7 +151,7 @@ class FleetClient(Publishing, ResultReading):
         classes = self._classes()
         limits = self.settings.limits
         max_inline, max_chars = limits.max_inline_bytes, limits.max_text_chars
-        now_ms = time.time() * 1000.0
+        now_ms = self.clock.now() * 1000.0
         envs: list[TaskEnvelope] = []
         datas: list[bytes] = []
         for r in requests:

@@ -9,7 +9,6 @@ Import these names from ``producer.client``.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from shared.schema import TaskEnvelope
 from shared.settings import MODALITIES
 
 if TYPE_CHECKING:
+    from shared.clock import RedisClock
     from shared.settings import Settings
 
 __all__ = ["CHUNK", "Outgoing", "Publishing"]  # Outgoing: producer.wire's
@@ -39,6 +39,7 @@ class Publishing:
     if TYPE_CHECKING:
         app: Celery
         settings: Settings
+        clock: RedisClock
 
     def publish(
         self, producer: Any, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int
@@ -182,12 +183,13 @@ class Publishing:
     def live_workers(self, modality: str) -> list[str]:
         """Node names of ``modality``'s batching workers that are ready and alive: those
         whose last heartbeat (``fleet:live:<modality>``, written with every lease renewal)
-        is younger than ``[redis] lease_s``. One round trip.
+        is younger than ``[redis] lease_s``, both on Redis' clock (``self.clock``; a
+        producer or worker whose own clock is off sees the same). One round trip.
 
         Raises:
             kombu/redis connection errors: Redis is unreachable.
         """
-        since = time.time() - self.settings.redis.lease_s
+        since = self.clock.now() - self.settings.redis.lease_s
         with self.app.pool.acquire(block=True) as conn:
             client = conn.default_channel.client
             nodes = client.zrangebyscore(keys.live_key(modality), since, "+inf")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +40,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shared import keys
+from shared.clock import RedisClock
 from shared.queue_stats import QueueReader, QueueStats
 from shared.settings import MODALITIES, Settings
 
@@ -71,6 +71,8 @@ class QueueCollector(Collector):
 
         self.settings = settings
         self.client = client or redis_client(settings, "operator", socket_timeout=5.0)
+        # Redis' clock (shared.clock): submit times and heartbeats are on it, not on this host's
+        self.clock = RedisClock(self.client.time)
         self.queues = all_queues()
         self.reader = QueueReader(self.client, self.queues)
         self.steps = step_labels(settings)
@@ -118,7 +120,7 @@ class QueueCollector(Collector):
         live = GaugeMetricFamily(
             "fleet_queue_consumers", "Live workers of the queue's modality", labels=["queue"]
         )
-        now = time.time()
+        now = self.clock.now()
         for st in stats:
             q = st.queue
             length.add_metric([q], st.waiting_total)
@@ -136,7 +138,7 @@ class QueueCollector(Collector):
 
     def _consumers(self) -> dict[str, int]:
         """Live workers per modality: heartbeats younger than a lease (``workers.lease``)."""
-        since = time.time() - self.settings.redis.lease_s
+        since = self.clock.now() - self.settings.redis.lease_s
         with self.client.pipeline(transaction=False) as pipe:
             for m in MODALITIES:
                 pipe.zcount(keys.live_key(m), since, "+inf")

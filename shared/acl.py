@@ -10,9 +10,9 @@ role        may
 producer    enqueue (``LPUSH`` onto the modality queues, kombu's bindings), read results
             (``GET``/``MGET``/``SUBSCRIBE`` on ``celery-task-meta-*``), cancel (a first-wins
             ``SET NX`` on ``fleet:final:*`` and the REVOKED result), read worker liveness
-            (``fleet:live:*``), publish ``task-sent`` events, ``WAIT`` for a replica
-            after a publish (Redis behind Sentinel). Nothing else: no ``EVAL``,
-            ``CONFIG``, ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, no other key or channel.
+            (``fleet:live:*``) and Redis' clock (``TIME``), publish ``task-sent`` events,
+            ``WAIT`` for a replica after a publish (Redis behind Sentinel). Nothing else: no
+            ``EVAL``, ``CONFIG``, ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, no other key or channel.
 worker      every key and channel, every command but Redis's ``@dangerous`` ones (``CONFIG``,
             ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, ``DEBUG``, ``ACL``, ``CLIENT KILL``...):
             workers run the fleet's Lua scripts (fetch, result writes, batch gate).
@@ -64,6 +64,7 @@ PRODUCER_COMMANDS: tuple[str, ...] = (
     "get", "mget", "set", "setex",
     "publish", "subscribe", "unsubscribe",
     "zrangebyscore",
+    "time",  # Redis' clock: submit times, deadlines and liveness are on it (shared.clock)
     "wait",  # with Sentinel: a publish waits for a replica (shared.ha)
 )  # fmt: skip
 

@@ -25,12 +25,11 @@ their payload sizes (inline payloads; tensors travel as refs); it runs once per 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import keys
+from shared import clock, keys
 
 __all__ = [
     "FLEET_HEADER_FIELDS",
@@ -131,10 +130,11 @@ class QueueStats:
         return self.waiting_total + self.reserved
 
     def oldest_age_s(self, now_s: float | None = None) -> float:
-        """Seconds since the oldest request was submitted; 0 when the queue is empty."""
+        """Seconds since the oldest request was submitted; 0 when the queue is empty.
+        ``now_s``: Redis' time (submit times are on it; default: this process's clock)."""
         if self.oldest_submitted_ms is None:
             return 0.0
-        now = time.time() if now_s is None else now_s
+        now = clock.now_s() if now_s is None else now_s
         return max(0.0, now - self.oldest_submitted_ms / 1000.0)
 
 

@@ -199,9 +199,15 @@ class JobService:
             return hit[1]
 
         async def read() -> list[str]:
-            # as FleetClient.live_workers reads it, on the loop's own connection
-            since = time.time() - self.settings.redis.lease_s
+            # as FleetClient.live_workers reads it, on the loop's own connection; Redis'
+            # clock (shared.clock) sampled here when due, never blocking the loop
+            clock = self.client.clock
             try:
+                if clock.due():
+                    sent = time.monotonic()
+                    reply = await self.redis.time()
+                    clock.observe(reply, sent, time.monotonic())
+                since = clock.peek() - self.settings.redis.lease_s
                 raw = await self.redis.zrangebyscore(keys.live_key(modality), since, "+inf")
             except Exception as exc:
                 raise BrokerUnavailable(f"cannot read worker liveness: {exc}") from None

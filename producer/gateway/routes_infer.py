@@ -8,7 +8,6 @@ respond-async`` answers ``202`` at once. Registered by :func:`producer.gateway.a
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -89,7 +88,7 @@ async def run_infer(gw: Gateway, spec: ModelSpec, request: Request) -> Response:
         return accepted(job_view(snap, spec), True)
     left_s = None
     if job.deadline_ms is not None:
-        left_s = max(0.0, (job.deadline_ms - time.time() * 1000.0) / 1000.0)
+        left_s = max(0.0, (job.deadline_ms - jobs.client.clock.peek() * 1000.0) / 1000.0)
     wait_s = wait_budget(
         prefer, left_s, settings.gateway.default_wait_s, settings.gateway.max_wait_s
     )
