@@ -125,12 +125,22 @@ class Stack(ProcessTable, RedisNode, StackState):
         """The process name (pidfile, log) of a worker: ``worker-text``, ``worker-text-1``."""
         return f"worker-{modality}" + (f"-{instance}" if instance else "")
 
-    def start_worker(self, modality: str, mode: str = "batch", instance: int = 0) -> Proc:
+    def start_worker(
+        self,
+        modality: str,
+        mode: str = "batch",
+        instance: int = 0,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> Proc:
         """Start a worker and wait until it answers a ping. ``instance`` > 0 starts another
-        worker of the same modality (node ``text-1@host``, process ``worker-text-1``)."""
+        worker of the same modality (node ``text-1@host``, process ``worker-text-1``).
+        ``extra_env``: variables for this worker only (a drill's skewed clock)."""
         node_name = f"{modality}-{instance}" if instance else modality
+        env = {**self.env(), **extra_env} if extra_env else None
         proc = self._spawn(
-            self.worker_name(modality, instance), self.worker_argv(modality, mode, replica=instance)
+            self.worker_name(modality, instance),
+            self.worker_argv(modality, mode, replica=instance),
+            env=env,
         )
         node = f"{node_name}@{socket.gethostname()}"
         self._wait(
