@@ -222,8 +222,9 @@ class FleetClient(Publishing, ResultReading):
         Raises:
             FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
                 modality's queue holds ``max_queue_length`` messages.
-            kombu.exceptions.OperationalError: the broker stayed unreachable through the
-                publish retries (see :meth:`submit_many`).
+            BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
+                ``READONLY``, ``NOPERM``; at once, never retried) or stayed unreachable
+                through the publish retries (``UNREACHABLE``; see :meth:`submit_many`).
         """
         return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s, task_id)])[0]
 
@@ -238,10 +239,11 @@ class FleetClient(Publishing, ResultReading):
 
         Raises:
             FleetError: as :meth:`submit`, before anything is sent.
-            kombu.exceptions.OperationalError: the broker stayed unreachable through the
+            BrokerUnavailable: Redis refused a chunk or stayed unreachable through the
                 publish retries. Requests of the chunks sent before are queued (their handles
                 are the exception's ``submitted`` attribute); the failing chunk's may be
-                (a lost ``EXEC`` reply); the rest were not sent.
+                (a lost ``EXEC`` reply; a refused one was not applied); the rest were not
+                sent.
         """
         requests = list(requests)
         envs, datas = self._validated_many(requests)

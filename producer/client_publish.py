@@ -19,6 +19,7 @@ from producer.wire import Outgoing, PayloadBuilder
 from shared import keys, tracing
 from shared.priority import Priority
 from shared.queue_stats import fleet_headers
+from shared.redis_refusal import BROKER_FAULTS, broker_unavailable, reason_of
 from shared.schema import TaskEnvelope
 from shared.settings import MODALITIES
 
@@ -150,34 +151,51 @@ class Publishing:
         chunk whose ``EXEC`` ran but whose reply was lost is then pushed twice: the workers
         run a task id once and ack the other copy as a duplicate (``workers.completion``).
 
+        A refusal (Redis answered ``OOM``, ``MISCONF``, ``READONLY``, ``NOPERM``) is raised at
+        once, never retried: sending it again gets the same answer (``shared.kombu_redis``).
+
         Raises:
-            kombu.exceptions.OperationalError: retries exhausted (the chunks yielded before
-                are on Redis; the failing one may be; later ones were not sent).
+            BrokerUnavailable: Redis refused a chunk (nothing of it applied), or stayed
+                unreachable through the retries (the chunks yielded before are on Redis;
+                the failing one may be; later ones were not sent). ``reason`` says which.
         """
         conf = self.app.conf
         retry = conf.task_publish_retry  # as Celery's send_task: retry=False, no retries
         policy = dict(conf.task_publish_retry_policy or {}) if retry else {"max_retries": 0}
-        with self.app.pool.acquire(block=True) as conn:
-            pusher = Pusher(conn, policy, conf.event_exchange, self.payloads().sent_group)
-            try:
-                yield from pusher.chunks(iter(messages), chunk, check)
-            finally:
-                pusher.close()
+        try:
+            with self.app.pool.acquire(block=True) as conn:
+                pusher = Pusher(conn, policy, conf.event_exchange, self.payloads().sent_group)
+                try:
+                    yield from pusher.chunks(iter(messages), chunk, check)
+                finally:
+                    pusher.close()
+        except BROKER_FAULTS as exc:
+            if reason_of(exc) is None:
+                raise
+            raise broker_unavailable(exc, "could not publish") from exc
 
     def queue_depth(self, modality: str) -> dict[str, int]:
         """Messages waiting in ``modality``'s queue, per priority class (one round trip).
 
         Uses a pooled broker connection: cheap enough to call before every submission.
+
+        Raises:
+            BrokerUnavailable: Redis refused it or could not be reached.
         """
         names = [p.label for p in Priority]
         prios = [Priority.parse(n).celery_priority(self.settings) for n in names]
-        with self.app.pool.acquire(block=True) as conn:
-            client = conn.default_channel.client
-            with client.pipeline(transaction=False) as pipe:
-                for name, p in zip(names, prios, strict=True):
-                    queue = keys.queue_for(modality, name)
-                    pipe.llen(keys.priority_list_key(queue, p))
-                counts = pipe.execute()
+        try:
+            with self.app.pool.acquire(block=True) as conn:
+                client = conn.default_channel.client
+                with client.pipeline(transaction=False) as pipe:
+                    for name, p in zip(names, prios, strict=True):
+                        queue = keys.queue_for(modality, name)
+                        pipe.llen(keys.priority_list_key(queue, p))
+                    counts = pipe.execute()
+        except BROKER_FAULTS as exc:
+            if reason_of(exc) is None:
+                raise
+            raise broker_unavailable(exc, "could not read the queue depth") from exc
         return dict(zip(names, (int(c) for c in counts), strict=True))
 
     def live_workers(self, modality: str) -> list[str]:
@@ -187,12 +205,18 @@ class Publishing:
         producer or worker whose own clock is off sees the same). One round trip.
 
         Raises:
-            kombu/redis connection errors: Redis is unreachable.
+            BrokerUnavailable: Redis is unreachable or refused the read (``MISCONF``
+                refuses a new connection's first ``PING``).
         """
         since = self.clock.now() - self.settings.redis.lease_s
-        with self.app.pool.acquire(block=True) as conn:
-            client = conn.default_channel.client
-            nodes = client.zrangebyscore(keys.live_key(modality), since, "+inf")
+        try:
+            with self.app.pool.acquire(block=True) as conn:
+                client = conn.default_channel.client
+                nodes = client.zrangebyscore(keys.live_key(modality), since, "+inf")
+        except BROKER_FAULTS as exc:
+            if reason_of(exc) is None:
+                raise
+            raise broker_unavailable(exc, "could not read worker liveness") from exc
         return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in nodes)
 
     def _depth_check(self, envs: Sequence[TaskEnvelope]) -> DepthCheck | None:

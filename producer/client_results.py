@@ -27,6 +27,7 @@ from shared.errors import (
     error_to_wire,
     is_error_wire,
 )
+from shared.redis_refusal import BROKER_FAULTS, broker_unavailable, reason_of
 from shared.schema import TaskEnvelope
 
 log = logging.getLogger("fleet.client")
@@ -177,11 +178,19 @@ class ResultReading:
 
         Returns, per handle, ``None`` while it has no result, else its outcome dict (see
         :meth:`ResultHandle.outcome`) with ``done_ms``: when the worker stored it (epoch ms).
+
+        Raises:
+            BrokerUnavailable: Redis could not be read (``reason``).
         """
         if not handles:
             return []
         backend = self.app.backend
-        raw = backend.client.mget([backend.get_key_for_task(h.id) for h in handles])
+        try:
+            raw = backend.client.mget([backend.get_key_for_task(h.id) for h in handles])
+        except BROKER_FAULTS as exc:
+            if reason_of(exc) is None:
+                raise
+            raise broker_unavailable(exc, "could not read results") from exc
         out: list[dict[str, Any] | None] = []
         for value in raw:
             if value is None:
@@ -241,7 +250,8 @@ class ResultReading:
             a worker, or an earlier cancel).
 
         Raises:
-            redis errors: Redis is unreachable or refused a command.
+            BrokerUnavailable: Redis refused the transaction (nothing applied; ``reason``) or
+                could not be reached.
         """
         from datetime import UTC, datetime
 
@@ -261,20 +271,25 @@ class ResultReading:
         }
         value = backend.encode(meta)
         key, final = backend.get_key_for_task(task_id), keys.final_key(task_id)
-        with backend.client.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(final)
-                    if pipe.exists(final):
-                        return False
-                    pipe.multi()
-                    pipe.setex(key, ttl, value)
-                    pipe.set(final, "1", ex=ttl)
-                    pipe.publish(key, value)
-                    pipe.execute()
-                    return True
-                except redis.WatchError:
-                    continue  # a final write landed meanwhile: read the marker again
+        try:
+            with backend.client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        pipe.watch(final)
+                        if pipe.exists(final):
+                            return False
+                        pipe.multi()
+                        pipe.setex(key, ttl, value)
+                        pipe.set(final, "1", ex=ttl)
+                        pipe.publish(key, value)
+                        pipe.execute()
+                        return True
+                    except redis.WatchError:
+                        continue  # a final write landed meanwhile: read the marker again
+        except BROKER_FAULTS as exc:
+            if reason_of(exc) is None:
+                raise
+            raise broker_unavailable(exc, f"could not cancel {task_id}") from exc
 
 
 def _epoch_ms(date_done: Any) -> float | None:

@@ -78,11 +78,18 @@ def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=True,
         enable_utc=True,
     )
+    # Every app but a worker's is told of Redis' refusals at once (shared.kombu_redis); a
+    # batching worker sets its own transport (workers.app), a baseline one keeps kombu's.
     if settings.ha:
-        from shared.ha import PRODUCER_TRANSPORT, pin_sentinel_transport
+        from shared.ha import BASELINE_TRANSPORT, PRODUCER_TRANSPORT, pin_sentinel_transport
 
-        app.conf.broker_transport = PRODUCER_TRANSPORT
-        pin_sentinel_transport(PRODUCER_TRANSPORT)  # kept through kombu's failover switch
+        transport = PRODUCER_TRANSPORT if role != "worker" else BASELINE_TRANSPORT
+        app.conf.broker_transport = transport
+        pin_sentinel_transport(transport)  # kept through kombu's failover switch
+    elif role != "worker":
+        from shared.kombu_redis import PRODUCER_TRANSPORT as PLAIN_TRANSPORT
+
+        app.conf.broker_transport = PLAIN_TRANSPORT
     return app
 
 

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 
 __all__ = [
     "ERROR_CLASSES",
+    "BrokerUnavailable",
     "CircuitOpen",
     "DeadlineExceeded",
     "DeadlineUnreachable",
@@ -174,6 +175,39 @@ class TransientError(FleetError):
 
     code = "TRANSIENT"
     retryable = True
+
+
+class BrokerUnavailable(FleetError):
+    """Redis did not take a producer's call: it is unreachable, or it answered and refused.
+
+    ``reason`` says which, so that a caller can tell a fault that needs an operator from a
+    lost connection: ``OOM`` (``maxmemory`` reached under ``noeviction``), ``MISCONF`` (it
+    cannot persist: the disk under its AOF or RDB is full or failing), ``READONLY`` (the node
+    is a replica), ``NOPERM`` (an ACL rule denies the command), ``UNREACHABLE`` (no
+    connection, a timeout, a node still loading), ``REFUSED`` (another refusal). Nothing was
+    sent, except where a connection was lost after a publish went out (the request may be
+    queued: retry with the same id). Never stored in a result: producers raise it.
+    """
+
+    code = "BROKER_UNAVAILABLE"
+    REASONS: ClassVar[tuple[str, ...]] = (
+        "OOM",
+        "MISCONF",
+        "READONLY",
+        "NOPERM",
+        "UNREACHABLE",
+        "REFUSED",
+    )
+
+    def __init__(
+        self, message: str = "", code: str | None = None, reason: str = "UNREACHABLE"
+    ) -> None:
+        super().__init__(message, code)
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, Any]:
+        """As :meth:`FleetError.to_dict`, with the ``reason``."""
+        return {**super().to_dict(), "reason": self.reason}
 
 
 class WorkerLost(FleetError):

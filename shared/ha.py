@@ -4,7 +4,8 @@
 sentinels, connections following a failover) whose ``_put`` sends each message's ``LPUSH``
 and a ``WAIT`` in one pipeline on one connection (``shared.redis_client.Waiter``): once a
 publish returns, the message is on a replica too, and a failover that follows cannot lose
-it. Producers use it (``shared.celery_app``); batching workers use
+it. Producers use it as :class:`ProducerSentinelTransport` (Redis' refusals not retried as
+lost connections: ``shared.kombu_redis``; ``shared.celery_app``); batching workers use
 ``workers.broker_ha.SentinelTransport``, which adds their fetch, leases and bell.
 
 kombu takes the ``;``-joined ``sentinel://`` URLs for failover alternates, and when a
@@ -28,11 +29,14 @@ from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
+from shared.kombu_redis import RefusalsNotRetried
 from shared.redis_client import Waiter, execute_waiting
 
 __all__ = [
+    "BASELINE_TRANSPORT",
     "PRODUCER_TRANSPORT",
     "WORKER_TRANSPORT",
+    "ProducerSentinelTransport",
     "SentinelChannel",
     "SentinelTransport",
     "WaitingPut",
@@ -85,7 +89,13 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
 
 
-PRODUCER_TRANSPORT = "shared.ha:SentinelTransport"
+class ProducerSentinelTransport(RefusalsNotRetried, SentinelTransport):
+    """:class:`SentinelTransport` whose users are told of Redis' refusals at once, not after
+    retrying them as lost connections (``shared.kombu_redis``): every app but a worker's."""
+
+
+PRODUCER_TRANSPORT = "shared.ha:ProducerSentinelTransport"
+BASELINE_TRANSPORT = "shared.ha:SentinelTransport"  # a plain-Celery (baseline) worker's
 WORKER_TRANSPORT = "workers.broker_ha:SentinelTransport"
 
 
@@ -95,7 +105,7 @@ def pin_sentinel_transport(transport: str = PRODUCER_TRANSPORT) -> None:
     pinned, stays: its publishes wait as the producer's do, and it adds the batched fetch
     and leases a worker's consumer needs."""
     aliases = kombu_transport.TRANSPORT_ALIASES
-    if aliases.get("sentinel") == WORKER_TRANSPORT and transport == PRODUCER_TRANSPORT:
+    if aliases.get("sentinel") == WORKER_TRANSPORT and transport != WORKER_TRANSPORT:
         return
     aliases["sentinel"] = transport
     # resolved names are cached by kombu (get_transport_cls)

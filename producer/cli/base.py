@@ -43,7 +43,7 @@ class ExitCode(IntEnum):
     UNKNOWN_ID = 4  # `fleet result` / `fleet watch` of an id the fleet does not know
 
 
-STACK_CODES = frozenset({"NO_READY_WORKER"})
+STACK_CODES = frozenset({"NO_READY_WORKER", "BROKER_UNAVAILABLE"})
 """Error codes that mean the stack, not the request, is the problem (exit 3)."""
 
 # What a process that loads models runs with unless told otherwise (`fleet worker`, `fleet

@@ -10,6 +10,7 @@ logic, unit-tested.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from producer.cli.base import CliProblem, ExitCode
@@ -20,6 +21,9 @@ REFUSED = "refused"
 AUTH = "auth"
 TIMEOUT = "timeout"
 OTHER = "other"
+# Redis answers and refuses (shared.redis_refusal): each kind is its BrokerUnavailable reason
+OOM, MISCONF, READONLY, NOPERM = "OOM", "MISCONF", "READONLY", "NOPERM"
+REFUSING = (OOM, MISCONF, READONLY, NOPERM)
 
 
 def broker_message(
@@ -68,13 +72,53 @@ def broker_message(
             f"Redis at {address} did not answer in time ({detail}).\n"
             "  is it stopped (SIGSTOP) or overloaded? `fleet status` shows the stack's processes"
         )
+    if kind in REFUSING:
+        return refusal_message(kind, address=address, run_dir=run_dir, user=user, detail=detail)
     return f"Redis at {address} is not usable: {detail}\n  `fleet status` shows the stack"
 
 
+def refusal_message(
+    kind: str, *, address: str, run_dir: str, user: str | None = None, detail: str = ""
+) -> str:
+    """Redis answers and refuses (``kind`` in :data:`REFUSING`): what, and what frees it.
+    Nothing was sent: the same command again succeeds once the cause is gone."""
+    said = f" ({detail})" if detail else ""
+    if kind == OOM:
+        return (
+            f"Redis at {address} is out of memory and refuses writes{said}; nothing was sent.\n"
+            "  let the workers drain the queues, or raise its maxmemory (redis.conf, or "
+            "CONFIG SET maxmemory as its admin); `fleet status` shows the stack"
+        )
+    if kind == MISCONF:
+        return (
+            f"Redis at {address} cannot persist and refuses writes{said}; nothing was sent.\n"
+            f"  free space on the disk under its data directory ({run_dir}/redis for a local "
+            "stack; its log says which file); it accepts writes again by itself"
+        )
+    if kind == READONLY:
+        return (
+            f"Redis at {address} is a read-only replica and refuses writes{said}; nothing was "
+            "sent.\n  point FLEET_REDIS__HOST / FLEET_REDIS__PORT at the primary (behind "
+            "Sentinel: FLEET_REDIS__SENTINELS), or promote it (REPLICAOF NO ONE)"
+        )
+    who = f"user {user!r}" if user else "this user"
+    return (
+        f"Redis at {address} denies a command to {who} (an ACL rule){said}; nothing was sent.\n"
+        "  restore the role's rules (shared/acl.py): `fleet down` and `fleet up` write them "
+        "again; for an external Redis, fix its ACL file"
+    )
+
+
 def classify(exc: BaseException) -> str:
-    """The kind of a Redis connection failure (redis-py and kombu exceptions)."""
+    """The kind of a Redis failure (redis-py and kombu exceptions, ``BrokerUnavailable``): a
+    refusal (:data:`REFUSING`) or a connection failure."""
     import redis
 
+    from shared.redis_refusal import reason_of
+
+    reason = reason_of(exc)
+    if reason in REFUSING:
+        return str(reason)
     text = str(exc)
     if isinstance(exc, redis.AuthenticationError) or any(
         w in text for w in ("WRONGPASS", "NOAUTH", "invalid username-password", "AUTH")
@@ -164,7 +208,23 @@ def require_broker(settings: Settings, role: str = "producer") -> None:
 
 
 def broker_lost(settings: Settings, exc: BaseException) -> CliProblem:
-    """A broker error in the middle of a command, diagnosed again (exit 3)."""
+    """A broker error in the middle of a command (exit 3): a refusal says what Redis refused
+    (a probe would pass: Redis answers ``PING`` out of memory), else diagnosed again."""
+    from shared.redis_refusal import answer_of
+
+    kind = classify(exc)
+    if kind in REFUSING:
+        user = None
+        with contextlib.suppress(FileNotFoundError):
+            user = settings.redis_credentials("producer")[0]
+        message = refusal_message(
+            kind,
+            address=f"{settings.redis.host}:{settings.redis.port}",
+            run_dir=str(settings.run_dir),
+            user=user,
+            detail=answer_of(exc),
+        )
+        return CliProblem(message, ExitCode.STACK)
     problem = broker_problem(settings) or (
         f"lost the connection to Redis at {settings.redis.host}:{settings.redis.port} "
         f"({type(exc).__name__}: {exc}); try again, or see `fleet status`"
@@ -173,12 +233,23 @@ def broker_lost(settings: Settings, exc: BaseException) -> CliProblem:
 
 
 def broker_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean the broker, not the request, failed."""
+    """Exceptions that mean the broker, not the request, failed (``BrokerUnavailable``
+    first: it is a ``FleetError`` too)."""
     from kombu.exceptions import OperationalError
     from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ResponseError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    return (OperationalError, RedisConnectionError, RedisTimeoutError, ConnectionError)
+    from shared.errors import BrokerUnavailable
+
+    return (
+        BrokerUnavailable,
+        OperationalError,
+        RedisConnectionError,
+        RedisTimeoutError,
+        ResponseError,
+        ConnectionError,
+    )
 
 
 def no_worker_message(modality: str, live: dict[str, list[str]], queued: bool) -> str:

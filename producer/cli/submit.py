@@ -148,10 +148,10 @@ def run_submit(
             )
             return
         result = _wait(handle, wait_s)
+    except broker_errors() as exc:  # before FleetError: BrokerUnavailable is one (exit 3)
+        raise broker_lost(settings, exc) from None
     except FleetError as exc:
         fail(exc, handle.id if handle is not None else None)
-    except broker_errors() as exc:
-        raise broker_lost(settings, exc) from None
     finally:
         if client is not None:
             client.close()  # a one-shot process: no released file kept for reuse

@@ -153,7 +153,9 @@ def add_error_handlers(app: FastAPI, retry_s: int) -> None:
         from redis.exceptions import RedisError
 
         if isinstance(exc, RedisError | ConnectionError):
-            return error_response("BROKER_UNAVAILABLE", f"Redis: {exc}", retry_s)
+            from shared.redis_refusal import broker_unavailable
+
+            return fleet_error_response(broker_unavailable(exc, "Redis"), retry_s)
         log.exception("unexpected error")
         return error_response("FLEET_ERROR", f"internal error ({type(exc).__name__})")
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+# BrokerUnavailable: Redis unreachable or refusing a command while serving the request, the
+# fleet's own class; its ``reason`` (OOM, MISCONF, READONLY, NOPERM, UNREACHABLE, ...) is
+# answered in the body beside the code (``render.fleet_error_response``).
+from shared.errors import BrokerUnavailable as BrokerUnavailable
 from shared.errors import FleetError
 
 # One status per code. Documented in README.md ("HTTP gateway", status table); a unit test
@@ -101,12 +105,6 @@ class AlreadyFinal(GatewayError):
     """DELETE of a job that has its final result already (``extra`` carries its state)."""
 
     code = "ALREADY_FINAL"
-
-
-class BrokerUnavailable(GatewayError):
-    """Redis cannot be reached (or refused a command) while serving the request."""
-
-    code = "BROKER_UNAVAILABLE"
 
 
 class IdConflict(GatewayError):

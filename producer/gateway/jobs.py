@@ -40,7 +40,6 @@ from producer.gateway.admission import (
     queue_of,
 )
 from producer.gateway.commit import Attempt, commit, commit_waiting
-from producer.gateway.errors import BrokerUnavailable
 from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
 from producer.wire import Outgoing
@@ -54,6 +53,7 @@ from shared.errors import (
     is_error_wire,
 )
 from shared.priority import Priority
+from shared.redis_refusal import BROKER_FAULTS, broker_unavailable
 from shared.schema import TaskEnvelope
 from shared.tensor_wire import SHM, iter_wires
 
@@ -209,8 +209,8 @@ class JobService:
                     clock.observe(reply, sent, time.monotonic())
                 since = clock.peek() - self.settings.redis.lease_s
                 raw = await self.redis.zrangebyscore(keys.live_key(modality), since, "+inf")
-            except Exception as exc:
-                raise BrokerUnavailable(f"cannot read worker liveness: {exc}") from None
+            except BROKER_FAULTS as exc:
+                raise broker_unavailable(exc, "cannot read worker liveness") from None
             nodes = sorted(n.decode() if isinstance(n, bytes) else str(n) for n in raw)
             self._live[modality] = (time.monotonic() + self.gw.live_cache_s, nodes)
             return nodes
@@ -351,7 +351,7 @@ class JobService:
             await self._release(refs)
             existing = Job.from_json(found)
             if existing is None:
-                raise BrokerUnavailable(f"job {task_id} has an unreadable record")
+                raise FleetError(f"job {task_id} has an unreadable record")
             return existing, False
         await crashpoints.pause("after-push", task_id)
         self._meter_of[task_id] = queue_of(spec.modality, env.priority)
@@ -395,8 +395,8 @@ class JobService:
             async with self.redis.pipeline(transaction=False) as pipe:
                 names = self._depth_commands(pipe, modality)
                 counts = await pipe.execute()
-        except Exception as exc:
-            raise BrokerUnavailable(f"cannot read the queue depth: {exc}") from None
+        except BROKER_FAULTS as exc:
+            raise broker_unavailable(exc, "cannot read the queue depth") from None
         return self._observe(modality, names, counts)
 
     def _message(self, env: TaskEnvelope, task_id: str) -> Outgoing:
@@ -435,8 +435,8 @@ class JobService:
             return None if found is None else bytes(found)
         except FleetError:
             raise
-        except Exception as exc:
-            raise BrokerUnavailable(f"could not create the job: {exc}") from None
+        except BROKER_FAULTS as exc:
+            raise broker_unavailable(exc, "could not create the job") from None
 
     async def _release(self, refs: list[dict[str, Any]]) -> None:
         if refs:
@@ -475,5 +475,5 @@ class JobService:
         """``FleetClient.cancel`` off the loop: True if cancelled, False if already final."""
         try:
             return bool(await self._io(self.client.cancel, task_id))
-        except Exception as exc:
-            raise BrokerUnavailable(f"could not cancel: {exc}") from None
+        except BROKER_FAULTS as exc:  # the client's own are BrokerUnavailable already
+            raise broker_unavailable(exc, "could not cancel") from None

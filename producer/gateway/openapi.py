@@ -17,6 +17,10 @@ class _Doc(BaseModel):
 class ErrorBody(_Doc):
     error: str = Field(description="what went wrong")
     code: str = Field(description="the stable error code (README: HTTP gateway, status table)")
+    reason: str | None = Field(
+        default=None,
+        description="BROKER_UNAVAILABLE only: OOM, MISCONF, READONLY, NOPERM, UNREACHABLE, REFUSED",
+    )
 
 
 class RequestInput(_Doc):
@@ -141,7 +145,9 @@ def err(description: str) -> dict[str, Any]:
 
 
 AUTH = {401: err("missing or wrong bearer token (UNAUTHORIZED)")}
-BROKER = {503: err("Redis unreachable (BROKER_UNAVAILABLE) or no live worker")}
+BROKER = {
+    503: err("Redis unreachable or refusing (BROKER_UNAVAILABLE, with a reason) or no live worker")
+}
 
 INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "the result", "model": InferenceResponse},

@@ -15,7 +15,7 @@ from producer.gateway.codec import OutputTensor, encode_response
 from producer.gateway.errors import RETRY_AFTER_CODES, error_body, status_for
 from producer.gateway.jobs import Job, Snapshot, error_of
 from producer.gateway.models import VERSION, ModelSpec, outputs_from_result, result_parameters
-from shared.errors import FleetError
+from shared.errors import BrokerUnavailable, FleetError
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -32,7 +32,10 @@ def error_response(
 
 
 def fleet_error_response(exc: FleetError, default_retry_s: int) -> Response:
-    extra = getattr(exc, "extra", None) or {}
+    """``exc``'s error body (with its ``extra``, and a ``BrokerUnavailable``'s ``reason``)."""
+    extra = dict(getattr(exc, "extra", None) or {})
+    if isinstance(exc, BrokerUnavailable):
+        extra["reason"] = exc.reason
     retry = getattr(exc, "retry_after_s", None) or default_retry_s
     return error_response(exc.code, exc.message, retry, **extra)
 

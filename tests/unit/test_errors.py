@@ -35,6 +35,7 @@ RELEASED = {
     "CIRCUIT_OPEN": errors.CircuitOpen,
     "DEVICE_ERROR": errors.DeviceError,
     "DEVICE_OOM": errors.DeviceOOM,
+    "BROKER_UNAVAILABLE": errors.BrokerUnavailable,  # raised by producers, never stored
 }
 
 

@@ -58,7 +58,7 @@ def test_no_waiter_without_sentinels_or_with_wait_off(tmp_path: Path) -> None:
 def test_the_celery_app_uses_the_sentinel_transports_and_backend(tmp_path: Path) -> None:
     s = ha_settings(tmp_path)
     app = make_app(s, role="producer")
-    assert app.conf.broker_transport == "shared.ha:SentinelTransport"
+    assert app.conf.broker_transport == "shared.ha:ProducerSentinelTransport"
     assert str(app.conf.broker_url).startswith("sentinel://producer:")
     opts = app.conf.broker_transport_options
     assert opts["master_name"] == "mmfleet"
@@ -73,7 +73,8 @@ def test_without_sentinels_the_celery_app_is_unchanged() -> None:
     app = make_app(s, role="producer")
     assert sentinel_options(s) == {} and wait_options(s) == {}
     assert "master_name" not in app.conf.broker_transport_options
-    assert not app.conf.broker_transport
+    assert app.conf.broker_transport == "shared.kombu_redis:Transport"  # refusals apart
+    assert not make_app(s, role="worker").conf.broker_transport  # workers set their own
     assert type(app.backend).__name__ == "RedisBackend"
 
 

@@ -1,0 +1,111 @@
+"""Which broker fault an exception stands for, as a :class:`~shared.errors.BrokerUnavailable`
+reason: Redis refused the command, or it could not be reached.
+
+Redis refuses a command while it answers: ``OOM`` (``maxmemory`` reached under
+``noeviction``), ``MISCONF`` (it cannot persist; it refuses every write, and ``PING`` too),
+``READONLY`` (the node is a replica), ``NOPERM`` (an ACL rule). Reconnecting does not help
+and waiting a few seconds rarely does, so a producer reports a refusal at once, with what it
+is, instead of retrying it as a lost connection (kombu's Redis transport files every
+``ResponseError`` under its recoverable connection errors: ``shared.kombu_redis``). A lost
+connection, a timeout or a node still loading its data is ``UNREACHABLE``.
+
+Redis-py raises a refusal as a ``ResponseError`` (its own subclass for ``OOM``, ``READONLY``,
+``NOPERM``); kombu wraps it in an ``OperationalError`` whose ``__cause__`` it is; a
+transaction's refusal reads ``Command # 1 (...) of pipeline caused error: ...``. The code
+is found in each.
+"""
+
+from __future__ import annotations
+
+import re
+
+import redis
+from kombu.exceptions import OperationalError
+
+from shared.errors import BrokerUnavailable
+
+__all__ = [
+    "BROKER_FAULTS",
+    "REFUSALS",
+    "WORDS",
+    "answer_of",
+    "broker_unavailable",
+    "reason_of",
+]
+
+# What a producer's call to Redis raises when the broker, not the call, is at fault (a
+# refusal, a lost connection; kombu's wrapping of either). A caller that catches these
+# still checks reason_of(exc) before naming it a broker fault.
+BROKER_FAULTS: tuple[type[BaseException], ...] = (redis.RedisError, OperationalError, OSError)
+
+REFUSALS: tuple[str, ...] = ("OOM", "MISCONF", "READONLY", "NOPERM")
+
+WORDS: dict[str, str] = {
+    "OOM": "Redis is out of memory (maxmemory reached, no eviction) and refuses writes",
+    "MISCONF": "Redis cannot persist (MISCONF: the disk under its AOF is full or failing) and "
+    "refuses writes",
+    "READONLY": "Redis is a read-only replica and refuses writes",
+    "NOPERM": "Redis' ACL rules deny the command to this user",
+    "UNREACHABLE": "Redis cannot be reached",
+    "REFUSED": "Redis refused the command",
+}
+
+_CODE_IN_TEXT = re.compile(r"(?<![A-Za-z])-?(MISCONF|OOM|READONLY|NOPERM)\b")
+_CHAIN_DEPTH = 8
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes (``__cause__``, else ``__context__``), nearest first."""
+    out: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in out and len(out) < _CHAIN_DEPTH:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _refusal(exc: redis.ResponseError) -> str:
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return "OOM"
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        return "READONLY"
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return "NOPERM"
+    found = _CODE_IN_TEXT.search(str(exc))
+    return found.group(1) if found else "REFUSED"
+
+
+def reason_of(exc: BaseException) -> str | None:
+    """The :class:`BrokerUnavailable` reason of ``exc`` (one of its ``REASONS``), or
+    ``None`` when ``exc`` is not a broker fault (a bug, a refused input)."""
+    if isinstance(exc, BrokerUnavailable):
+        return exc.reason
+    chain = _chain(exc)
+    for e in chain:
+        if isinstance(e, redis.ResponseError):
+            return _refusal(e)
+    for e in chain:
+        if isinstance(e, redis.ConnectionError | redis.TimeoutError | OSError):
+            return "UNREACHABLE"
+        if isinstance(e, OperationalError):
+            return "UNREACHABLE"  # kombu's: a connection error it gave up on
+    return None
+
+
+def answer_of(exc: BaseException) -> str:
+    """Redis' own words in ``exc``: the refusal's text (without redis-py's ``Command # 1
+    (...) of pipeline caused error:``), else the connection error's."""
+    chain = _chain(exc)
+    found = next((e for e in chain if isinstance(e, redis.ResponseError)), None)
+    if found is None:
+        found = next((e for e in chain if not isinstance(e, BrokerUnavailable)), exc)
+    return str(found).split(" of pipeline caused error: ")[-1]
+
+
+def broker_unavailable(exc: BaseException, what: str) -> BrokerUnavailable:
+    """``exc`` (a broker fault: :func:`reason_of` is not ``None``) as the coded error a
+    producer raises: ``<what>: <the reason in words> (<Redis' answer>)``."""
+    if isinstance(exc, BrokerUnavailable):
+        return exc
+    reason = reason_of(exc) or "UNREACHABLE"
+    return BrokerUnavailable(f"{what}: {WORDS[reason]} ({answer_of(exc)})", reason=reason)
