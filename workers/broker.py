@@ -26,6 +26,12 @@ Transport options (Celery ``broker_transport_options``):
     fetch_max_bytes: most payload bytes taken per round trip (default 8 MiB; the first
         message is always taken): large images do not hold Redis for long.
 
+Redis refusing writes while it answers (``MISCONF``, ``OOM``, ``READONLY``, ``NOPERM``: see
+``workers.broker_refusals``) is neither a lost connection nor a reason to exit: a channel
+then stops fetching and tries again with backoff, its restore scans wait, and what a new
+worker writes to start (queue bindings; ``MISCONF`` refuses even the first ``PING``) is
+written once Redis accepts writes again, so that worker gets ready meanwhile.
+
 ``workers.broker_ha.SentinelTransport`` is the same behind Redis Sentinel; the take script
 itself is in ``workers.broker_take``.
 """
@@ -33,6 +39,7 @@ itself is in ``workers.broker_take``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -46,7 +53,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError as RedisResponseError
 
 from shared import clock, keys
-from workers import lease
+from workers import broker_refusals, lease
+from workers.broker_refusals import REFUSALS
 from workers.broker_take import TAKE_MANY, TakeRefused
 
 log = logging.getLogger("fleet.broker")
@@ -84,6 +92,26 @@ class QoS(kombu_redis.QoS):
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         super().reject(delivery_tag, requeue=requeue)
         _release(delivery_tag)
+
+    def restore_visible(self, *args: Any, **kwargs: Any) -> Any:
+        """kombu's restore scan, which returns the messages of lapsed leases. With leases it
+        waits while Redis refuses writes and for a lease period after
+        (``Refusals.scans_allowed``): no holder could renew meanwhile, so live workers' leases
+        look lapsed until they renew. A refusal of the scan's own write (its mutex) is
+        recorded, not raised: Celery would end the worker on it (at start-up, from
+        ``on_poll_init``; later as an error in a timer)."""
+        if lease.current() is not None and not REFUSALS.scans_allowed():
+            return None
+        try:
+            out = super().restore_visible(*args, **kwargs)
+        except RedisResponseError as exc:
+            reason = broker_refusals.reason_of(exc)
+            if reason is None:
+                raise
+            REFUSALS.refused("scan", reason, exc)
+            return None
+        REFUSALS.accepted("scan")
+        return out
 
 
 def _hold(tag: str) -> None:
@@ -126,7 +154,11 @@ class Channel(kombu_redis.Channel):
         self._bell_keys: set[bytes] = set()  # lists whose keyspace channel is subscribed
         self._retry_at = 0.0  # monotonic: a refused take is retried from then (by the kick)
         self._last_take = 0.0  # monotonic
+        self._unbound: list[tuple[Any, ...]] = []  # queue bindings Redis refused: bound later
         super().__init__(*args, **kwargs)
+
+    def _get_client(self) -> Any:
+        return _answering_client(super()._get_client())
 
     # -- gap-free fetch: push notifications + the take script ------------------------------
     # BRPOP removes a message from Redis when it replies; until the worker has read that
@@ -141,14 +173,18 @@ class Channel(kombu_redis.Channel):
     # BRPOP is used as before.
     def _notify_usable(self) -> bool:
         if self._notify is None:
-            self._notify = self.fetch_notify and self._server_notifies()
+            if time.monotonic() < self._retry_at:
+                return False  # the probe was refused: tried again once the retry is due
+            self._notify = self.fetch_notify and self._server_notifies()  # None: undecided
         queues = list(self.active_queues)
         return self._notify and bool(queues) and self._batchable(queues)
 
-    def _server_notifies(self) -> bool:
+    def _server_notifies(self) -> bool | None:
         """Whether Redis sends list keyspace notifications, found by trying: subscribe to a
         probe key's channel, push and delete it, wait for the event. No ``CONFIG`` (the
-        worker's ACL user may not run it; managed Redis services often refuse it)."""
+        worker's ACL user may not run it; managed Redis services often refuse it). ``None``:
+        Redis refuses writes (the push), so it cannot tell yet; asked again after a backoff,
+        not answered "no" for good (that would fetch with BRPOP for the worker's life)."""
         probe = f"{keys.NOTIFY_PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             with self.conn_or_acquire() as client:
@@ -165,6 +201,9 @@ class Channel(kombu_redis.Channel):
                 finally:
                     pubsub.close()
         except Exception as exc:
+            if broker_refusals.reason_of(exc) is not None:
+                self._refused(exc)
+                return None
             log.warning("cannot probe keyspace notifications (%s); fetching with BRPOP", exc)
             return False
         log.warning(
@@ -175,6 +214,8 @@ class Channel(kombu_redis.Channel):
 
     def _brpop_start(self, timeout: Any = None) -> None:
         if not self._notify_usable():
+            if self._notify is None or self._fetch_held(time.monotonic()):
+                return  # nothing sent: kombu asks again at the next loop turn
             return super()._brpop_start(timeout)
         conn = self.client.connection
         if conn._sock is None:
@@ -214,16 +255,25 @@ class Channel(kombu_redis.Channel):
             conn.disconnect()
             self._bell_sock = None
             raise
-        if (not woken and not self._maybe_more) or time.monotonic() < self._retry_at:
+        except RedisResponseError as exc:
+            # An error reply here answers our PING: Redis refuses it with its writes when it
+            # cannot persist (MISCONF). The subscription stands; the take waits (backoff).
+            self._refused(exc)
+            raise kombu_redis.Empty() from None
+        now = time.monotonic()
+        if (not woken and not self._maybe_more) or self._fetch_held(now):
             raise kombu_redis.Empty()
         free = self.qos.can_consume_max_estimate()
         want = min(self.fetch_limit, free if free is not None else self.fetch_limit)
-        self._last_take = time.monotonic()
+        self._last_take = now
         try:
             items = self._take(max(want, 1), self._fetch_client())
-        except TakeRefused:  # retried by the next kick, not at every notification
-            self._maybe_more, self._retry_at = True, time.monotonic() + KICK_INTERVAL_S
+        except TakeRefused as exc:  # retried by the next kick, not at every notification
+            self._maybe_more, self._retry_at = True, now + KICK_INTERVAL_S
+            if exc.reason is not None:
+                self._refused(exc.__cause__ or exc)
             raise kombu_redis.Empty() from None
+        self._fetched()
         self._maybe_more = len(items) >= want
         if self._maybe_more:  # Redis may hold more: read again once the window has room
             conn.send_command("PING")
@@ -231,6 +281,96 @@ class Channel(kombu_redis.Channel):
             raise kombu_redis.Empty()
         self._deliver_many(items, recorded=True)
         return True
+
+    def _refused(self, exc: BaseException) -> None:
+        """Redis refused this channel's fetch with ``exc``: try again after a backoff (and
+        report it: ``workers.broker_refusals``). Raises ``exc`` when it is no refusal of writes."""
+        reason = broker_refusals.reason_of(exc)
+        if reason is None:
+            raise exc
+        self._maybe_more = True
+        self._retry_at = time.monotonic() + REFUSALS.refused("fetch", reason, exc)
+
+    def _fetch_held(self, now: float) -> bool:
+        """Whether this channel must not fetch now: its last try was refused and the retry
+        is not due, or another part of the worker sees Redis refuse writes (what it fetched
+        could not be leased, counted or settled; that part's own retries tell when Redis
+        accepts writes again)."""
+        if now < self._retry_at:
+            return True
+        if REFUSALS.refusing() and not REFUSALS.refusing("fetch"):
+            self._maybe_more, self._retry_at = True, now + KICK_INTERVAL_S
+            return True
+        return False
+
+    def _fetched(self) -> None:
+        """Redis accepted a fetch (a write): bind what it refused to bind before."""
+        REFUSALS.accepted("fetch")
+        if self._unbound:
+            self.bind_refused()
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        # Binding writes a set in Redis; a worker started while Redis refuses writes must
+        # still start (Celery ends it on this error) and wait: the binding is written later
+        # (the fleet's queues are bound already by anyone who published to them).
+        try:
+            super()._queue_bind(exchange, routing_key, pattern, queue)
+        except RedisResponseError as exc:
+            reason = broker_refusals.reason_of(exc)
+            if reason is None:
+                raise
+            REFUSALS.refused("connect", reason, exc)
+            self._unbound.append((exchange, routing_key, pattern, queue))
+
+    def bind_refused(self) -> None:
+        """Write the queue bindings Redis refused (stops at the first refusal)."""
+        while self._unbound:
+            exchange, routing_key, pattern, queue = self._unbound[0]
+            try:
+                kombu_redis.Channel._queue_bind(self, exchange, routing_key, pattern, queue)
+            except RedisResponseError as exc:
+                if broker_refusals.reason_of(exc) is None:
+                    raise
+                return
+            self._unbound.pop(0)
+
+    def _size(self, queue: str) -> int:
+        # kombu counts a queue's lists inside MULTI, which Redis out of memory refuses even
+        # for reads (Celery declares, so counts, every queue it consumes at start-up).
+        try:
+            return int(super()._size(queue))
+        except RedisResponseError as exc:
+            if broker_refusals.reason_of(exc) is None:
+                raise
+            with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+                for pri in self.priority_steps:
+                    pipe.llen(self._q_for_pri(queue, pri))
+                return sum(int(n or 0) for n in pipe.execute())
+
+    def maybe_refresh_binding_expiry(self) -> None:
+        # Refreshes the expiring bindings (Celery's pidbox queue) with a script: a write.
+        # kombu logs each refused refresh with its traceback, every second; refreshed once
+        # Redis accepts writes again instead (a binding table that expired meanwhile is
+        # written again by the refresh).
+        if REFUSALS.refusing():
+            return
+        try:
+            super().maybe_refresh_binding_expiry()
+        except RedisResponseError as exc:
+            reason = broker_refusals.reason_of(exc)
+            if reason is None:
+                raise
+            REFUSALS.refused("connect", reason, exc)
+
+    def _receive(self) -> bool:
+        try:
+            return bool(super()._receive())
+        except RedisResponseError as exc:
+            # The fanout subscription's error reply answers a health-check PING, which Redis
+            # refuses with its writes under MISCONF: the subscription stands.
+            if broker_refusals.reason_of(exc) is None:
+                raise
+            return False
 
     def _subscribed(self) -> bool:
         conn = getattr(self.__dict__.get("client"), "connection", None)
@@ -306,6 +446,13 @@ class Channel(kombu_redis.Channel):
                 # as kombu does: the next loop turn reconnects
                 self.client.connection.disconnect()
                 raise
+            except RedisResponseError as exc:
+                # BRPOP writes: Redis refusing writes refuses it, and a node that becomes a
+                # replica unblocks it (UNBLOCKED). Nothing was taken either way.
+                if not str(exc).startswith("UNBLOCKED"):
+                    self._refused(exc)
+                raise kombu_redis.Empty() from None
+            self._fetched()
             if not reply:
                 raise kombu_redis.Empty()
             items = [(reply[0], reply[1])]
@@ -325,7 +472,9 @@ class Channel(kombu_redis.Channel):
         n = min(self.fetch_limit, free if free is not None else self.fetch_limit) - 1
         try:
             return self._take(n, self.client)
-        except TakeRefused:
+        except TakeRefused as exc:
+            if exc.reason is not None:
+                self._refused(exc.__cause__ or exc)
             return []
         except self.connection_errors:
             # The message BRPOP took is still delivered; the rest wait in Redis.
@@ -351,10 +500,13 @@ class Channel(kombu_redis.Channel):
                 keys=keys, args=[n, repr(clock.now_s()), self.fetch_max_bytes], client=client
             )
         except RedisResponseError as exc:
-            # Refused before it ran (NOPERM: an ACL denies scripts; NOSCRIPT after a
+            # Refused before it ran or at its first write (Redis refusing writes: MISCONF,
+            # OOM, READONLY, NOPERM; reported once by workers.broker_refusals; NOSCRIPT after a
             # failover is reloaded by redis-py): nothing was taken.
-            log.warning("fetching messages refused (%s); retrying", exc)
-            raise TakeRefused() from exc
+            reason = broker_refusals.reason_of(exc)
+            if reason is None:
+                log.warning("fetching messages refused (%s); retrying", exc)
+            raise TakeRefused(reason) from exc
         return list(zip(flat[0::2], flat[1::2], strict=True))
 
     def _batchable(self, queues: list[str]) -> bool:
@@ -410,6 +562,9 @@ class Transport(kombu_redis.Transport):
         every ``IDLE_KICK_S`` (a notification missed while reconnecting)."""
         now = time.monotonic()
         for ch in list(getattr(self.cycle, "_channels", ())):
+            if isinstance(ch, Channel) and ch._unbound and not REFUSALS.refusing():
+                with contextlib.suppress(*ch.connection_errors):
+                    ch.bind_refused()
             if not isinstance(ch, Channel) or ch._bell_sock is None:
                 continue
             conn = ch._in_poll
@@ -440,3 +595,26 @@ def _is_wakeup(reply: Any) -> bool:
         event = reply[2] if len(reply) > 2 else b""
         return (event if isinstance(event, bytes) else str(event).encode()) in PUSH_EVENTS
     return kind in (b"pong", "pong")
+
+
+@functools.cache
+def _answering_client(base: Any) -> Any:
+    """kombu's Redis client class (``base``) whose ``ping`` takes a ``MISCONF`` refusal for an
+    answer. Redis that cannot persist refuses ``PING`` with its writes, and kombu pings every
+    channel it opens: a worker started meanwhile looped on "Cannot connect ... MISCONF" and
+    never got ready, though Redis answered and served reads. (kombu's client with a
+    ``global_keyprefix`` is a ``functools.partial``: it stays as it is.)"""
+    if not isinstance(base, type):
+        return base
+
+    class AnsweringRedis(base):
+        def ping(self, **kwargs: Any) -> Any:
+            try:
+                return super().ping(**kwargs)
+            except RedisResponseError as exc:
+                if broker_refusals.reason_of(exc) != "MISCONF":
+                    raise
+                REFUSALS.refused("connect", "MISCONF", exc)
+                return True
+
+    return AnsweringRedis

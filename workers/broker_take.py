@@ -72,4 +72,13 @@ return out
 
 
 class TakeRefused(Exception):
-    """Redis refused the take script (nothing was taken)."""
+    """Redis refused the take script (nothing was taken).
+
+    Args:
+        reason: the refusal (``workers.broker_refusals.REASONS``: the take writes, so Redis
+            refusing writes refuses it), or ``None`` for any other error reply.
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason or "refused")
+        self.reason = reason
