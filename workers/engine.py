@@ -51,7 +51,7 @@ from shared.metrics import FleetMetrics
 from shared.redis_client import Waiter
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
-from workers import engine_stats, telemetry
+from workers import broker_refusals, engine_stats, telemetry
 from workers.acks import ack_batch, give_back
 from workers.admission import Admission, Refusal, Served, screen
 from workers.batcher import Batcher, Pending, Policy
@@ -205,10 +205,20 @@ class Engine:
             )
 
     def start_leases(self) -> None:
-        """Start renewing the leases of every message this process holds (batch mode)."""
+        """Start renewing the leases of every message this process holds (batch mode).
+
+        Restore scans wait a lease period and the longest retry after Redis last refused
+        a write, and a renewal period and that retry after this start
+        (``workers.broker_refusals``): by then every live holder renewed, whatever it could
+        not renew meanwhile."""
         from workers import lease
 
-        self.keeper = LeaseKeeper(lease_client(self.settings), self.settings.redis.lease_renew_s)
+        r = self.settings.redis
+        self.keeper = LeaseKeeper(lease_client(self.settings), r.lease_renew_s)
+        keeper = self.keeper
+        broker_refusals.REFUSALS.held = lambda: len(keeper)
+        longest = broker_refusals.BACKOFF_S[-1]
+        broker_refusals.REFUSALS.configure(r.lease_s + longest, r.lease_renew_s + longest)
         lease.install(self.keeper)
         self.keeper.start()
 

@@ -36,6 +36,7 @@ import redis
 from shared import keys
 from shared.clock import RedisClock
 from shared.settings import Settings
+from workers.broker_refusals import REFUSALS, reason_of
 
 log = logging.getLogger("fleet.lease")
 
@@ -194,16 +195,29 @@ class LeaseKeeper:
         self._withdraw()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.renew_s):
+        wait = self.renew_s
+        while not self._stop.wait(wait):
+            wait = self.renew_s
+            wrote = bool(self._tags) or self._live is not None  # else nothing is written
             try:
                 self.renew()
                 self.heartbeat()
             except redis.RedisError as exc:
                 self.renew_failures += 1
-                log.warning("lease renewal failed (%s); retrying in %.1f s", exc, self.renew_s)
+                reason = reason_of(exc)
+                if reason is None:
+                    log.warning("lease renewal failed (%s); retrying in %.1f s", exc, self.renew_s)
+                    continue
+                # Redis refuses writes (reported once, by workers.broker_refusals): retried
+                # sooner than a renewal period, so the leases are renewed within about a
+                # second of Redis accepting writes again; restore scans wait longer than that.
+                wait = min(self.renew_s, REFUSALS.refused("lease", reason, exc))
             except Exception:  # never let the renewals stop silently
                 self.renew_failures += 1
                 log.exception("lease renewal crashed; retrying")
+            else:
+                if wrote:
+                    REFUSALS.accepted("lease")
 
     def snapshot(self) -> dict[str, float | int]:
         return {
