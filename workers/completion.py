@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from shared import clock
 from shared.errors import FleetError, InvalidMessage
 from shared.keys import delivery_count_key
+from workers.broker_refusals import REFUSALS, reason_of
 from workers.results import Outcome, ResultWriter, new_token
 from workers.work import Done, Observers, Posted, Progress, ProgressThrottle, Retry, Started
 
@@ -156,10 +157,11 @@ class Completer:
                 )
         except Exception as exc:
             # Not acked, still leased: retried with backoff (_settle_later).
-            log.warning("storing %d results failed (%s); will retry", len(todo), exc)
+            self._failed("storing %d results", len(todo), exc)
             for d in todo:
                 d.stored = False
             return False
+        REFUSALS.accepted("results")
         for d, ok in zip(todo, written, strict=True):
             d.stored = True
             if not ok:  # an earlier final result stands: this copy only needs its ack
@@ -180,7 +182,7 @@ class Completer:
                 for d in stored:
                     d.acked = True
             except Exception as exc:  # stored, not acked: still leased, retried
-                log.warning("acking %d requests failed (%s); will retry", len(reqs), exc)
+                self._failed("acking %d requests", len(reqs), exc)
         now = time.monotonic()
         left = []
         for d in done:
@@ -191,14 +193,27 @@ class Completer:
         if left:
             self._settle_later(left, now)
 
+    @staticmethod
+    def _failed(what: str, n: int, exc: Exception) -> None:
+        """Log a store or ack Redis refused; a refusal of writes is reported once, by
+        ``workers.broker_refusals``, not at every retry."""
+        reason = reason_of(exc)
+        if reason is None:
+            log.warning(f"{what} failed (%s); will retry", n, exc)
+        else:
+            REFUSALS.refused("results", reason, exc)
+
     def _settle_later(self, done: list[Done], now: float) -> None:
         """Retry storing/acking ``done`` with backoff; give them back after
-        ``SETTLE_GIVE_UP_S`` (their prefetch slots must not stay taken for good)."""
+        ``SETTLE_GIVE_UP_S`` (their prefetch slots must not stay taken for good), unless
+        Redis refuses writes: giving back is a write too, and would only drop their
+        leases (they would run again elsewhere once writes resume); they wait under lease."""
         for d in done:
             d.first_failure_s = d.first_failure_s or now
             d.attempts += 1
         self.stats.settle_retries += len(done)
-        if now - min(d.first_failure_s for d in done) >= SETTLE_GIVE_UP_S:
+        oldest = min(d.first_failure_s for d in done)
+        if now - oldest >= SETTLE_GIVE_UP_S and not REFUSALS.refusing():
             log.error("%d requests could not be settled for %.0f s; giving them back",
                       len(done), SETTLE_GIVE_UP_S)  # fmt: skip
             self.host.give_back_unsettled(done)
