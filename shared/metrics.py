@@ -27,7 +27,7 @@ __all__ = ["FleetMetrics", "configure", "metrics_port", "serve"]
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
 _SERIES = ("requests", "batch_size", "queue_wait", "inference", "e2e", "held", "device_memory",
-           "circuit_open", "clock_skew")  # fmt: skip
+           "circuit_open", "broker_refusing", "clock_skew")  # fmt: skip
 _enabled = True  # this process's [metrics] enabled (configure)
 
 
@@ -94,6 +94,12 @@ class FleetMetrics:
         self.circuit_open = Gauge(
             "fleet_circuit_open", "1 while the model's circuit breaker is open", ["modality"],
             registry=r,
+        )  # fmt: skip
+        self.broker_refusing = Gauge(
+            "fleet_worker_broker_refusing",
+            "1 while Redis refuses this worker's writes (it does not fetch), by reason: "
+            "MISCONF, OOM, READONLY, NOPERM",
+            ["reason"], registry=r,
         )  # fmt: skip
         self.clock_skew = Gauge(
             "fleet_worker_clock_skew_seconds",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workers import broker, heap
+from workers import broker, broker_refusals, heap
 
 if TYPE_CHECKING:
     from workers.engine import Engine
@@ -38,6 +38,7 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "settle_retries": s.settle_retries,
         "given_back": s.given_back,
         "leases": engine.keeper.snapshot() if engine.keeper else None,
+        "broker_refusals": broker_refusals.REFUSALS.snapshot(),
         "model_s": round(s.model_s, 6),
         "fetched_in_batches": broker.Channel.fetched_in_batches_total,
         "batches": s.batches,
@@ -55,8 +56,8 @@ def snapshot(engine: Engine) -> dict[str, Any]:
 
 
 def bind_gauges(engine: Engine) -> None:
-    """Point ``engine``'s gauges (held, circuit open, running, device memory in bytes) at
-    functions read at scrape time."""
+    """Point ``engine``'s gauges (held, circuit open, running, device memory in bytes, Redis
+    refusing writes by reason) at functions read at scrape time."""
     m, metrics = engine.modality, engine.metrics
     metrics.held.labels(m).set_function(lambda: len(engine.batcher))
     metrics.circuit_open.labels(m).set_function(lambda: float(engine.breaker.state == "open"))
@@ -64,3 +65,8 @@ def bind_gauges(engine: Engine) -> None:
     metrics.device_memory.labels(m).set_function(
         lambda: (engine.runtime.stats().get("cuda_reserved_mb") or 0.0) * 2**20
     )
+    refusals = broker_refusals.REFUSALS
+    for reason in broker_refusals.REASONS:
+        metrics.broker_refusing.labels(reason).set_function(
+            lambda r=reason: float(r in refusals.reasons())
+        )
