@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from producer.chaos.aof_tmpfs import AofOnTmpfs
 from producer.chaos.load import Load
 from producer.chaos.scenarios import Scenario
 from producer.chaos.tally import Seen
@@ -213,6 +214,20 @@ def results_halfway(ctx: Ctx) -> None:
     ctx.end()
 
 
+def disk_full(ctx: Ctx) -> None:
+    """The disk under Redis's AOF full for ``seconds``: the drill moves the AOF to a tmpfs
+    of its own and fills it (``producer.chaos.aof_tmpfs``; needs mount permission). Redis
+    refuses every write, and PING, with ``MISCONF`` until the filler is removed; the fault
+    ends once it accepts writes again (the AOF then moves back to the run directory)."""
+    with AofOnTmpfs(ctx.r) as aof:
+        aof.fill()
+        try:
+            time.sleep(ctx.sc.seconds)
+        finally:
+            aof.free()
+        ctx.end()
+
+
 FAULTS: dict[str, Callable[[Ctx], None]] = {
     "sigkill": sigkill,
     "sigstop": sigstop,
@@ -224,4 +239,5 @@ FAULTS: dict[str, Callable[[Ctx], None]] = {
     "malformed": malformed,
     "results_refused": results_refused,
     "results_halfway": results_halfway,
+    "disk_full": disk_full,
 }

@@ -19,6 +19,7 @@ FaultKind = Literal[
     "results_refused",
     "results_halfway",
     "video_sigkill",
+    "disk_full",
 ]
 DEFAULT_FILE = Path(__file__).resolve().parent.parent.parent / "configs" / "chaos.toml"
 
