@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import redis
 
 from producer.chaos.aof_tmpfs import AofOnTmpfs
+from producer.chaos.faketime import skewed_env
 from producer.chaos.load import Load
 from producer.chaos.scenarios import Scenario
 from producer.chaos.tally import Seen
@@ -228,6 +229,46 @@ def disk_full(ctx: Ctx) -> None:
         ctx.end()
 
 
+CLOCK_SKEWS_S = (3600.0, -3600.0)
+PROBE_TIMEOUT_S = 30.0  # a deadline only a clock an hour off could make a probe miss
+PROBE_EVERY_S = 0.25
+
+
+def clock_skew(ctx: Ctx) -> None:
+    """One worker's wall clock an hour ahead for ``seconds``, then an hour behind for
+    ``seconds``, the machine's and Redis' clocks untouched: the target is stopped (SIGTERM:
+    it gives back what it holds) and started again under libfaketime
+    (``producer.chaos.faketime``) for each offset. While it runs skewed, probes (NORMAL
+    texts with a ``PROBE_TIMEOUT_S`` deadline, ``Seen.probes``) go out beside the load: the
+    scenario's ``fail_states`` (DEADLINE_EXCEEDED) count against them only, since the load's
+    0.2 s REALTIME deadlines can be missed by any busy machine. The fault ends there; the
+    worker is then restarted with its true clock, as a supervisor would (timed). Before the
+    fleet kept time by Redis (``shared.clock``), the worker ahead failed every request with
+    a deadline it took and took other workers' leases for lapsed; the one behind looked dead
+    to producers.
+
+    Raises:
+        producer.chaos.faketime.FaketimeUnavailable: libfaketime or cc is missing.
+    """
+    modality, instance = parse_target(ctx.sc.target)
+    envs = [skewed_env(off, ctx.stack.dir / "faketime") for off in CLOCK_SKEWS_S]
+    ctx.targeted.add(ctx.sc.target)
+    n = 0
+    for env in envs:
+        ctx.stack.stop(ctx.sc.target, timeout_s=30)
+        ctx.stack.start_worker(modality, instance=instance, extra_env=env)
+        end = time.monotonic() + ctx.sc.seconds
+        while time.monotonic() < end:
+            n += 1
+            text = f"Probe {n}: the ferry leaves the harbour at dawn."
+            handle = ctx.client.submit("text", {"text": text}, "normal", PROBE_TIMEOUT_S)
+            ctx.seen.sent.append(handle.id)
+            ctx.seen.probes.append(handle.id)
+            time.sleep(PROBE_EVERY_S)
+    ctx.end()
+    restart_later(ctx, ctx.sc.target)
+
+
 FAULTS: dict[str, Callable[[Ctx], None]] = {
     "sigkill": sigkill,
     "sigstop": sigstop,
@@ -239,5 +280,6 @@ FAULTS: dict[str, Callable[[Ctx], None]] = {
     "malformed": malformed,
     "results_refused": results_refused,
     "results_halfway": results_halfway,
+    "clock_skew": clock_skew,
     "disk_full": disk_full,
 }

@@ -169,7 +169,7 @@ def _scenario(
             st.stop(n, timeout_s=1)
             modality, instance = parse_target(n)
             st.start_worker(modality, instance=instance)
-    return row(sc.name, seen)
+    return row(sc.name, seen, sc.fail_states)
 
 
 def _settle(client: FleetClient, seen: Seen, timeout_s: float) -> None:

@@ -19,6 +19,7 @@ FaultKind = Literal[
     "results_refused",
     "results_halfway",
     "video_sigkill",
+    "clock_skew",
     "disk_full",
 ]
 DEFAULT_FILE = Path(__file__).resolve().parent.parent.parent / "configs" / "chaos.toml"
@@ -48,6 +49,9 @@ class Scenario(BaseModel):
     count: int = Field(default=20, ge=1)
     modality: Literal["text", "video"] = "text"  # video: needs the video worker
     short: bool = False  # part of `fleet chaos --short` (CI)
+    # final states that miss the goal in this scenario (a coded failure is otherwise a
+    # final result like any other): clock_skew's DEADLINE_EXCEEDED, say
+    fail_states: list[str] = Field(default_factory=list)
 
 
 class ChaosFile(BaseModel):

@@ -12,13 +12,17 @@ The row's keys are the report's contract (``reports/chaos.json``), read by opera
 - ``duplicated_executions``: requests the workers finished running more than once (their
   one log line per finished request); harmless when ``duplicated_results`` is 0;
 - ``recover_s``: seconds from the end of the fault until every request was final (``None``
-  if some never were).
+  if some never were);
+- ``unexpected_failures``: the fault's own probe requests (``Seen.probes``: sent with a
+  deadline nothing but the fault could make them miss) whose final state is one the scenario
+  names in ``fail_states``; the load's requests (0.2 s deadlines at REALTIME) may miss theirs
+  on a busy machine.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +40,7 @@ class Seen:
     all_final_s: float | None = None  # monotonic; None: not all final in time
     worker_exited: bool = False  # a worker the scenario did not kill exited
     restart_s: list[float] = field(default_factory=list)  # worker restarts (supervisor)
+    probes: list[str] = field(default_factory=list)  # task ids a fault sent to watch (also in sent)
 
 
 def state_of(outcome: Mapping[str, Any]) -> str:
@@ -43,8 +48,9 @@ def state_of(outcome: Mapping[str, Any]) -> str:
     return "SUCCESS" if "result" in outcome else str(outcome.get("error", {}).get("code"))
 
 
-def row(name: str, seen: Seen) -> dict[str, Any]:
-    """The report row of one scenario."""
+def row(name: str, seen: Seen, fail_states: Collection[str] = ()) -> dict[str, Any]:
+    """The report row of one scenario (``fail_states``: final states its probes must not
+    end in)."""
     ids = list(dict.fromkeys(seen.sent))
     final = [i for i in ids if i in seen.last]
     changed = {
@@ -67,6 +73,9 @@ def row(name: str, seen: Seen) -> dict[str, Any]:
         "worker_exited": seen.worker_exited,
         "worker_restart_s": [round(s, 1) for s in seen.restart_s],
         "states": dict(Counter(state_of(seen.last[i]) for i in final).most_common()),
+        "unexpected_failures": sum(
+            1 for i in seen.probes if i in seen.last and state_of(seen.last[i]) in fail_states
+        ),
         "lost_ids": [i for i in ids if i not in seen.last][:20],  # for reading the logs
     }
 
@@ -83,4 +92,6 @@ def verdict(r: Mapping[str, Any], recover_limit_s: float) -> list[str]:
         misses.append(f"recover_s {r['recover_s']} > {recover_limit_s}")
     if r["worker_exited"]:
         misses.append("a worker exited")
+    if r.get("unexpected_failures"):
+        misses.append(f"{r['unexpected_failures']} probes in a state the fault must not cause")
     return misses

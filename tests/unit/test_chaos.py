@@ -53,6 +53,18 @@ def test_a_result_published_twice_or_changed_is_a_duplicated_result() -> None:
     assert "2 duplicated results" in verdict(r, 15.0)
 
 
+def test_a_probe_in_a_state_the_scenario_forbids_misses_the_goal_the_load_does_not() -> None:
+    s = seen(4)
+    s.first["id-1"] = s.last["id-1"] = LATE  # the load's: a 0.2 s deadline, a busy machine
+    s.probes = ["id-2", "id-3"]
+    assert verdict(row("x", s, ["DEADLINE_EXCEEDED"]), 15.0) == []
+    s.first["id-3"] = s.last["id-3"] = LATE  # a probe with a 30 s deadline: the fault's doing
+    r = row("x", s, ["DEADLINE_EXCEEDED"])  # clock_skew
+    assert r["unexpected_failures"] == 1
+    assert verdict(r, 15.0) == ["1 probes in a state the fault must not cause"]
+    assert row("x", s)["unexpected_failures"] == 0  # a scenario without fail_states
+
+
 def test_a_second_run_alone_is_a_duplicated_execution_not_a_duplicated_result() -> None:
     r = row("x", seen(executions=Counter({"id-0": 2, "id-1": 1, "id-2": 1})))
     assert r["duplicated_executions"] == 1 and r["duplicated_results"] == 0
