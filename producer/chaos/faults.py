@@ -20,7 +20,8 @@ import redis
 
 from producer.chaos.aof_tmpfs import AofOnTmpfs
 from producer.chaos.faketime import skewed_env
-from producer.chaos.load import Load
+from producer.chaos.gateway_load import GatewayLoad
+from producer.chaos.load import Load, texts
 from producer.chaos.scenarios import Scenario
 from producer.chaos.tally import Seen
 from producer.client import FleetClient
@@ -269,6 +270,51 @@ def clock_skew(ctx: Ctx) -> None:
     restart_later(ctx, ctx.sc.target)
 
 
+GATEWAY_BURST = 64  # requests sent at once just before each gateway kill
+GATEWAY_BURST_LEAD_S = 0.03  # they reach the gateway; most are being created when it dies
+
+
+def gateway_sigkill(ctx: Ctx) -> None:
+    """The HTTP gateway SIGKILLed ``times`` times, ``interval_s`` apart, while ``count``
+    requests go through it over ``seconds`` and a burst of :data:`GATEWAY_BURST` more has just
+    reached it (``producer.chaos.gateway_load``: each sent until the gateway accepts it, again
+    with the same id after a lost answer, as the README advises), and started again at once,
+    as a supervisor would. Its requests count with the scenario's: a job the kill stranded
+    (recorded, its message never pushed) is lost."""
+    st = ctx.stack
+    if not st.alive("gateway"):
+        st.start_gateway()
+    rate = ctx.sc.count / max(ctx.sc.seconds, 0.1)
+    gw = GatewayLoad(st.gateway_url(), st.s.gateway_token(), texts(), ctx.sc.count, rate, 0)
+    gw.start()
+    in_flight: list[int] = []
+    try:
+        for _ in range(ctx.sc.times):
+            time.sleep(ctx.sc.interval_s)
+            gw.burst(GATEWAY_BURST)  # the kill lands while the gateway creates these
+            time.sleep(GATEWAY_BURST_LEAD_S)
+            in_flight.append(gw.in_flight())
+            os.killpg(pid_of(st, "gateway"), signal.SIGKILL)
+            ctx.targeted.add("gateway")
+            ctx.end()
+            t0 = time.monotonic()
+            st.stop("gateway", timeout_s=1)  # reaped, its pidfile gone
+            st.start_gateway()
+            ctx.seen.restart_s.append(time.monotonic() - t0)
+        gw.finish()
+    finally:
+        ctx.seen.sent.extend(gw.tally.sent)
+        st.stop("gateway")
+    t = gw.tally
+    ctx.seen.notes.update(
+        gateway_sent=len(t.sent),
+        gateway_accepted=len(t.accepted),
+        gateway_retried=len(t.retried),
+        gateway_in_flight_at_kills=in_flight,
+        gateway_answers=dict(t.answers),
+    )
+
+
 FAULTS: dict[str, Callable[[Ctx], None]] = {
     "sigkill": sigkill,
     "sigstop": sigstop,
@@ -279,6 +325,7 @@ FAULTS: dict[str, Callable[[Ctx], None]] = {
     "duplicates": duplicates,
     "malformed": malformed,
     "results_refused": results_refused,
+    "gateway_sigkill": gateway_sigkill,
     "results_halfway": results_halfway,
     "clock_skew": clock_skew,
     "disk_full": disk_full,

@@ -19,6 +19,7 @@ FaultKind = Literal[
     "results_refused",
     "results_halfway",
     "video_sigkill",
+    "gateway_sigkill",
     "clock_skew",
     "disk_full",
 ]

@@ -41,6 +41,7 @@ class Seen:
     worker_exited: bool = False  # a worker the scenario did not kill exited
     restart_s: list[float] = field(default_factory=list)  # worker restarts (supervisor)
     probes: list[str] = field(default_factory=list)  # task ids a fault sent to watch (also in sent)
+    notes: dict[str, Any] = field(default_factory=dict)  # a fault's own figures, in its row
 
 
 def state_of(outcome: Mapping[str, Any]) -> str:
@@ -77,6 +78,7 @@ def row(name: str, seen: Seen, fail_states: Collection[str] = ()) -> dict[str, A
             1 for i in seen.probes if i in seen.last and state_of(seen.last[i]) in fail_states
         ),
         "lost_ids": [i for i in ids if i not in seen.last][:20],  # for reading the logs
+        **seen.notes,
     }
 
 
