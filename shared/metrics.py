@@ -80,7 +80,7 @@ class FleetMetrics:
             ["modality"], buckets=_LATENCY_BUCKETS_S, registry=r,
         )  # fmt: skip
         self.e2e = Histogram(
-            "fleet_e2e_latency_seconds", "Submit (producer clock) to result stored",
+            "fleet_e2e_latency_seconds", "Submit to result stored (Redis' clock)",
             ["modality", "priority"], buckets=_LATENCY_BUCKETS_S, registry=r,
         )  # fmt: skip
         self.held = Gauge(

@@ -86,7 +86,7 @@ class EcosystemMetrics:
         )  # fmt: skip
         self.queue_s = self._hist("queue", "Window arrival to batch start", r)
         self.compute_s = self._hist("compute", "Run time of the request's batch", r)
-        self.request_s = self._hist("request", "Submit (producer clock) to result stored", r)
+        self.request_s = self._hist("request", "Submit to result stored (Redis' clock)", r)
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._active: Callable[[], float] | None = None
         self.worker_up.labels(hostname).set(1)
