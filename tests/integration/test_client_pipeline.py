@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import redis
-from kombu.exceptions import OperationalError
 
 from producer.client import FleetClient, ResultHandle, SubmitRequest
 from producer.client_publish import CHUNK
 from shared import keys
+from shared.errors import BrokerUnavailable
 from tests.conftest import REPO, own_text_stack
 
 pytestmark = pytest.mark.integration
@@ -167,9 +167,9 @@ def test_a_redis_restart_between_chunks_loses_nothing(pclient: FleetClient, psta
 def test_retries_exhausted_raise_with_the_handles_of_the_chunks_sent(
     pclient: FleetClient, pstack: Any
 ) -> None:
-    """Redis gone for good after the first chunk: the connection error comes out after the
-    publish retries, carrying the handles of the chunk sent; those requests complete, the
-    others never ran."""
+    """Redis gone for good after the first chunk: BROKER_UNAVAILABLE (``UNREACHABLE``) comes
+    out after the publish retries, carrying the handles of the chunk sent; those requests
+    complete, the others never ran."""
 
     class StopsRedisAfterOneChunk(FleetClient):
         def outgoing(self, envs: Any, ids: Any, inputs_json: Any = None) -> Iterator[Any]:
@@ -185,8 +185,9 @@ def test_retries_exhausted_raise_with_the_handles_of_the_chunks_sent(
     client = StopsRedisAfterOneChunk(pstack.s)
     requests = [SubmitRequest("text", {"text": words(400 + i)}, "bulk") for i in range(2 * CHUNK)]
     try:
-        with pytest.raises(OperationalError) as err:
+        with pytest.raises(BrokerUnavailable) as err:
             client.submit_many(requests)
+        assert err.value.reason == "UNREACHABLE"
         sent = err.value.submitted  # type: ignore[attr-defined]
         assert [h.envelope.inputs for h in sent] == [r.inputs for r in requests[:CHUNK]]
     finally:
