@@ -51,7 +51,7 @@ log = logging.getLogger("fleet.broker")
 
 REASONS: tuple[str, ...] = ("MISCONF", "OOM", "READONLY", "NOPERM")
 STALE_S = 5.0  # a part's refusal counts this long after it was last seen (parts retry sooner)
-BACKOFF_S = (0.25, 0.5, 1.0, 2.0)  # between a part's tries while refused; then the last again
+BACKOFF_S = (0.25, 0.5, 1.0)  # between a part's tries while refused; then the last again
 PASSIVE = ("scan", "connect")  # parts that wait for another part's write instead of retrying
 
 # A refusal's code inside another error's text: a pipeline's ("Command # 1 (ZADD ...) of

@@ -50,8 +50,8 @@ def test_refused_writes_are_told_from_other_errors(exc: Exception, reason: str |
     assert reason_of(exc) == reason
 
 
-def test_backoff_grows_to_two_seconds() -> None:
-    assert [backoff_s(n) for n in (1, 2, 3, 4, 9)] == [0.25, 0.5, 1.0, 2.0, 2.0]
+def test_backoff_grows_to_a_second() -> None:
+    assert [backoff_s(n) for n in (1, 2, 3, 4, 9)] == [0.25, 0.5, 1.0, 1.0, 1.0]
 
 
 class Clock:
