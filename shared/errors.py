@@ -190,14 +190,9 @@ class BrokerUnavailable(FleetError):
     """
 
     code = "BROKER_UNAVAILABLE"
-    REASONS: ClassVar[tuple[str, ...]] = (
-        "OOM",
-        "MISCONF",
-        "READONLY",
-        "NOPERM",
-        "UNREACHABLE",
-        "REFUSED",
-    )
+    # Redis answered and refused to write: what pauses a worker (``workers.broker_refusals``)
+    REFUSALS: ClassVar[tuple[str, ...]] = ("OOM", "MISCONF", "READONLY", "NOPERM")
+    REASONS: ClassVar[tuple[str, ...]] = (*REFUSALS, "UNREACHABLE", "REFUSED")
 
     def __init__(
         self, message: str = "", code: str | None = None, reason: str = "UNREACHABLE"

@@ -31,6 +31,7 @@ __all__ = [
     "answer_of",
     "broker_unavailable",
     "reason_of",
+    "refusal_of",
 ]
 
 # What a producer's call to Redis raises when the broker, not the call, is at fault (a
@@ -38,7 +39,7 @@ __all__ = [
 # still checks reason_of(exc) before naming it a broker fault.
 BROKER_FAULTS: tuple[type[BaseException], ...] = (redis.RedisError, OperationalError, OSError)
 
-REFUSALS: tuple[str, ...] = ("OOM", "MISCONF", "READONLY", "NOPERM")
+REFUSALS: tuple[str, ...] = BrokerUnavailable.REFUSALS
 
 WORDS: dict[str, str] = {
     "OOM": "Redis is out of memory (maxmemory reached, no eviction) and refuses writes",
@@ -50,7 +51,10 @@ WORDS: dict[str, str] = {
     "REFUSED": "Redis refused the command",
 }
 
+# A refusal's code inside another error's text: a pipeline's ("Command # 1 (ZADD ...) of
+# pipeline caused error: MISCONF ...") or a script's ("Error running script ...: -OOM ...").
 _CODE_IN_TEXT = re.compile(r"(?<![A-Za-z])-?(MISCONF|OOM|READONLY|NOPERM)\b")
+_SCRIPT_NOPERM = "can't run this command"  # Redis 6's NOPERM inside a script has no code
 _CHAIN_DEPTH = 8
 
 
@@ -64,15 +68,29 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
-def _refusal(exc: redis.ResponseError) -> str:
+def _refusal_code(exc: redis.ResponseError) -> str | None:
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         return "OOM"
     if isinstance(exc, redis.exceptions.ReadOnlyError):
         return "READONLY"
     if isinstance(exc, redis.exceptions.NoPermissionError):
         return "NOPERM"
-    found = _CODE_IN_TEXT.search(str(exc))
-    return found.group(1) if found else "REFUSED"
+    text = str(exc)
+    found = _CODE_IN_TEXT.search(text)
+    if found:
+        return found.group(1)
+    return "NOPERM" if _SCRIPT_NOPERM in text else None
+
+
+def refusal_of(exc: BaseException) -> str | None:
+    """The write refusal ``exc`` stands for (one of :data:`REFUSALS`), found in ``exc`` or
+    what it wraps, or ``None``: any other error (a lost connection, ``NOSCRIPT``,
+    ``WRONGTYPE``, a script's own error) is not Redis refusing to write. What a worker asks
+    (``workers.broker_refusals``): a refusal pauses it, anything else is handled as before."""
+    for e in _chain(exc):
+        if isinstance(e, redis.ResponseError):
+            return _refusal_code(e)
+    return None
 
 
 def reason_of(exc: BaseException) -> str | None:
@@ -83,7 +101,7 @@ def reason_of(exc: BaseException) -> str | None:
     chain = _chain(exc)
     for e in chain:
         if isinstance(e, redis.ResponseError):
-            return _refusal(e)
+            return _refusal_code(e) or "REFUSED"
     for e in chain:
         if isinstance(e, redis.ConnectionError | redis.TimeoutError | OSError):
             return "UNREACHABLE"

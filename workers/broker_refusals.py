@@ -38,44 +38,31 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
 
-from redis.exceptions import NoPermissionError, OutOfMemoryError, ReadOnlyError, ResponseError
+from shared.errors import BrokerUnavailable
 
 __all__ = ["REASONS", "REFUSALS", "Refusals", "backoff_s", "reason_of"]
 
 log = logging.getLogger("fleet.broker")
 
-REASONS: tuple[str, ...] = ("MISCONF", "OOM", "READONLY", "NOPERM")
+REASONS: tuple[str, ...] = BrokerUnavailable.REFUSALS
 STALE_S = 5.0  # a part's refusal counts this long after it was last seen (parts retry sooner)
 BACKOFF_S = (0.25, 0.5, 1.0)  # between a part's tries while refused; then the last again
 PASSIVE = ("scan", "connect")  # parts that wait for another part's write instead of retrying
 
-# A refusal's code inside another error's text: a pipeline's ("Command # 1 (ZADD ...) of
-# pipeline caused error: MISCONF ...") or a script's ("Error running script ...: -OOM ...").
-_CODE_IN_TEXT = re.compile(r"(?<![A-Za-z])-?(MISCONF|OOM|READONLY|NOPERM)\b")
-_SCRIPT_NOPERM = "can't run this command"  # Redis 6's NOPERM inside a script has no code
-
 
 def reason_of(exc: BaseException) -> str | None:
     """The refusal ``exc`` stands for (one of :data:`REASONS`), or ``None``: any other error
-    (a lost connection, a bad command) is not Redis refusing to write."""
-    if not isinstance(exc, ResponseError):
-        return None
-    if isinstance(exc, OutOfMemoryError):
-        return "OOM"
-    if isinstance(exc, ReadOnlyError):
-        return "READONLY"
-    if isinstance(exc, NoPermissionError):
-        return "NOPERM"
-    text = str(exc)
-    found = _CODE_IN_TEXT.search(text)
-    if found:
-        return found.group(1)
-    return "NOPERM" if _SCRIPT_NOPERM in text else None
+    (a lost connection, a bad command) is not Redis refusing to write. The producers' rule
+    (``shared.redis_refusal.refusal_of``), imported here at the first call: the engine's
+    Celery-free parts (``workers.completion``) import this module, and import no Redis
+    client."""
+    from shared.redis_refusal import refusal_of
+
+    return refusal_of(exc)
 
 
 def backoff_s(tries: int) -> float:
