@@ -138,12 +138,13 @@ class FleetClient(Publishing, ResultReading):
         return envs[0], datas[0]
 
     def _validated_many(
-        self, requests: list[SubmitRequest]
+        self, requests: list[SubmitRequest], now_ms: float | None = None
     ) -> tuple[list[TaskEnvelope], list[bytes]]:
         """:meth:`_validated` of each request, in one loop (the settings read once): their
         envelopes, and their inputs' JSON. The requests of one call share their submit time
-        (``submitted_ms``, from which a deadline counts, on Redis' clock): they are sent
-        together.
+        (``submitted_ms``, from which a deadline counts): ``now_ms``, else the client's
+        Redis clock as last sampled (no I/O: validation alone never reaches Redis; the
+        submit path samples it when due, :meth:`submit_many`).
 
         Raises:
             as :meth:`envelope`, for the first request that is not valid.
@@ -151,7 +152,8 @@ class FleetClient(Publishing, ResultReading):
         classes = self._classes()
         limits = self.settings.limits
         max_inline, max_chars = limits.max_inline_bytes, limits.max_text_chars
-        now_ms = self.clock.now() * 1000.0
+        if now_ms is None:
+            now_ms = self.clock.peek() * 1000.0
         envs: list[TaskEnvelope] = []
         datas: list[bytes] = []
         for r in requests:
@@ -246,7 +248,8 @@ class FleetClient(Publishing, ResultReading):
                 sent.
         """
         requests = list(requests)
-        envs, datas = self._validated_many(requests)
+        # Redis' clock, sampled when due (one TIME every refresh period, none per call)
+        envs, datas = self._validated_many(requests, self.clock.now() * 1000.0)
         ids = self._task_ids(requests)
         unbind = bool(self._bound)  # some video input waits for its request
         check = self._depth_check(envs)  # its answer comes while the first chunk is built

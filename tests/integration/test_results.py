@@ -14,7 +14,7 @@ import redis
 
 from shared import jsonfast, keys
 from shared.celery_app import make_app
-from shared.errors import DeadlineExceeded
+from shared.errors import BrokerUnavailable, DeadlineExceeded
 from tests.conftest import own_redis as own_redis_stack
 from tests.netfaults import ReplyDropper
 from workers.results import _WRITE_FIRST, Outcome, ResultWriter, new_token
@@ -170,8 +170,9 @@ def test_a_cancel_refused_halfway_leaves_no_marker_and_a_worker_result_then_wins
     try:
         admin.execute_command("ACL", "SETUSER", user, "-setex")
         try:
-            with pytest.raises(redis.ResponseError):
+            with pytest.raises(BrokerUnavailable) as refused:
                 client.cancel("cancel-halfway")
+            assert refused.value.reason == "NOPERM"
             assert admin.exists(keys.final_key("cancel-halfway")) == 0
         finally:
             admin.execute_command("ACL", "SETUSER", user, "+setex")

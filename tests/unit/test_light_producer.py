@@ -57,3 +57,6 @@ def test_an_over_long_text_is_refused_before_anything_is_sent() -> None:
     ):
         with pytest.raises(PayloadTooLarge, match="max_text_chars"):
             client.envelope(modality, inputs)
+    # validation reads no clock from Redis either: not one TIME tried (a client that only
+    # validates, like `fleet submit`'s option check, never connects)
+    assert (client.clock.samples, client.clock.failures) == (0, 0)
