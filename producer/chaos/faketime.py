@@ -16,6 +16,11 @@ everything else to libfaketime; it is built once from the C source below with th
 system's ``cc`` (faking the monotonic clock too is no way out: Python's lock and condition
 timeouts then wait an hour). :func:`skewed_env` raises :class:`FaketimeUnavailable`, with the
 reason, where either is missing.
+
+The same libfaketime creates a shared-memory segment and a semaphore in /dev/shm for every
+process it is preloaded into (``faketime_shm_<pid>``, ``sem.faketime_sem_<pid>``) and leaves
+both when the process ends, however it ends: :func:`sweep` removes those of ended processes;
+whoever started skewed processes calls it once they are gone.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["LIBFAKETIME_PATHS", "FaketimeUnavailable", "find_libfaketime", "skewed_env"]
+__all__ = ["LIBFAKETIME_PATHS", "FaketimeUnavailable", "find_libfaketime", "skewed_env", "sweep"]
+
+SHM_DIR = Path("/dev/shm")
+_LEFT_BEHIND = ("faketime_shm_", "sem.faketime_sem_")  # + the pid of the process it was in
 
 LIBFAKETIME_PATHS = (
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -128,3 +136,31 @@ def skewed_env(offset_s: float, build_dir: Path) -> dict[str, str]:
         "FAKETIME": f"{offset_s:+.0f}",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
     }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
+def sweep(shm_dir: Path = SHM_DIR) -> int:
+    """Remove the segments libfaketime left in ``shm_dir`` for processes of this user that
+    have ended (see the module docstring); a live process's stay. Returns how many went."""
+    removed = 0
+    uid = os.getuid()
+    for prefix in _LEFT_BEHIND:
+        for path in shm_dir.glob(f"{prefix}*"):
+            pid = path.name.removeprefix(prefix)
+            try:
+                if not pid.isdigit() or path.stat().st_uid != uid or _alive(int(pid)):
+                    continue
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed += 1
+    return removed

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from producer.chaos import faketime
 from producer.chaos.faults import FAULTS, Ctx, parse_target, pid_of
 from producer.chaos.load import Load
 from producer.chaos.observe import Publishes, Runs, locate, poll_outcomes
@@ -86,6 +87,7 @@ def run(opts: Options) -> dict[str, Any]:
         finally:
             st.down()
             shutil.rmtree(shm_root, ignore_errors=True)
+            faketime.sweep()  # what libfaketime left of the clock_skew scenario's workers
             _keep_logs_if_failed(st, opts, rows)
     return _write_report(opts, rows, settings.redis.lease_s)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from producer.chaos.faketime import FaketimeUnavailable, skewed_env
+from producer.chaos.faketime import FaketimeUnavailable, skewed_env, sweep
 from producer.client import FleetClient, SubmitRequest
 from producer.stack import replica_metrics_port
 from tests.conftest import REPO, free_port_block, own_text_stack
@@ -55,6 +55,7 @@ def skew_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         for instance, env in envs.items():
             st.start_worker("text", instance=instance, extra_env=env)
         yield st
+    sweep()  # libfaketime's segments of the skewed workers, now ended
 
 
 def log_text(st: Any, name: str) -> str:

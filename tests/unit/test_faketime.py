@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from producer.chaos import faketime
-from producer.chaos.faketime import FaketimeUnavailable, skewed_env
+from producer.chaos.faketime import FaketimeUnavailable, skewed_env, sweep
 
 PROBE = """
 import json, threading, time
@@ -45,8 +45,24 @@ def test_only_the_wall_clock_moves_and_sleeps_still_work(offset: int, tmp_path: 
     done = subprocess.run(
         [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=30
     )
+    sweep()  # libfaketime's segments of that process
     assert done.returncode == 0, done.stderr  # EINVAL from time.sleep without the shim
     seen = json.loads(done.stdout)
     assert abs((seen["wall"] - w0) - offset) < 5.0  # an hour off
     assert 0.0 <= seen["mono"] - m0 < 5.0  # the same monotonic clock as this process
     assert 0.25 <= seen["slept"] < 2.0  # slept and waited their time, not an hour
+
+
+def test_sweep_removes_what_libfaketime_left_of_ended_processes(tmp_path: Path) -> None:
+    """libfaketime 0.9.10 leaves ``faketime_shm_<pid>`` and ``sem.faketime_sem_<pid>`` in
+    /dev/shm after every process it was preloaded into; :func:`sweep` removes those of ended
+    processes and keeps a live one's and anything else."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    gone, live = int(ended.stdout), os.getpid()
+    names = [f"faketime_shm_{gone}", f"sem.faketime_sem_{gone}", f"faketime_shm_{live}",
+             f"sem.faketime_sem_{live}", "faketime_shm_x", "mmfleet-0"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert sweep(tmp_path) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
