@@ -12,7 +12,7 @@ COPY configs configs
 RUN pip install --no-cache-dir ${TORCH_SPEC} && pip install --no-cache-dir ".[worker]"
 RUN useradd --create-home fleet
 USER fleet
-# The workers' traced encoders, stored in the fleet user's trace cache (workers/prepare.py):
+# The workers' traced encoders, stored in the fleet user's trace cache (workers/models/prepare.py):
 # a new pod's first start loads them instead of tracing. Key: weights, versions, config, device.
 RUN FLEET_CONFIG=/app/configs/fleet.toml fleet prepare
 ENTRYPOINT ["fleet"]

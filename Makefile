@@ -56,7 +56,7 @@ lint: venv
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# Fleet vs plain-Celery baseline vs in-process limit; method: producer/bench/README.md.
+# Fleet vs plain-Celery baseline vs in-process limit; method: producer/tools/bench/README.md.
 # Through the HTTP gateway too: make bench WORKLOAD=text-saturate MODES=fleet,gateway
 # Metrics + tracing (1 %) on vs off instead of the modes, interleaved in one run:
 # make bench WORKLOAD=text-saturate METRICS_COST=1 [COST_ROUNDS=4] [COST_ROUND_S=15]
@@ -69,7 +69,7 @@ bench: venv
 # check, throughput (reports/precision.json). PRECISION=int8 (CPU) or fp16/bf16 (CUDA).
 PRECISION ?= int8
 precision: venv
-	$(BIN)/python -m producer.bench.precision --precision $(PRECISION)
+	$(BIN)/python -m producer.tools.bench.precision --precision $(PRECISION)
 
 soak: venv
 	$(BIN)/fleet soak
@@ -85,19 +85,19 @@ chaos: venv
 HA_REQUESTS ?= 2000
 ha-check: venv
 	@mkdir -p reports
-	$(BIN)/python -m producer.chaos.ha --requests $(HA_REQUESTS) --out reports/ha.json
+	$(BIN)/python -m producer.tools.chaos.ha --requests $(HA_REQUESTS) --out reports/ha.json
 
 # Kubernetes: cold start and service rate of one fresh worker per modality (what the startup
 # probe budget and the KEDA targets in deploy/k8s derive from; deploy/k8s/measured.json).
 coldstart: venv
 	@mkdir -p reports
-	$(BIN)/python -m producer.bench.coldstart --modalities text,image,video,xmodal --out reports/coldstart.json
+	$(BIN)/python -m producer.tools.bench.coldstart --modalities text,image,video,xmodal --out reports/coldstart.json
 
 # Redis commands and CPU per request, then 1-100 worker hosts simulated (docs/scale-out.md).
 scaleout: venv
 	@mkdir -p reports
-	$(BIN)/python -m producer.bench.redisload --out reports/redisload.json
-	$(BIN)/python -m producer.bench.scaleout --redis reports/redisload.json
+	$(BIN)/python -m producer.tools.bench.redisload --out reports/redisload.json
+	$(BIN)/python -m producer.tools.bench.scaleout --redis reports/redisload.json
 
 # Both overlays rendered and validated (what tests/deploy checks in CI).
 k8s-render: venv
@@ -106,7 +106,7 @@ k8s-render: venv
 	$(BIN)/pytest -q tests/deploy/test_manifests.py
 
 gpu-check: venv
-	$(BIN)/python -m producer.gpucheck
+	$(BIN)/python -m producer.tools.gpucheck
 
 clean: down
 	rm -rf .run reports .pytest_cache .ruff_cache

@@ -79,7 +79,7 @@ def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
         enable_utc=True,
     )
     # Every app but a worker's is told of Redis' refusals at once (shared.kombu_redis); a
-    # batching worker sets its own transport (workers.app), a baseline one keeps kombu's.
+    # batching worker sets its own transport (workers.consumer.app), a baseline one keeps kombu's.
     if settings.ha:
         from shared.ha import BASELINE_TRANSPORT, PRODUCER_TRANSPORT, pin_sentinel_transport
 

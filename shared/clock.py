@@ -17,7 +17,7 @@ the one in use is not adopted unless the one in use is old), plus the monotonic 
 drift since (parts per million, NTP slews it as it slews the wall clock).
 
 ``skew_s`` is this host's wall clock minus Redis' at the last sample: a worker reports it
-(``workers.clock_watch``: a warning past ``[redis] clock_skew_warn_s``, the gauge
+(``workers.consumer.clock_watch``: a warning past ``[redis] clock_skew_warn_s``, the gauge
 ``fleet_worker_clock_skew_seconds``). Until a first sample, the clock reads the local wall
 clock (the best there is; a process without Redis has no other).
 

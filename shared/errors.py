@@ -190,7 +190,7 @@ class BrokerUnavailable(FleetError):
     """
 
     code = "BROKER_UNAVAILABLE"
-    # Redis answered and refused to write: what pauses a worker (``workers.broker_refusals``)
+    # Redis answered and refused to write: what pauses a worker (``workers.batching.refusals``)
     REFUSALS: ClassVar[tuple[str, ...]] = ("OOM", "MISCONF", "READONLY", "NOPERM")
     REASONS: ClassVar[tuple[str, ...]] = (*REFUSALS, "UNREACHABLE", "REFUSED")
 

@@ -6,7 +6,7 @@ and a ``WAIT`` in one pipeline on one connection (``shared.redis_client.Waiter``
 publish returns, the message is on a replica too, and a failover that follows cannot lose
 it. Producers use it as :class:`ProducerSentinelTransport` (Redis' refusals not retried as
 lost connections: ``shared.kombu_redis``; ``shared.celery_app``); batching workers use
-``workers.broker_ha.SentinelTransport``, which adds their fetch, leases and bell.
+``workers.consumer.sentinel.SentinelTransport``, which adds their fetch, leases and bell.
 
 kombu takes the ``;``-joined ``sentinel://`` URLs for failover alternates, and when a
 connection attempt fails it switches to the next one, re-deriving the transport from the
@@ -96,7 +96,7 @@ class ProducerSentinelTransport(RefusalsNotRetried, SentinelTransport):
 
 PRODUCER_TRANSPORT = "shared.ha:ProducerSentinelTransport"
 BASELINE_TRANSPORT = "shared.ha:SentinelTransport"  # a plain-Celery (baseline) worker's
-WORKER_TRANSPORT = "workers.broker_ha:SentinelTransport"
+WORKER_TRANSPORT = "workers.consumer.sentinel:SentinelTransport"
 
 
 def pin_sentinel_transport(transport: str = PRODUCER_TRANSPORT) -> None:

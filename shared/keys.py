@@ -45,11 +45,11 @@ FINAL_KEY_PREFIX = "fleet:final:"  # SET NX by the first final result: later one
 UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
 # Sorted set per modality: node name scored by its last heartbeat (unix s), written by each
-# batching worker with its lease renewals (workers.lease); live = younger than lease_s.
+# batching worker with its lease renewals (workers.consumer.lease); live = younger than lease_s.
 LIVE_PREFIX = "fleet:live:"
 LIVE_FORGET_S = 3600.0  # members silent this long are dropped from the set
 # A worker pushes and deletes such a key once to learn whether Redis sends keyspace
-# notifications (workers.broker), without CONFIG, which its ACL user may not run.
+# notifications (workers.consumer.channel), without CONFIG, which its ACL user may not run.
 NOTIFY_PROBE_PREFIX = "fleet:notify-probe:"
 JOB_KEY_PREFIX = "fleet:job:"  # the gateway's job document, written before it queues a request
 
@@ -68,7 +68,7 @@ def realtime_queue_name(modality: str) -> str:
     """The queue of a modality's REALTIME requests: ``text.realtime``.
 
     REALTIME requests travel apart so that a worker can read them on a channel whose
-    prefetch window lower-priority messages never fill (see ``workers.realtime``).
+    prefetch window lower-priority messages never fill (see ``workers.consumer.realtime``).
     """
     return f"{modality}.realtime"
 
@@ -102,5 +102,6 @@ def job_key(task_id: str) -> str:
 
 
 def final_key(task_id: str) -> str:
-    """Marks that ``task_id`` has its final result (``workers.results``: first one wins)."""
+    """Marks that ``task_id`` has its final result (``workers.batching.results``: first one
+    wins)."""
     return f"{FINAL_KEY_PREFIX}{task_id}"

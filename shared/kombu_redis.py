@@ -14,7 +14,7 @@ recoverable, as before; a ``ResponseError`` is neither, so it reaches the caller
 
 Producers' Celery apps use :data:`PRODUCER_TRANSPORT` (``shared.celery_app``); behind
 Sentinel, ``shared.ha.SentinelTransport`` has the same classification. Workers keep their
-own transports (``workers.broker``).
+own transports (``workers.consumer.channel``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The transport probe's contract, shared by the worker that runs it (``workers.probe``) and
-the producer tooling that sends it (``producer.bench.transport``): the task name and the
+the producer tooling that sends it (``producer.tools.bench.transport``): the task name and the
 checksum both sides compute over a tensor's bytes."""
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ class ReplicationUncertain(redis.ConnectionError):
     """A write that ``WAIT`` could not confirm on a replica went to a node the sentinels no
     longer name as primary (a failover under way): it may be discarded when that node is
     demoted. Nothing is confirmed; the caller retries it (a duplicate is harmless: final
-    results are first-wins, ``workers.results``)."""
+    results are first-wins, ``workers.batching.results``)."""
 
 
 class Waiter:
@@ -378,7 +378,7 @@ class SentTransaction:
 def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
     """The RESP bytes of ``commands`` (arguments: ``bytes``, ``str`` as UTF-8, numbers), in
     one piece: what ``Connection.pack_commands`` sends, without its per-command Python
-    overhead (``producer.client_publish`` packs thousands a second)."""
+    overhead (``producer.client.publish`` packs thousands a second)."""
     out: list[bytes] = []
     for command in commands:
         out.append(b"*%d\r\n" % len(command))

@@ -86,7 +86,7 @@ def refusal_of(exc: BaseException) -> str | None:
     """The write refusal ``exc`` stands for (one of :data:`REFUSALS`), found in ``exc`` or
     what it wraps, or ``None``: any other error (a lost connection, ``NOSCRIPT``,
     ``WRONGTYPE``, a script's own error) is not Redis refusing to write. What a worker asks
-    (``workers.broker_refusals``): a refusal pauses it, anything else is handled as before."""
+    (``workers.batching.refusals``): a refusal pauses it, anything else is handled as before."""
     for e in _chain(exc):
         if isinstance(e, redis.ResponseError):
             return _refusal_code(e)

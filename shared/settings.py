@@ -85,7 +85,7 @@ __all__ = [
 
 MODALITIES: tuple[str, ...] = ("text", "image", "video", "xmodal")
 PRIORITY_NAMES: tuple[str, ...] = ("realtime", "high", "normal", "bulk")
-# A poison message is refused on its 4th delivery (workers.inflight.MAX_DELIVERIES + 1).
+# A poison message is refused on its 4th delivery (workers.batching.inflight.MAX_DELIVERIES + 1).
 DELIVERIES_COVERED = 4
 # A renewed tensor lease must outlast a janitor's renewal margin (shared.transport.lifetime:
 # 2 intervals) by one interval: default_ttl_s >= this many janitor intervals.
@@ -155,7 +155,8 @@ class BatchingConfig(_Section):
     realtime_prefetch: int = 16  # the REALTIME queue's own prefetch window (with the lane)
     realtime_budget_ms: float = 25.0  # without the lane: batch time cap while REALTIME flows
     # Buckets (shortest first) warmed before the worker says ready; the rest are warmed by
-    # the idle main inference thread afterwards (workers/warmup.py). A large number warms all.
+    # the idle main inference thread afterwards (workers/batching/warmup.py). A large number warms
+    # all.
     warmup_buckets_before_ready: int = Field(default=2, ge=0)
 
 
@@ -167,7 +168,7 @@ class DeviceConfig(_Section):
     arena_mb: int = 64
     prefetch_multiplier: int = Field(default=16, ge=1)
     # Messages a batching worker takes from Redis per round trip, up to the window's free
-    # slots (workers.broker; 1 = kombu's one BRPOP per message).
+    # slots (workers.consumer.channel; 1 = kombu's one BRPOP per message).
     fetch_limit: int = Field(default=64, ge=1)
     # sys.setswitchinterval for the worker process (CPython's default is 5 ms). The event
     # loop, the main and the REALTIME inference threads share the GIL; an inference thread
@@ -181,7 +182,7 @@ class DeviceConfig(_Section):
     main_lane_nice: int = Field(default=5, ge=0, le=19)
     # With a REALTIME lane, while REALTIME traffic flows: the main lane's batches run on a
     # thread of Linux's SCHED_IDLE class, which any normal thread (the REALTIME lane, the
-    # event loop, Redis) preempts at once (workers.lanes.IdleRunner). Needs no privilege.
+    # event loop, Redis) preempts at once (workers.batching.lanes.IdleRunner). Needs no privilege.
     # Meanwhile any other busy process of normal class on the same cores starves BULK work:
     # turn it off where the worker shares its cores with such a process.
     main_lane_idle_while_realtime: bool = True
@@ -217,7 +218,7 @@ class MetricsSettings(_Section):
     enabled: bool = True
     host: str = "127.0.0.1"
     port_base: int = 9101  # worker ports: base + modality index; 0: no /metrics (still recorded)
-    # `fleet exporter` (queue length, demand, age; producer.exporter), started by `fleet up`
+    # `fleet exporter` (queue length, demand, age; producer.ops.exporter), started by `fleet up`
     exporter_host: str = "127.0.0.1"
     exporter_port: int = Field(default=9100, ge=0, le=65535)  # 0: not started
 
@@ -231,7 +232,7 @@ class TracingSettings(_Section):
 
 
 class EventSettings(_Section):
-    """Celery task events (Flower's view) sent by batching workers (``workers.events``)."""
+    """Celery task events (Flower's view) sent by batching workers (``workers.consumer.events``)."""
 
     # Buffered task events go out at most this often (one PUBLISH of a task.multi list),
     # instead of once per event-loop turn: a message's arrival no longer costs a round trip.

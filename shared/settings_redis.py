@@ -31,7 +31,7 @@ class RedisSettings(BaseModel):
     # of its role (shared.acl) with the password `fleet up` generated for it under run_dir.
     user: str | None = None
     password: str | None = None
-    # Batching workers hold a lease on every message they hold (workers.lease): a dead
+    # Batching workers hold a lease on every message they hold (workers.consumer.lease): a dead
     # worker's messages are back in their queue within lease_s, a live worker's never leave.
     lease_s: float = Field(default=10.0, ge=1.0, le=3600.0)
     # Batching workers wait for messages on push notifications (the server needs

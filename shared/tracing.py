@@ -37,6 +37,7 @@ __all__ = [
     "producer_span",
     "reset",
     "shutdown",
+    "span",
     "tracer",
 ]
 
@@ -150,6 +151,14 @@ def inject(headers: MutableMapping[str, Any], modality: str, task_id: str) -> No
         return
     with producer_span(headers, modality, task_id):
         pass
+
+
+def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+    """A child of the current span (a worker's ``shm.get``/``shm.put`` inside its batch's or
+    request's span). A no-op when this process has no provider."""
+    if _provider is None:
+        return contextlib.nullcontext()
+    return tracer("mmfleet.worker").start_as_current_span(name, attributes=attributes)
 
 
 def shutdown() -> None:

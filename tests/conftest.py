@@ -1,7 +1,7 @@
 """Shared fixtures: a real Redis, real Celery workers and Flower, on free loopback ports.
 
 The integration stack is started once per session through the product's own
-:class:`producer.stack.Stack` (so ``fleet up``/``fleet down`` are exercised too), in a
+:class:`producer.stack.local.Stack` (so ``fleet up``/``fleet down`` are exercised too), in a
 temporary run directory, with its own ports: a developer's ``make up`` stack is untouched.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from producer.stack import free_port
+from producer.stack.local import free_port
 from shared.procs import running
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ atexit.register(shutil.rmtree, _TRACE_CACHE, True)
 def free_port_block(n: int) -> int:
     """The first of ``n`` consecutive free loopback ports (worker metrics use base + i)."""
     for _ in range(50):
-        base = free_port()  # producer.stack's
+        base = free_port()  # producer.stack.local's
         socks = []
         try:
             for i in range(n):
@@ -64,7 +64,7 @@ def no_fleet_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def fleet_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """Settings of the test stack; its FLEET_* variables are exported for subprocesses."""
-    from producer.stack import isolated_environment
+    from producer.stack.local import isolated_environment
 
     # A /dev/shm root of the session's own, removed at the end: the default root
     # (/dev/shm/mmfleet-<uid>) belongs to a developer's own stack and outlived test runs.
@@ -87,7 +87,7 @@ def fleet_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
 @pytest.fixture(scope="session")
 def stack(fleet_settings: object) -> Iterator[object]:
     """Redis + text worker + image worker + Flower, up for the whole session."""
-    from producer.stack import Stack
+    from producer.stack.local import Stack
 
     st = Stack(fleet_settings)  # type: ignore[arg-type]
     st.up(["text", "image"], flower=True)
@@ -135,7 +135,7 @@ def own_text_stack(
 ) -> Iterator[Any]:
     """Redis + one text worker of a test module's own (``overrides``: its FLEET_* values),
     so that faults injected there cannot disturb the session stack."""
-    from producer.stack import Stack, isolated_environment
+    from producer.stack.local import Stack, isolated_environment
 
     with isolated_environment(tmp_path_factory.mktemp(name), overrides) as settings:
         st = Stack(settings)
@@ -152,7 +152,7 @@ def own_redis(
 ) -> Iterator[Any]:
     """A Redis of a test module's own (no worker, Flower or gateway): its keys, scripts and
     command counts are that module's alone."""
-    from producer.stack import Stack, isolated_environment
+    from producer.stack.local import Stack, isolated_environment
 
     with isolated_environment(tmp_path_factory.mktemp(name), overrides or {}) as settings:
         st = Stack(settings)

@@ -7,8 +7,8 @@ process runs one (``[transport] janitor_interval_s``, 0 turns it off); several c
 once is harmless (``gc`` tolerates files vanishing under it).
 
 Before each collection it renews the leases of input segments bound to requests that may
-still run (``workers.tensor_lease.SegmentRenewer``): a video waiting in a backlog longer than
-its TTL is kept, on this host, for as long as its request has no final result.
+still run (``workers.batching.tensor_lease.SegmentRenewer``): a video waiting in a backlog longer
+than its TTL is kept, on this host, for as long as its request has no final result.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import threading
 
 from shared.settings import Settings
-from workers.tensor_lease import SegmentRenewer
+from workers.batching.tensor_lease import SegmentRenewer
 
 log = logging.getLogger(__name__)
 

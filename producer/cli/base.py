@@ -191,7 +191,7 @@ def cli_settings() -> Settings:
         settings = load_settings()
     except FileNotFoundError as exc:
         raise CliProblem(f"{exc}; fix or unset FLEET_CONFIG", ExitCode.REFUSED) from None
-    from producer.stack import Stack
+    from producer.stack.local import Stack
 
     state = Stack(settings).read_state()
     overrides = recorded_overrides(state or {}, os.environ)

@@ -172,7 +172,7 @@ def probe_client(settings: Settings, user: str | None, password: str) -> Any:
 
 def broker_problem(settings: Settings, role: str = "producer") -> str | None:
     """Connect once as ``role`` and PING; ``None`` when Redis answers, else the message."""
-    from producer.stack import Stack
+    from producer.stack.local import Stack
 
     facts: dict[str, Any] = {
         "address": f"{settings.redis.host}:{settings.redis.port}",
@@ -270,7 +270,7 @@ def no_worker_message(modality: str, live: dict[str, list[str]], queued: bool) -
 def live_nodes(settings: Settings, client: Any, modality: str) -> list[str]:
     """``modality``'s live worker nodes (fresh heartbeat), less those this run dir started
     whose process is gone (``Stack.dead_worker_nodes``). One round trip."""
-    from producer.stack import Stack
+    from producer.stack.local import Stack
 
     dead = Stack(settings).dead_worker_nodes()
     return [n for n in client.live_workers(modality) if n not in dead]

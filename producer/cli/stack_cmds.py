@@ -14,7 +14,7 @@ from shared.keys import realtime_queue_name
 from shared.settings import MODALITIES
 
 if TYPE_CHECKING:
-    from producer.stack import Proc, Stack
+    from producer.stack.local import Proc, Stack
 
 DEFAULT_SENTINEL_PORTS = (26379, 26380, 26381)  # `fleet up --ha` without [redis] sentinels
 
@@ -43,7 +43,7 @@ def worker(
     """Run one worker process for MODALITY in the foreground (a thin wrapper over
     `celery worker -Q MODALITY`). A second worker of a modality on one host needs
     --replica 1 (its own node name and metrics port)."""
-    from producer.stack import replica_metrics_base
+    from producer.stack.local import replica_metrics_base
 
     if modality not in MODALITIES:
         raise CliProblem(
@@ -63,12 +63,12 @@ def worker(
     for k, v in MODEL_ENV.items():
         env.setdefault(k, v)
     # With a REALTIME lane the worker reads <modality>.realtime on a channel of its own
-    # (workers/realtime.py); otherwise both queues share the main prefetch window.
+    # (workers/consumer/realtime.py); otherwise both queues share the main prefetch window.
     lane = mode == "batch" and settings.modality(modality).batching.realtime_lane
     queues = modality if lane else f"{modality},{realtime_queue_name(modality)}"
     node = name or (f"{modality}-{replica}" if replica else modality)
     argv = [
-        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        sys.executable, "-m", "celery", "-A", "workers.consumer.app", "worker",
         "-Q", queues, "-P", "solo", "-c", "1", "-n", f"{node}@%h",
         f"--prefetch-multiplier={window}", "-E", "--without-mingle", "--without-gossip",
         "-l", loglevel,
@@ -101,7 +101,7 @@ def up(
 ) -> None:
     """Start Redis, the workers, Flower and the HTTP gateway in the background; return when
     all answer (exit 3 with the cause when one cannot start)."""
-    from producer.stack import PortInUse, Stack, StackError, parse_replicas
+    from producer.stack.local import PortInUse, Stack, StackError, parse_replicas
 
     try:
         counts = parse_replicas(replicas)
@@ -167,7 +167,7 @@ def _report_up(stack: Stack, started: list[Proc], running: set[str]) -> None:
 @app.command()
 def down() -> None:
     """Stop every process `fleet up` started in the run dir (replicas too; Redis last)."""
-    from producer.stack import Stack
+    from producer.stack.local import Stack
 
     settings = cli_settings()
     stopped = Stack(settings).down()
@@ -185,7 +185,7 @@ def status() -> None:
     live_workers: nodes with a fresh heartbeat, less the workers of this run dir whose
     process is gone (listed under dead_workers at once, not after lease_s)."""
     from producer.cli.diagnose import broker_problem
-    from producer.stack import Stack
+    from producer.stack.local import Stack
 
     settings = cli_settings()
     stack = Stack(settings)
@@ -231,7 +231,7 @@ def status() -> None:
 @app.command("flower")
 def flower_info() -> None:
     """Print Flower's URL and credentials (of the running stack)."""
-    from producer.stack import Stack
+    from producer.stack.local import Stack
 
     settings = cli_settings()
     stack = Stack(settings)
@@ -260,7 +260,7 @@ def gateway_cmd(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info",
 ) -> None:
     """Serve the HTTP gateway (Open Inference Protocol v2 REST) in the foreground."""
-    from producer.stack import port_in_use
+    from producer.stack.local import port_in_use
 
     # Through the environment, so that uvicorn's worker processes load the same values.
     if host:
@@ -293,8 +293,8 @@ def exporter_cmd(
     foreground; `fleet up` starts it on 127.0.0.1:9100 (FLEET_METRICS__EXPORTER_PORT)."""
     import logging
 
-    from producer.exporter import serve_forever
-    from producer.stack import port_in_use
+    from producer.ops.exporter import serve_forever
+    from producer.stack.local import port_in_use
 
     if host:
         os.environ["FLEET_METRICS__EXPORTER_HOST"] = host
@@ -317,6 +317,6 @@ def exporter_cmd(
 def demo() -> None:
     """The main job on a stack of its own (free ports, its own run dir under .run/demo/):
     real inputs at all priorities, bad inputs, a report; a stack you started is untouched."""
-    from producer.demo import main
+    from producer.tools.demo.run import main
 
     raise typer.Exit(main())

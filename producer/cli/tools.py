@@ -41,7 +41,7 @@ def bench(
         bool,
         typer.Option(
             help="instead of the modes: the fleet with metrics and tracing (1 %) on vs off, "
-            "interleaved; --modes and --repetitions do not apply (producer/bench/README.md)"
+            "interleaved; --modes and --repetitions do not apply (producer/tools/bench/README.md)"
         ),
     ] = False,
     cost_rounds: Annotated[int, typer.Option(help="--metrics-cost: on/off pairs")] = 4,
@@ -53,14 +53,14 @@ def bench(
     ),
 ) -> None:
     """Replay WORKLOAD against the fleet, a plain-Celery baseline and the in-process limit."""
-    from producer.bench.main import main, names
+    from producer.tools.bench.main import main, names
 
     if list_workloads:
         typer.echo("\n".join(names()))
         return
     cost = None
     if metrics_cost:
-        from producer.bench.metricscost import CostOptions
+        from producer.tools.bench.metricscost import CostOptions
 
         if cost_rounds < 1 or cost_round_s < 0:
             raise typer.BadParameter("--cost-rounds must be >= 1 and --cost-round-s >= 0")
@@ -85,7 +85,7 @@ def soak(
 
     Runs a stack of its own (Redis + one text worker, free ports, a temporary run dir).
     """
-    from producer.soak import SoakOptions, main
+    from producer.tools.soak import SoakOptions, main
 
     raise typer.Exit(main(SoakOptions(requests=requests, warmup=warmup, wave=wave, out=out)))
 
@@ -110,7 +110,7 @@ def chaos(
     request final within 15 s of the fault's end not counting worker restarts, no worker
     exit), 1 otherwise, 2 on a bad scenario file.
     """
-    from producer.chaos.main import main
+    from producer.tools.chaos.main import main
 
     raise typer.Exit(main(file, [n for n in scenarios.split(",") if n], short, video, out))
 
@@ -127,7 +127,7 @@ def prepare(
     """
     for k, v in MODEL_ENV.items():
         os.environ.setdefault(k, v)  # before transformers is imported
-    from workers.prepare import prepare as fill
+    from workers.models.prepare import prepare as fill
 
     unknown = [m for m in modalities or [] if m not in MODALITIES]
     if unknown:
@@ -170,7 +170,7 @@ def shm_gc() -> None:
     kept for reuse but unused for 30 s; then say what was kept and why. Like the workers'
     janitor, it first renews the video inputs of requests that may still run."""
     from shared.transport import store_from_settings
-    from workers.tensor_lease import SegmentRenewer
+    from workers.batching.tensor_lease import SegmentRenewer
 
     settings = cli_settings()
     store = store_from_settings(settings)

@@ -3,7 +3,8 @@ over the fleet, for clients that do not speak Celery. A producer: never imports 
 
 Structure (one concern per module)::
 
-    app.py            the app: its state (Gateway), error handlers, OpenAPI document
+    app.py            the app: error handlers, OpenAPI document, routes registered
+    state.py          its state (Gateway): settings, token, models, the job service
       routes_server.py  health, server metadata, model metadata and readiness
       routes_infer.py   inference (sync, or 202 + Location)
       routes_jobs.py    a job's state, its events (SSE), cancel

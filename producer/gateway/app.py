@@ -20,7 +20,6 @@ registered by ``routes_server`` (health, server and model metadata, readiness),
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -34,9 +33,6 @@ from starlette.responses import Response
 
 from producer.gateway import openapi as doc
 from producer.gateway.auth import check_bearer
-from producer.gateway.errors import ModelNotFound
-from producer.gateway.jobs import JobService
-from producer.gateway.models import VERSION, ModelSpec, model_specs
 from producer.gateway.render import error_response, fleet_error_response
 from producer.gateway.routes_infer import add_infer_routes, read_body
 from producer.gateway.routes_jobs import add_job_routes
@@ -46,51 +42,13 @@ from producer.gateway.routes_server import (
     add_model_routes,
     add_server_routes,
 )
+from producer.gateway.state import Gateway
 from shared.errors import FleetError
 from shared.settings import Settings
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "Gateway", "create_app", "read_body"]
 
 log = logging.getLogger("fleet.gateway")
-
-
-class Gateway:
-    """The app's state: settings, token, models and the job service (built at start-up)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.token = settings.gateway_token()
-        self.models: dict[str, ModelSpec] = model_specs(settings)
-        self.jobs: JobService | None = None
-
-    async def start(self) -> None:
-        from producer.client import FleetClient
-        from shared.redis_client import async_redis_client
-
-        client = FleetClient(self.settings)
-        # The producer's own credentials, as its Celery app.
-        redis = async_redis_client(self.settings, client.role, max_connections=64)
-        self.jobs = JobService(client, redis, self.models)
-        await self.jobs.start()
-
-    async def stop(self) -> None:
-        if self.jobs is not None:
-            await self.jobs.stop()
-            await self.jobs.redis.aclose()
-            await self.jobs.redis.connection_pool.disconnect()
-            await asyncio.get_running_loop().run_in_executor(None, self.jobs.client.close)
-
-    def service(self) -> JobService:
-        assert self.jobs is not None, "the gateway has not started"
-        return self.jobs
-
-    def model(self, name: str, version: str | None = None) -> ModelSpec:
-        spec = self.models.get(name)
-        if spec is None or (version is not None and version != VERSION):
-            known = ", ".join(sorted(self.models))
-            what = f"model {name!r}" + (f" version {version!r}" if version is not None else "")
-            raise ModelNotFound(f"unknown {what}; served: {known} (version {VERSION})")
-        return spec
 
 
 def create_app(settings: Settings) -> FastAPI:

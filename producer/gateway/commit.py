@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from producer.client_push import Line, Nothing
+from producer.client.push import Line, Nothing
+from producer.client.wire import Outgoing
 from producer.gateway.crashpoints import pause, pause_sync
-from producer.wire import Outgoing
 
 if TYPE_CHECKING:
     from producer.client import FleetClient

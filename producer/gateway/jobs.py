@@ -12,7 +12,7 @@ done/total frames), then one final ``SUCCESS`` / ``FAILURE`` / ``REVOKED``.
 A new job costs three round trips on the event loop's own ``redis.asyncio`` connections:
 ``WATCH`` and ``GET`` of its document (the LLENs admission needs beside them, on another
 connection), then ``MULTI``/``SET``/``LPUSH``/``EXEC`` of the document and the message kombu
-would have sent (``producer.wire``). Blocking work (/dev/shm writes,
+would have sent (``producer.client.wire``). Blocking work (/dev/shm writes,
 ``FleetClient.cancel``, large inputs' encoding) runs on a small thread pool, never on the
 event loop.
 """
@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from producer.client import FleetClient
+from producer.client.wire import Outgoing
 from producer.gateway import crashpoints
 from producer.gateway.admission import (
     RateMeter,
@@ -42,7 +43,6 @@ from producer.gateway.admission import (
 from producer.gateway.commit import Attempt, commit, commit_waiting
 from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
-from producer.wire import Outgoing
 from shared import keys
 from shared.errors import (
     DeadlineUnreachable,
@@ -400,7 +400,7 @@ class JobService:
         return self._observe(modality, names, counts)
 
     def _message(self, env: TaskEnvelope, task_id: str) -> Outgoing:
-        """The request's message: the bytes kombu would push (``producer.wire``)."""
+        """The request's message: the bytes kombu would push (``producer.client.wire``)."""
         prio = Priority.parse(env.priority)
         key, payload = self.client.payloads().payload(
             env,

@@ -29,7 +29,7 @@ from producer.gateway.render import accepted, error_response, infer_response, jo
 from shared.errors import PayloadTooLarge
 
 if TYPE_CHECKING:
-    from producer.gateway.app import Gateway
+    from producer.gateway.state import Gateway
 
 __all__ = ["add_infer_routes", "read_body", "run_infer"]
 

@@ -20,7 +20,7 @@ from producer.gateway.params import check_request_id
 from producer.gateway.render import job_view, json_response
 
 if TYPE_CHECKING:
-    from producer.gateway.app import Gateway
+    from producer.gateway.state import Gateway
 
 __all__ = ["add_job_routes", "job_body", "job_snapshot"]
 

@@ -17,7 +17,7 @@ from producer.gateway.models import ModelSpec
 from producer.gateway.render import error_response, json_response
 
 if TYPE_CHECKING:
-    from producer.gateway.app import Gateway
+    from producer.gateway.state import Gateway
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "add_model_routes", "add_server_routes"]
 

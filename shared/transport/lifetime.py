@@ -15,7 +15,7 @@ uid can change: a ref (a message) cannot extend a segment's life, and no renewal
 ends (its producer died before sending it, its queue was purged) still goes. A segment bound
 to no request keeps ``created_at + ttl_s``.
 
-Who renews (``workers.tensor_lease``):
+Who renews (``workers.batching.tensor_lease``):
 
 - every worker's janitor, before it collects: the bound segments of its host whose lease ends
   within :data:`RENEW_MARGIN_INTERVALS` janitor intervals and whose request has no final

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.stack import free_port, redis_server_binary
+from producer.stack.local import free_port, redis_server_binary
 from tests.deploy.test_manifests import of_kind, redis_script, render
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ Tests marked ``gpu`` need CUDA and are skipped without it; they check what only 
 show: the worker's stream is not the default stream, the memory fraction is enforced, the
 staging arena does not grow, warmup pays the first batch's costs, copies overlap compute.
 The heavier ones run in spawned child processes (the same code as ``python -m
-producer.gpucheck``), so the memory fractions they set do not stay in this process.
+producer.tools.gpucheck``), so the memory fractions they set do not stay in this process.
 
 The unmarked tests run everywhere: the script's skip path without CUDA, its child-process
 helper, and how each check judges its figures (fed canned figures).
@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import torch
 
-from producer.gpucheck import checks
-from producer.gpucheck.children import CheckFailed, run_in_children
-from producer.gpucheck.cli import SKIP_LINE
+from producer.tools.gpucheck import checks
+from producer.tools.gpucheck.children import CheckFailed, run_in_children
+from producer.tools.gpucheck.cli import SKIP_LINE
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_CUDA = torch.cuda.is_available()
@@ -37,7 +37,7 @@ gpu = [pytest.mark.gpu, needs_cuda]
 @pytest.mark.skipif(HAS_CUDA, reason="the skip path is for machines without CUDA")
 def test_gpu_check_skips_cleanly_without_cuda() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "producer.gpucheck"],
+        [sys.executable, "-m", "producer.tools.gpucheck"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -75,7 +75,8 @@ def _fake_children(figures: dict[str, Any]) -> Any:
 
 
 def _good_figures() -> dict[str, Any]:
-    """What each child reports on a healthy GPU (shapes as ``producer.gpucheck.probes`` builds)."""
+    """What each child reports on a healthy GPU (shapes as ``producer.tools.gpucheck.probes``
+    builds)."""
 
     def stream(_barrier: Any) -> dict[str, Any]:
         pid = stream.n = getattr(stream, "n", 100) + 1  # type: ignore[attr-defined]
@@ -216,7 +217,7 @@ def test_a_check_that_raises_is_reported_as_failed(monkeypatch: pytest.MonkeyPat
 def cuda_runtime() -> Iterator[Any]:
     """A started CUDA runtime in this process; the memory fraction is lifted again after."""
     from shared.settings import DeviceConfig
-    from workers.runtime import DeviceRuntime
+    from workers.models.runtime import DeviceRuntime
 
     rt = DeviceRuntime(DeviceConfig(device="cuda:0", memory_fraction=0.2, arena_mb=16))
     rt.start()

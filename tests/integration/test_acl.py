@@ -82,7 +82,7 @@ def test_the_exporter_reads_queue_stats_as_operator_and_a_producer_cannot(stack:
     """``fleet exporter``'s script (priority lists and every queue's unacked entries) runs
     under the operator's rules; the producer, whose rules keep other requests' payloads
     from it, is refused."""
-    from producer.exporter import all_queues
+    from producer.ops.exporter import all_queues
     from shared.queue_stats import QueueReader
 
     admin = _as(stack.s, ADMIN)

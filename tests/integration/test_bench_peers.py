@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from producer.bench.peers import PEER_MODES, unavailable_reason
+from producer.tools.bench.peers import PEER_MODES, unavailable_reason
 
 pytestmark = [pytest.mark.integration, pytest.mark.bench]
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
-"""workers.broker: several messages per round trip, in priority order, none lost or unacked.
+"""workers.consumer.channel: several messages per round trip, in priority order, none lost or
+unacked.
 
 Runs kombu consumers on the test stack's real Redis, in a database of its own (db 7) so the
 stack's workers never see these queues.
@@ -28,7 +29,7 @@ OPTIONS = {"priority_steps": keys.PRIORITY_STEPS, "queue_order_strategy": "prior
 def conn(stack: Any, fleet_settings: Any) -> Iterator[Connection]:
     with Connection(
         _db7(fleet_settings),
-        transport="workers.broker:Transport",
+        transport="workers.consumer.channel:Transport",
         transport_options={**OPTIONS, "fetch_limit": 8},
     ) as c:
         c.default_channel.client.flushdb()
@@ -126,7 +127,7 @@ def test_unacked_entries_restore_the_messages_intact(conn: Connection, fleet_set
     _publish(conn, [6] * 5)
     with Connection(
         _db7(fleet_settings),
-        transport="workers.broker:Transport",
+        transport="workers.consumer.channel:Transport",
         transport_options={**OPTIONS, "fetch_limit": 8, "visibility_timeout": 1},
     ) as dying:
         seen: list[dict[str, int]] = []
@@ -165,7 +166,7 @@ def test_a_byte_budget_bounds_each_round_trip(stack: Any, fleet_settings: Any) -
     # notifications on: every message is taken by the script, none by BRPOP.)
     with Connection(
         _db7(fleet_settings),
-        transport="workers.broker:Transport",
+        transport="workers.consumer.channel:Transport",
         transport_options={**OPTIONS, "fetch_limit": 64, "fetch_max_bytes": int(2.5 * 2**20)},
     ) as c:
         c.default_channel.client.flushdb()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from producer.chaos.runner import RECOVER_LIMIT_S, Options, misses, run
-from producer.chaos.scenarios import load_scenarios, select
+from producer.tools.chaos.runner import RECOVER_LIMIT_S, Options, misses, run
+from producer.tools.chaos.scenarios import load_scenarios, select
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from urllib.request import urlopen
 
 import pytest
 
-from producer.stack import free_port
+from producer.stack.local import free_port
 from shared.procs import running
 from tests.conftest import free_port_block
 

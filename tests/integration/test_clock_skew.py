@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from producer.chaos.faketime import FaketimeUnavailable, skewed_env, sweep
 from producer.client import FleetClient, SubmitRequest
-from producer.stack import replica_metrics_port
+from producer.stack.local import replica_metrics_port
+from producer.tools.chaos.faketime import FaketimeUnavailable, skewed_env, sweep
 from tests.conftest import REPO, free_port_block, own_text_stack
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ import pytest
 import redis
 import yaml
 
-from producer.stack import free_port, redis_server_binary
+from producer.stack.local import free_port, redis_server_binary
 from shared.acl import rules
 
 pytestmark = pytest.mark.integration

@@ -56,7 +56,7 @@ def restart_until_final(poison: Any, fault_stack: Any, timeout_s: float) -> int:
 
     A supervisor restarts a dead worker; so do we. It may die again right after it is up,
     on the redelivered poison: that is what these tests are about."""
-    from producer.stack import StackError
+    from producer.stack.local import StackError
 
     restarts, deadline = 0, time.monotonic() + timeout_s
     while poison.state() != "FAILURE" and time.monotonic() < deadline:

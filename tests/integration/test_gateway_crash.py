@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from producer.stack import Stack, free_port
+from producer.stack.local import Stack, free_port
 from shared import keys
 from shared.procs import running
 from shared.redis_client import redis_client
@@ -183,7 +183,7 @@ def test_a_gateway_killed_at_each_point_leaves_a_job_its_retry_finishes_once(
 def ha_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """A primary, its replica and three sentinels, no worker: a text worker's heartbeat is
     written by hand, so the gateway takes text requests, and they stay queued."""
-    from producer.chaos.ha import _ports
+    from producer.tools.chaos.ha import _ports
     from tests.conftest import own_redis
 
     port, sentinels = _ports()
@@ -197,7 +197,7 @@ def ha_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def replica_client(fleet: Fleet) -> Any:
-    from producer.stack_ha import node_port
+    from producer.stack.sentinel import node_port
     from shared.redis_client import node_client
 
     s = fleet.st.s

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from producer.chaos.ha import RECOVER_LIMIT_S, SCENARIOS, HaOptions, misses_of, run
+from producer.tools.chaos.ha import RECOVER_LIMIT_S, SCENARIOS, HaOptions, misses_of, run
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """``FleetClient.submit_many`` behind Sentinel (a local primary, replica and three sentinels,
-``producer.stack_ha``; no workers): each pipelined chunk is followed by ``WAIT`` on its
+``producer.stack.sentinel``; no workers): each pipelined chunk is followed by ``WAIT`` on its
 connection, so the chunk is on the replica when the call returns, as kombu's publish is
 (``shared.ha``); without a replica a chunk stands on the primary and the waiter backs off.
 """
@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from producer.chaos.ha import _ports
 from producer.client import FleetClient, SubmitRequest
-from producer.client_publish import CHUNK
-from producer.stack import Stack
-from producer.stack_ha import node_port, start_node
+from producer.client.publish import CHUNK
+from producer.stack.local import Stack
+from producer.stack.sentinel import node_port, start_node
+from producer.tools.chaos.ha import _ports
 from shared import keys
 from shared.redis_client import node_client
 from tests.conftest import own_redis

@@ -221,7 +221,7 @@ def test_flower_shows_each_request_with_its_batch(client: FleetClient, stack: An
         time.sleep(0.1)
     assert info.get("state") == "SUCCESS", info
     assert "batch_id" in str(info.get("result")), info
-    # the producer's task-sent event (grouped, producer.wire.sent_group) reached Flower too
+    # the producer's task-sent event (grouped, producer.client.wire.sent_group) reached Flower too
     assert info.get("sent") and info["sent"] <= info["received"], info
     with pytest.raises(Exception, match="401"):
         urlopen(f"{stack.flower_url()}/api/tasks", timeout=2)
@@ -294,7 +294,7 @@ def test_realtime_overtakes_a_full_prefetch_window_of_bulk(client: FleetClient) 
 
 def test_a_ready_worker_has_frozen_its_startup_heap(client: FleetClient) -> None:
     """The model, torch, the tokenizer and Celery are out of the collector's full passes
-    (workers.heap), so one does not walk them with the event loop held: a large frozen
+    (workers.batching.heap), so one does not walk them with the event loop held: a large frozen
     count, and the full collections since start each far shorter than walking that heap."""
     import gc
 

@@ -136,7 +136,7 @@ def hosts() -> Iterator[Hosts]:
 
 @pytest.fixture(scope="module")
 def fleet(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from producer.stack import Stack, isolated_environment
+    from producer.stack.local import Stack, isolated_environment
 
     roots = {h: Path(f"/dev/shm/mmfleet-test-{hosts.ns[h]}") for h in ("w", "p")}
     overrides = {

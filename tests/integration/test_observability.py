@@ -32,7 +32,7 @@ import redis
 import yaml
 
 from producer.client import FleetClient, SubmitRequest
-from producer.stack import free_port
+from producer.stack.local import free_port
 from tests.conftest import free_port_block, own_text_stack
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from producer.client import FleetClient
-from producer.stack import Stack, free_port
+from producer.stack.local import Stack, free_port
 from shared import keys
 from shared.errors import BrokerUnavailable
 from shared.redis_client import redis_client
@@ -51,7 +51,7 @@ def refusing(st: Stack, reason: str) -> Iterator[None]:
     admin = redis_client(st.s, "admin", socket_timeout=10)
     try:
         if reason == "MISCONF":
-            from producer.chaos.aof_tmpfs import AofOnTmpfs
+            from producer.tools.chaos.aof_tmpfs import AofOnTmpfs
 
             with AofOnTmpfs(admin) as aof:
                 aof.fill()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from producer.stack import free_port
+from producer.stack.local import free_port
 from shared.procs import running
 from tests.conftest import free_port_block
 

@@ -371,7 +371,7 @@ def test_killed_worker_connections_do_not_rerun_what_the_engine_holds(
 def _restart_until_failed(handle: Any, worker: Any) -> int:
     """Restart the text worker each time it dies until ``handle`` has failed (at most 6
     restarts, 180 s); how many restarts it took."""
-    from producer.stack import StackError
+    from producer.stack.local import StackError
 
     restarts = 0
     end = time.monotonic() + 180

@@ -35,7 +35,7 @@ KIB, MIB = 1 << 10, 1 << 20
 
 @pytest.fixture(scope="module")
 def shm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from producer.stack import Stack, isolated_environment
+    from producer.stack.local import Stack, isolated_environment
 
     root = Path(f"/dev/shm/mmfleet-{os.getuid()}-lifecycle-{uuid.uuid4().hex[:12]}")
     overrides = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from producer.soak import (
+from producer.tools.soak import (
     Soak,
     SoakError,
     SoakOptions,

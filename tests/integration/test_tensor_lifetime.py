@@ -36,7 +36,7 @@ NASA = REPO / "data" / "videos" / "torchcodec_nasa_13013.mp4"  # 657 KB: through
 
 @pytest.fixture(scope="module")
 def lstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from producer.stack import Stack, isolated_environment
+    from producer.stack.local import Stack, isolated_environment
 
     root = Path(f"/dev/shm/mmfleet-{os.getuid()}-lifetime-{uuid.uuid4().hex[:12]}")
     overrides = {

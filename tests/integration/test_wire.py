@@ -1,4 +1,4 @@
-"""producer.wire builds the messages kombu would push for a request (the gateway pushes them
+"""producer.client.wire builds the messages kombu would push for a request (the gateway pushes them
 with redis.asyncio, FleetClient.submit_many in pipelined transactions): the same message,
 field for field and value for value (but Flower's kwargs summary), as FleetClient.publish's,
 read back from a real Redis (no worker, so nothing consumes the queue)."""
@@ -17,8 +17,8 @@ import redis
 from celery.events.receiver import EventReceiver
 
 from producer.client import FleetClient, SubmitRequest
-from producer.client_publish import CHUNK
-from producer.wire import envelope_json, kwargs_summary
+from producer.client.publish import CHUNK
+from producer.client.wire import envelope_json, kwargs_summary
 from shared import keys
 from shared.celery_app import make_app
 from shared.errors import QueueFull

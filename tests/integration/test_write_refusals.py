@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 import redis
 
-from producer.chaos.aof_tmpfs import AofOnTmpfs, MountRefused
 from producer.client import FleetClient, ResultHandle, SubmitRequest
-from producer.stack import free_port
+from producer.stack.local import free_port
+from producer.tools.chaos.aof_tmpfs import AofOnTmpfs, MountRefused
 from shared import keys
 from shared.procs import running
 from tests.conftest import REPO, free_port_block, own_text_stack

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared.settings import DeviceConfig, Settings, load_settings
-from workers.runtime import DeviceRuntime
+from workers.models.runtime import DeviceRuntime
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from shared.errors import ImageDecodeError, InvalidInput, ModelError, PayloadToo
 from shared.model_options import ModelOptions, parse_model_options
 from shared.settings import Settings, load_settings
 from workers.models.image import ImageAdapter
-from workers.runtime import DeviceRuntime
+from workers.models.runtime import DeviceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "data" / "images"
@@ -51,7 +51,7 @@ _LOAD = (
     "import sys\n"
     "from shared.settings import DeviceConfig, load_settings\n"
     "from workers.models.image import ImageAdapter\n"
-    "from workers.runtime import DeviceRuntime\n"
+    "from workers.models.runtime import DeviceRuntime\n"
     "s = load_settings(); rt = DeviceRuntime(DeviceConfig()); rt.start()\n"
     f"a = ImageAdapter(s.models[{MODEL!r}], s, rt); a.load()\n"
 )

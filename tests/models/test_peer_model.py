@@ -1,4 +1,4 @@
-"""The model code the bench's peers run (``producer/bench/peers/model.py``), on real weights.
+"""The model code the bench's peers run (``producer/tools/bench/peers/model.py``), on real weights.
 
 The peers must run the fleet's own model code, so their figures compare batching and
 queueing, not models: a batch through :class:`BatchModel` gives each text the embedding the
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from producer.bench.peers.model import BatchModel
+from producer.tools.bench.peers.model import BatchModel
 from shared.settings import Settings, load_settings
 from workers.models import make_adapter
-from workers.runtime import DeviceRuntime
+from workers.models.runtime import DeviceRuntime
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from shared.settings import Settings
 from tests.conftest import REPO
 from workers.models import make_adapter
-from workers.runtime import DeviceRuntime
+from workers.models.runtime import DeviceRuntime
 
 
 def fleet_prepare(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from shared.model_options import parse_model_options
 from shared.settings import Settings
 from tests.conftest import DATA
 from workers.models import make_adapter
-from workers.runtime import DeviceRuntime
+from workers.models.runtime import DeviceRuntime
 
 
 def sentences() -> list[str]:

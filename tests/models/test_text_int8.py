@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from producer.bench.precision import embed
+from producer.tools.bench.precision import embed
 from shared.settings import load_settings
 from tests.conftest import DATA
 from workers.models import make_adapter
 from workers.models.precision import resolve_int8_engine
-from workers.runtime import DeviceRuntime
+from workers.models.runtime import DeviceRuntime
 
 
 def _texts() -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 from shared.settings import Settings
 from tests.conftest import REPO
 from workers.models import make_adapter
-from workers.runtime import DeviceRuntime
+from workers.models.runtime import DeviceRuntime
 
 TEXTS = ["A man is playing a guitar.", "a short one", "The stock market fell sharply today."]
 
@@ -43,7 +43,7 @@ def test_a_cache_hit_never_imports_the_modeling_code(tmp_path: Path) -> None:
         "import sys\n"
         "from shared.settings import load_settings\n"
         "from workers.models import make_adapter\n"
-        "from workers.runtime import DeviceRuntime\n"
+        "from workers.models.runtime import DeviceRuntime\n"
         "s = load_settings()\n"
         "rt = DeviceRuntime(s.modality('text').device); rt.start()\n"
         "a = make_adapter('text', s, rt); a.load()\n"

@@ -29,9 +29,9 @@ from shared.settings import Settings, load_settings
 from shared.transport import ShmStore, decode_inline
 from workers.models import make_adapter
 from workers.models.image import ImageAdapter
+from workers.models.runtime import DeviceRuntime
 from workers.models.video import VideoAdapter, VideoSample, example_video
 from workers.models.videodecode import MemoryReader, VideoLimits, sample_frames
-from workers.runtime import DeviceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 VIDEOS = REPO / "data" / "videos"

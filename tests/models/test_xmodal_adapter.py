@@ -23,8 +23,8 @@ from shared.model_options import ModelOptions, parse_model_options
 from shared.settings import Settings
 from shared.transport import ShmStore, decode_inline
 from workers.models import make_adapter
+from workers.models.runtime import DeviceRuntime
 from workers.models.xmodal import XModalAdapter, XModalSample
-from workers.runtime import DeviceRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data"

@@ -18,15 +18,15 @@ from shared.errors import ImageDecodeError, InvalidInput, TransientError
 from shared.metrics import FleetMetrics
 from shared.schema import TaskEnvelope
 from shared.settings import DeviceConfig, Settings
-from workers.batcher import LatencyModel, Pending
-from workers.circuit import CircuitBreaker
-from workers.execution import BatchRunner, RetryPolicy
-from workers.faults import FaultInjector
-from workers.inflight import FINAL
+from workers.batching.batcher import LatencyModel, Pending
+from workers.batching.circuit import CircuitBreaker
+from workers.batching.execution import BatchRunner, RetryPolicy
+from workers.batching.inflight import FINAL
+from workers.batching.inject import FaultInjector
+from workers.batching.telemetry import Tracing
+from workers.batching.work import EngineStats, Observers, Posted, Work
 from workers.models.base import ModelAdapter, Prepared
-from workers.runtime import DeviceRuntime
-from workers.telemetry import Tracing
-from workers.work import EngineStats, Observers, Posted, Work
+from workers.models.runtime import DeviceRuntime
 
 MODALITY = "text"
 
@@ -188,7 +188,7 @@ def rig(
 
 
 class MemoryCounters:
-    """In-flight counters in a dict, with ``workers.inflight.InFlight``'s semantics
+    """In-flight counters in a dict, with ``workers.batching.inflight.InFlight``'s semantics
     (its Lua script and Redis round trips are covered by the integration tests)."""
 
     def __init__(self) -> None:

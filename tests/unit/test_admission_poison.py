@@ -1,8 +1,8 @@
-"""``workers.admission`` and ``workers.poison``: a received request -> pending or a coded
-refusal; a message that keeps killing workers is refused; a suspect runs alone.
+"""``workers.batching.admission`` and ``workers.batching.poison``: a received request -> pending or
+a coded refusal; a message that keeps killing workers is refused; a suspect runs alone.
 
 A fake model and fake requests; the in-flight counters are kept in a dict with the Redis
-semantics of ``workers.inflight`` (``engine_fakes.MemoryCounters``); the real script on a
+semantics of ``workers.batching.inflight`` (``engine_fakes.MemoryCounters``); the real script on a
 real Redis, and real worker crashes, are covered by tests/integration/test_faults.py.
 """
 
@@ -15,12 +15,12 @@ from engine_fakes import MODALITY, Doubler, FakeReq, MemoryCounters, envelope
 from shared.errors import FleetError, WorkerLost
 from shared.priority import Priority
 from shared.settings import Settings
-from workers.admission import Admission, Refusal, Served, screen
-from workers.batcher import Batcher, Pending, Policy
-from workers.faults import FaultInjector
-from workers.poison import Deliveries
-from workers.telemetry import Tracing
-from workers.work import Work
+from workers.batching.admission import Admission, Refusal, Served, screen
+from workers.batching.batcher import Batcher, Pending, Policy
+from workers.batching.inject import FaultInjector
+from workers.batching.poison import Deliveries
+from workers.batching.telemetry import Tracing
+from workers.batching.work import Work
 
 SERVED = Served(MODALITY, "minilm")
 

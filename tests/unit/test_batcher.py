@@ -1,4 +1,4 @@
-"""The batching contract of ``workers.batcher``, case by case, as pure logic.
+"""The batching contract of ``workers.batching.batcher``, case by case, as pure logic.
 
 Every call passes an explicit monotonic ``now`` (seconds); nothing sleeps. Each trigger test
 sets the other knobs so that only the trigger under test can fire (a long
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from shared.priority import Priority
-from workers.batcher import Batcher, Decision, Lane, LatencyModel, Pending, Policy, Trigger
+from workers.batching.batcher import Batcher, Decision, Lane, LatencyModel, Pending, Policy, Trigger
 
 RT, HIGH, NORMAL, BULK = Priority.REALTIME, Priority.HIGH, Priority.NORMAL, Priority.BULK
 

@@ -1,4 +1,4 @@
-"""producer.bench.cpuhog: busy for its duty share of the time, then gone."""
+"""producer.tools.bench.cpuhog: busy for its duty share of the time, then gone."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from producer.bench.cpuhog import main
+from producer.tools.bench.cpuhog import main
 
 
 def _children_cpu_s() -> float:

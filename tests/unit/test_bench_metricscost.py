@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from producer.bench.metricscost import (
+from producer.tools.bench.metricscost import (
     CostBench,
     CostOptions,
     cost_warnings,
@@ -20,8 +20,8 @@ from producer.bench.metricscost import (
     variant_env,
     with_round_s,
 )
-from producer.bench.runner import BenchError, BenchOptions, BenchResult, ModeResult
-from producer.bench.workload import load_workload
+from producer.tools.bench.runner import BenchError, BenchOptions, BenchResult, ModeResult
+from producer.tools.bench.workload import load_workload
 from shared import tracing
 from shared.settings import load_settings
 

@@ -1,4 +1,4 @@
-"""Pure logic of the bench's run order (``producer.bench.order``): no servers."""
+"""Pure logic of the bench's run order (``producer.tools.bench.order``): no servers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from producer.bench.order import rotation, run_interleaved
-from producer.bench.results import BenchResult, ModeResult
+from producer.tools.bench.order import rotation, run_interleaved
+from producer.tools.bench.results import BenchResult, ModeResult
 
 
 def test_rotation_moves_one_mode_to_the_back_per_repetition() -> None:
@@ -62,7 +62,7 @@ def test_a_wall_clock_step_is_seen_and_resync_takes_it_out(monkeypatch: pytest.M
     reported, and the next repetition's offset (resync) no longer carries it."""
     import time as real_time
 
-    from producer.bench import records
+    from producer.tools.bench import records
 
     tb = records.Timebase()
     assert tb.step_note("fleet repetition 1") is None

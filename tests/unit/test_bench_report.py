@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from producer.bench.collector import batch_size_of, outcome_of, parse_date_done_ms
-from producer.bench.records import NO_RESULT, Record
-from producer.bench.report import build_report, write_report
-from producer.bench.runner import BenchResult, ModeResult
-from producer.bench.stats import summarize_rep
-from producer.bench.tables import print_report
-from producer.bench.workload import load_workload
+from producer.tools.bench.collector import batch_size_of, outcome_of, parse_date_done_ms
+from producer.tools.bench.records import NO_RESULT, Record
+from producer.tools.bench.report import build_report, write_report
+from producer.tools.bench.runner import BenchResult, ModeResult
+from producer.tools.bench.stats import summarize_rep
+from producer.tools.bench.tables import print_report
+from producer.tools.bench.workload import load_workload
 
 PRIOS = ("realtime", "high", "normal", "bulk")
 
@@ -117,7 +117,7 @@ def test_report_has_the_issue_schema(report: dict[str, Any]) -> None:
 
 
 def test_model_busy_is_the_model_time_share_of_each_repetition() -> None:
-    from producer.bench.workerstats import add_stats_diff
+    from producer.tools.bench.workerstats import add_stats_diff
 
     mr = ModeResult("fleet")
     stats = {"text": {"model_s": 10.0, "batch_sizes": {"8": 5}}}

@@ -9,16 +9,16 @@ from collections import Counter
 
 import pytest
 
-from producer.bench.limit import arrival_batches, default_batch_sizes, sorted_batches
-from producer.bench.schedule import (
+from producer.tools.bench.limit import arrival_batches, default_batch_sizes, sorted_batches
+from producer.tools.bench.schedule import (
     ClosedPicker,
     assign_mix,
     exact_shares,
     open_schedule,
     poisson_offsets,
 )
-from producer.bench.transport import is_transport
-from producer.bench.workload import (
+from producer.tools.bench.transport import is_transport
+from producer.tools.bench.workload import (
     WorkloadError,
     list_workloads,
     load_workload,

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from producer.bench.records import Record
-from producer.bench.stats import (
+from producer.tools.bench.records import Record
+from producer.tools.bench.stats import (
     combine_lag,
     combine_reps,
     drain_rps,

@@ -9,7 +9,7 @@ import json
 import pytest
 from rich.console import Console
 
-from producer.bench.submitrate_report import (
+from producer.tools.bench.submitrate_report import (
     counter_delta,
     fresh_copy,
     per_request,
@@ -20,7 +20,7 @@ from producer.bench.submitrate_report import (
     summarize_path,
     verdict,
 )
-from producer.bench.workload import load_workload, parse_workload
+from producer.tools.bench.workload import load_workload, parse_workload
 
 TASK_ID = "e6dba602-faa4-4947-8c9b-334c57551337"
 TAG = "54ae24f6-0dc1-41ce-a5f7-f731c0c76c82"

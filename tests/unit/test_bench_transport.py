@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from producer.bench import transport as tb
-from producer.bench import transport_env as tenv
-from producer.bench import transport_report as tr
-from producer.bench.workload import load_workload
+from producer.tools.bench import transport as tb
+from producer.tools.bench import transport_env as tenv
+from producer.tools.bench import transport_report as tr
+from producer.tools.bench.workload import load_workload
 
 
 class _Pool:

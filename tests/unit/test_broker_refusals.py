@@ -1,4 +1,4 @@
-"""``workers.broker_refusals``: which Redis errors are refused writes (the texts are what Redis
+"""``workers.batching.refusals``: which Redis errors are refused writes (the texts are what Redis
 6.2 and redis-py answer, as the integration test meets them), and the state a worker keeps
 of them (a refusal per part, stale parts forgotten, restore scans held back)."""
 
@@ -13,7 +13,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from workers.broker_refusals import STALE_S, Refusals, backoff_s, reason_of
+from workers.batching.refusals import STALE_S, Refusals, backoff_s, reason_of
 
 SCRIPT = "Error running script (call to f_02ca): @user_script:1: @user_script: 1: "
 

@@ -1,4 +1,4 @@
-"""``producer.chaos``'s pure parts: the report row, the goal's verdict, scenario files."""
+"""``producer.tools.chaos``'s pure parts: the report row, the goal's verdict, scenario files."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import get_args
 
 import pytest
 
-from producer.chaos.faults import FAULTS, parse_target
-from producer.chaos.scenarios import FaultKind, ScenarioError, load_scenarios, select
-from producer.chaos.tally import Seen, row, verdict
+from producer.tools.chaos.faults import FAULTS, parse_target
+from producer.tools.chaos.scenarios import FaultKind, ScenarioError, load_scenarios, select
+from producer.tools.chaos.tally import Seen, row, verdict
 
 OK = {"result": {"dim": 384}}
 LATE = {"error": {"code": "DEADLINE_EXCEEDED", "message": "", "type": ""}}

@@ -15,7 +15,7 @@ import pytest
 from producer.cli.base import ExitCode, exit_code_for, recorded_overrides
 from producer.cli.diagnose import AUTH, NOT_STARTED, REFUSED, broker_message, classify
 from producer.cli.output import jsonable
-from producer.stack import (
+from producer.stack.local import (
     Stack,
     parse_replicas,
     port_in_use,

@@ -1,4 +1,5 @@
-"""``shared.clock.RedisClock`` and ``workers.clock_watch`` on fake clocks (no Redis): Redis'
+"""``shared.clock.RedisClock`` and ``workers.consumer.clock_watch`` on fake clocks (no Redis):
+Redis'
 time between samples, when a sample is taken, which one is adopted, the skew and its report."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from kombu.transport import redis as kombu_redis
 
 from shared import clock as shared_clock
 from shared.clock import RETRY_S, RedisClock, seconds_of
-from workers import clock_watch
+from workers.consumer import clock_watch
 
 HOUR = 3600.0
 

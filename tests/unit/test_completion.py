@@ -1,4 +1,5 @@
-"""``workers.completion``: the hand-off to the loop thread and settling there, without Redis.
+"""``workers.batching.completion``: the hand-off to the loop thread and settling there, without
+Redis.
 
 A fake result writer (first-wins in a dict, refusing on demand), a fake host (acks and
 Celery's bookkeeping recorded) and fake requests that record their events; the hand-off,
@@ -19,10 +20,18 @@ from engine_fakes import MODALITY, Doubler, FakeReq, work
 from shared.errors import ModelError
 from shared.metrics import FleetMetrics
 from shared.settings import Settings
-from workers.completion import SETTLE_GIVE_UP_S, Completer, Handoff, Loop
-from workers.results import Outcome
-from workers.telemetry import Tracing
-from workers.work import Done, EngineStats, Observers, Progress, ProgressThrottle, Started, Work
+from workers.batching.completion import SETTLE_GIVE_UP_S, Completer, Handoff, Loop
+from workers.batching.results import Outcome
+from workers.batching.telemetry import Tracing
+from workers.batching.work import (
+    Done,
+    EngineStats,
+    Observers,
+    Progress,
+    ProgressThrottle,
+    Started,
+    Work,
+)
 
 
 @dataclass
@@ -37,7 +46,7 @@ class EventReq(FakeReq):
 
 
 class Writer:
-    """First-wins results in a dict, each under its write token (``workers.results``' rule:
+    """First-wins results in a dict, each under its write token (``workers.batching.results``' rule:
     a write finding its own token's result reports it stored); refuses ``refuse`` writes
     first (Redis restarting); ``lose_replies`` writes are done, then raise (the reply lost)."""
 
@@ -221,7 +230,7 @@ def test_a_request_unsettled_for_the_give_up_time_is_given_back_unacked() -> Non
 
 
 def test_wait_handled_returns_once_the_loop_stored_what_was_posted_before_it() -> None:
-    """A suspect batch waits for this before it runs (``workers.execution``): results
+    """A suspect batch waits for this before it runs (``workers.batching.execution``): results
     posted, but not yet stored, would be blamed for a death the suspect causes."""
     b = bench()
     a, c = b.work("a"), b.work("c")

@@ -1,4 +1,4 @@
-"""``workers.execution``: one batch -> every member's outcome, without Redis or Celery.
+"""``workers.batching.execution``: one batch -> every member's outcome, without Redis or Celery.
 
 A fake model (``engine_fakes.Doubler``: ``y = 2 * x``, misbehaving on chosen inputs) and
 fake requests; the runner, circuit breaker, retry policy and latency model are the real
@@ -22,10 +22,10 @@ from shared.errors import (
     ModelError,
     TransientError,
 )
-from workers.circuit import CircuitBreaker, State
-from workers.execution import RetryPolicy, as_fleet_error, judge_breaker
-from workers.results import Outcome
-from workers.work import Done, Retry, Started, Work
+from workers.batching.circuit import CircuitBreaker, State
+from workers.batching.execution import RetryPolicy, as_fleet_error, judge_breaker
+from workers.batching.results import Outcome
+from workers.batching.work import Done, Retry, Started, Work
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -284,7 +284,7 @@ def test_every_member_ends_exactly_once_per_run(flaky_failures: int) -> None:
 def test_the_engine_parts_import_neither_celery_nor_redis() -> None:
     parts = "admission, poison, execution, completion, lanes, work"
     code = (
-        f"import sys; from workers import {parts}; "
+        f"import sys; from workers.batching import {parts}; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'celery', 'kombu', 'redis'}))"
     )
     out = subprocess.run(

@@ -1,4 +1,4 @@
-"""``producer.chaos.faketime``: a process whose wall clock really is an hour off while its
+"""``producer.tools.chaos.faketime``: a process whose wall clock really is an hour off while its
 monotonic clock, its sleeps and its waits stay true (the skewed-clock test and drill rely on
 it), and a clear reason where libfaketime or a compiler is missing."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from producer.chaos import faketime
-from producer.chaos.faketime import FaketimeUnavailable, skewed_env, sweep
+from producer.tools.chaos import faketime
+from producer.tools.chaos.faketime import FaketimeUnavailable, skewed_env, sweep
 
 PROBE = """
 import json, threading, time

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from producer import stack_ha
-from producer.stack import Stack
+from producer.stack import sentinel
+from producer.stack.local import Stack
 from shared.celery_app import make_app, sentinel_options, wait_options
 from shared.redis_client import Waiter
 from shared.settings import load_settings
@@ -81,8 +81,8 @@ def test_without_sentinels_the_celery_app_is_unchanged() -> None:
 def test_both_data_nodes_get_users_notifications_and_replication_auth(tmp_path: Path) -> None:
     st = Stack(ha_settings(tmp_path))
     st.prepare()
-    primary = stack_ha.node_conf(st, "redis", (6, 2), None).splitlines()
-    replica = stack_ha.node_conf(st, "redis-replica", (6, 2), ("127.0.0.1", 6500)).splitlines()
+    primary = sentinel.node_conf(st, "redis", (6, 2), None).splitlines()
+    replica = sentinel.node_conf(st, "redis-replica", (6, 2), ("127.0.0.1", 6500)).splitlines()
     for conf in (primary, replica):
         assert "notify-keyspace-events Kl" in conf and "appendonly yes" in conf
         assert "masterauth pw-redis.password" in conf  # either node may replicate later
@@ -96,7 +96,7 @@ def test_both_data_nodes_get_users_notifications_and_replication_auth(tmp_path: 
 def test_sentinels_get_their_password_quorum_and_the_admins_auth(tmp_path: Path) -> None:
     st = Stack(ha_settings(tmp_path, sentinel_down_after_ms=1000))
     st.prepare()
-    conf = stack_ha.sentinel_conf(st, 1, ("127.0.0.1", 6500)).splitlines()
+    conf = sentinel.sentinel_conf(st, 1, ("127.0.0.1", 6500)).splitlines()
     assert "port 26402" in conf
     assert "requirepass pw-sentinel" in conf and "sentinel sentinel-pass pw-sentinel" in conf
     assert "sentinel monitor mmfleet 127.0.0.1 6500 2" in conf
@@ -135,12 +135,12 @@ def test_workers_take_batches_on_sentinel_pools() -> None:
     from kombu.transport import redis as kombu_redis
 
     from shared.ha import WaitingPut
-    from workers import broker
-    from workers.broker_ha import SentinelChannel
+    from workers.consumer import channel
+    from workers.consumer.sentinel import SentinelChannel
 
     mro = SentinelChannel.__mro__
     assert (
-        mro.index(WaitingPut) < mro.index(kombu_redis.SentinelChannel) < mro.index(broker.Channel)
+        mro.index(WaitingPut) < mro.index(kombu_redis.SentinelChannel) < mro.index(channel.Channel)
     )
     opts = set(SentinelChannel.from_transport_options)
     assert {
@@ -185,12 +185,14 @@ def test_a_worker_connection_keeps_its_fetch_and_leases_after_a_switch(tmp_path:
     from kombu import Connection
 
     from shared.ha import pin_sentinel_transport
-    from workers.broker_ha import SentinelTransport as WorkerSentinel
+    from workers.consumer.sentinel import SentinelTransport as WorkerSentinel
 
     s = ha_settings(tmp_path)
-    pin_sentinel_transport("workers.broker_ha:SentinelTransport")
+    pin_sentinel_transport("workers.consumer.sentinel:SentinelTransport")
     make_app(s, role="producer")  # a producer app in the worker's process: the worker's stays
-    conn = Connection(s.redis_url("worker"), transport="workers.broker_ha:SentinelTransport")
+    conn = Connection(
+        s.redis_url("worker"), transport="workers.consumer.sentinel:SentinelTransport"
+    )
     for _ in range(3):
         conn.maybe_switch_next()
         assert isinstance(conn.transport, WorkerSentinel)

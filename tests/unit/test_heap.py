@@ -1,4 +1,5 @@
-"""workers.heap: the startup heap frozen out of the collector, and collection pauses timed."""
+"""workers.batching.heap: the startup heap frozen out of the collector, and collection pauses
+timed."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers.heap import GcPauses, freeze_startup_heap
+from workers.batching.heap import GcPauses, freeze_startup_heap
 
 
 @pytest.fixture()

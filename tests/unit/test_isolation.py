@@ -1,4 +1,4 @@
-"""``workers.poison.Isolation``: a suspect batch runs alone, so a worker's death while it
+"""``workers.batching.poison.Isolation``: a suspect batch runs alone, so a worker's death while it
 runs is blamed on it only (real threads, no servers).
 
 Before it, a suspect's batch could run while the next arrival group was still counted and
@@ -15,10 +15,10 @@ import time
 from engine_fakes import MODALITY, Doubler, FakeReq, MemoryCounters, envelope
 
 from shared.settings import Settings
-from workers.admission import Admission
-from workers.faults import FaultInjector
-from workers.poison import Deliveries, Isolation
-from workers.telemetry import Tracing
+from workers.batching.admission import Admission
+from workers.batching.inject import FaultInjector
+from workers.batching.poison import Deliveries, Isolation
+from workers.batching.telemetry import Tracing
 
 
 def no_store() -> object:

@@ -1,4 +1,4 @@
-"""workers.lanes with real threads and the real kernel scheduler: while REALTIME traffic
+"""workers.batching.lanes with real threads and the real kernel scheduler: while REALTIME traffic
 flows the MAIN lane's batches run on a thread of Linux's SCHED_IDLE class (any normal
 thread preempts it), and otherwise on the MAIN thread itself at normal class."""
 
@@ -14,9 +14,9 @@ import pytest
 
 from shared.priority import Priority
 from shared.settings import DeviceConfig
-from workers.batcher import Batcher, Pending, Policy
-from workers.lanes import Lanes
-from workers.runtime import DeviceRuntime
+from workers.batching.batcher import Batcher, Pending, Policy
+from workers.batching.lanes import Lanes
+from workers.models.runtime import DeviceRuntime
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's"

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from shared.settings import RedisSettings
-from workers.lease import lease_transport_options
+from workers.consumer.lease import lease_transport_options
 
 
 @pytest.mark.parametrize("lease_s", [1.0, 3.0, 10.0, 60.0])

@@ -12,15 +12,16 @@ from producer.client import FleetClient
 from shared.errors import PayloadTooLarge
 from shared.settings import load_settings
 
-# Importing workers.app builds its Celery app, which needs Redis credentials (not a server).
+# Importing workers.consumer.app builds its Celery app, which needs Redis credentials (not a
+# server).
 _ENV = {**os.environ, "FLEET_REDIS__PASSWORD": "import-only"}
 
 
 def test_producer_side_imports_no_torch() -> None:
     code = (
         "import sys\n"
-        "import producer.client, producer.stack, producer.cli, producer.demo\n"
-        "import shared.transport, shared.celery_app, shared.schema, workers.app\n"
+        "import producer.client, producer.stack.local, producer.cli, producer.tools.demo.run\n"
+        "import shared.transport, shared.celery_app, shared.schema, workers.consumer.app\n"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )
@@ -28,14 +29,14 @@ def test_producer_side_imports_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_ENV
     )
     heavy = out.stdout.strip()
-    # workers.app is the worker's own module: it may import torch, but no model library.
+    # workers.consumer.app is the worker's own module: it may import torch, but no model library.
     assert "transformers" not in heavy
 
 
 def test_client_and_stack_do_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "import producer.client, producer.stack, producer.cli, shared.transport\n"
+        "import producer.client, producer.stack.local, producer.cli, shared.transport\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from producer.exporter import all_queues, step_labels
+from producer.ops.exporter import all_queues, step_labels
 from shared import keys
 from shared.metrics import FleetMetrics
 from shared.queue_stats import parse_rows

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from producer.stack import Stack
+from producer.stack.local import Stack
 from shared import metrics
 from shared.metrics import FleetMetrics, metrics_port
 from shared.metrics_ecosystem import EcosystemMetrics

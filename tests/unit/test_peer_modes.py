@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from producer.bench.peers import PEER_MODES, unavailable_reason
-from producer.bench.peers.report import print_peers
-from producer.bench.peers.sender import RaySender
-from producer.bench.records import SEND_FAILED, RecordTable, Timebase
-from producer.bench.report import _ratios
-from producer.bench.schedule import Planned
+from producer.tools.bench.peers import PEER_MODES, unavailable_reason
+from producer.tools.bench.peers.report import print_peers
+from producer.tools.bench.peers.sender import RaySender
+from producer.tools.bench.records import SEND_FAILED, RecordTable, Timebase
+from producer.tools.bench.report import _ratios
+from producer.tools.bench.schedule import Planned
 
 
 @pytest.mark.parametrize("mode", PEER_MODES)

@@ -7,7 +7,7 @@ import torch
 
 from shared.errors import DeviceError
 from shared.settings import DeviceConfig, load_settings
-from workers.runtime import DeviceRuntime, refuse_early_cuda, validate_partitions
+from workers.models.runtime import DeviceRuntime, refuse_early_cuda, validate_partitions
 
 
 def started(arena_mb: int = 1) -> DeviceRuntime:

@@ -1,10 +1,10 @@
-"""producer.bench.scaleout: the model of many worker hosts against one Redis (no servers)."""
+"""producer.tools.bench.scaleout: the model of many worker hosts against one Redis (no servers)."""
 
 from __future__ import annotations
 
 import pytest
 
-from producer.bench.scaleout import Costs, saturation_hosts, simulate
+from producer.tools.bench.scaleout import Costs, saturation_hosts, simulate
 
 COSTS = Costs(
     host_rps=100.0,

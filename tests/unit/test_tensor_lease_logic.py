@@ -21,7 +21,7 @@ from shared.errors import TensorRefError
 from shared.settings import MIN_TTL_JANITOR_INTERVALS, load_settings
 from shared.transport import ShmStore, lifetime
 from tests.conftest import free_port_block
-from workers.tensor_lease import SegmentRenewer, renew_inputs, shm_ref_ids
+from workers.batching.tensor_lease import SegmentRenewer, renew_inputs, shm_ref_ids
 
 C, TTL, CAP = 1000.0, 60.0, 600.0  # created_at, ttl_s, max_lifetime_s
 

@@ -1,4 +1,4 @@
-"""producer.wire's pure parts, without Redis: uuid4s made from random bytes, delivery tags,
+"""producer.client.wire's pure parts, without Redis: uuid4s made from random bytes, delivery tags,
 the JSON formats a message is filled into, and the Lamport clock values reserved for a
 chunk's ``task-sent`` events."""
 
@@ -12,7 +12,7 @@ import uuid
 import pytest
 from kombu.clocks import LamportClock
 
-from producer.wire import _Format, _reserve, _uuid4s, fresh_ids
+from producer.client.wire import _Format, _reserve, _uuid4s, fresh_ids
 
 
 def test_uuid4s_are_what_uuid_makes_of_the_same_bytes() -> None:
@@ -36,7 +36,7 @@ class _App:
 
 
 def test_delivery_tags_are_unique_uuid4_strings_across_builders_and_threads() -> None:
-    from producer.wire import PayloadBuilder
+    from producer.client.wire import PayloadBuilder
 
     builders = [PayloadBuilder(_App()), PayloadBuilder(_App())]  # type: ignore[arg-type]
     got: list[bytes] = []

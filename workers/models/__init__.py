@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from shared.settings import Settings
     from workers.models.base import ModelAdapter
-    from workers.runtime import DeviceRuntime
+    from workers.models.runtime import DeviceRuntime
 
 # kind -> "module:Class"; imported lazily so a text worker never imports the video decoder.
 ADAPTERS: dict[str, str] = {

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from shared.model_options import ModelOptions
     from shared.settings import Settings
-    from workers.runtime import DeviceRuntime
+    from workers.models.runtime import DeviceRuntime
 
 
 @dataclass(frozen=True, slots=True)

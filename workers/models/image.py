@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from shared.model_options import ImageOptions, ModelOptions
     from shared.settings import Settings
-    from workers.runtime import DeviceRuntime
+    from workers.models.runtime import DeviceRuntime
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class ImageAdapter(ModelAdapter):
             (int, default 0), ``jpeg_draft`` (bool, default True).
         settings: fleet settings; uses ``limits.max_inline_bytes`` and
             ``limits.max_image_pixels``.
-        runtime: the worker's started :class:`~workers.runtime.DeviceRuntime`.
+        runtime: the worker's started :class:`~workers.models.runtime.DeviceRuntime`.
 
     Raises:
         ValueError: ``image_size`` is not a positive integer.

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared import tracing
 from shared.errors import ShmCapacityError
 from shared.tensor_wire import SHM
 from shared.transport import ShmStore, TensorRef, encode_inline, process_store
-from workers import telemetry
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -67,7 +67,7 @@ class TensorIO:
         Raises:
             TensorRefError: malformed, unknown, expired or mismatching ref.
         """
-        with telemetry.span("shm.get"):
+        with tracing.span("shm.get"):
             return self.store.get(ref)
 
     def pack(self, array: np.ndarray) -> dict[str, Any]:
@@ -87,7 +87,7 @@ class TensorIO:
         if array.nbytes <= self.inline_max_bytes or not t.shared_host:
             return encode_inline(array, max_inline)
         try:
-            with telemetry.span("shm.put", bytes=int(array.nbytes)):
+            with tracing.span("shm.put", bytes=int(array.nbytes)):
                 ref = self.store.put(array, ttl_s=t.default_ttl_s, detach=True)
         except ShmCapacityError:
             if array.nbytes > max_inline:

@@ -84,7 +84,7 @@ from workers.models.videodecode import (
 if TYPE_CHECKING:
     from shared.model_options import VideoOptions
     from shared.settings import Settings
-    from workers.runtime import DeviceRuntime
+    from workers.models.runtime import DeviceRuntime
 
 B64_KEY = "video_b64"
 REF_KEY = "video_ref"
@@ -149,7 +149,7 @@ class VideoAdapter(ImageAdapter):
     Args:
         cfg: the ``[models.<name>]`` entry (see the module docstring for its keys).
         settings: fleet settings (``limits.max_inline_bytes``, ``[transport]``).
-        runtime: the worker's :class:`~workers.runtime.DeviceRuntime`.
+        runtime: the worker's :class:`~workers.models.runtime.DeviceRuntime`.
 
     Raises:
         ValueError: a config value of the wrong type or out of range.

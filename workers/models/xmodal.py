@@ -63,7 +63,7 @@ from workers.models.tensors import TensorIO
 if TYPE_CHECKING:
     from shared.model_options import XModalOptions
     from shared.settings import Settings
-    from workers.runtime import DeviceRuntime
+    from workers.models.runtime import DeviceRuntime
 
 IMAGE_KEY = "image_b64"
 _WARMUP_TEXTS = (
@@ -114,7 +114,7 @@ class XModalAdapter(ModelAdapter):
             "pooler"), ``image_mean`` / ``image_std`` (ImageNet's), ``jpeg_draft`` (True),
             ``output_inline_max_bytes`` (16384).
         settings: fleet settings (``limits``, ``[transport]``).
-        runtime: the worker's :class:`~workers.runtime.DeviceRuntime`.
+        runtime: the worker's :class:`~workers.models.runtime.DeviceRuntime`.
 
     Raises:
         ValueError: a config value of the wrong type or out of range.

@@ -1,0 +1,467 @@
+"""The bytes a request is on Redis, built without kombu's publish path.
+
+A fleet request on Redis is one kombu message (JSON) in one list, the one kombu's Redis
+transport would ``LPUSH`` for ``app.send_task``: ``<queue>`` for Celery priority 0, else
+``<queue>\\x06\\x16<priority>`` (``shared.keys.priority_list_key``)::
+
+    {"body": base64(JSON [args, kwargs, embed]),
+     "content-encoding": "utf-8", "content-type": "application/json",
+     "headers": {Celery protocol 2 headers: "task", "id", "lang", ...},
+     "properties": {"correlation_id", "reply_to", "delivery_mode": 2,
+                    "delivery_info": {"exchange": "", "routing_key": <queue>},
+                    "priority": <0..9>, "body_encoding": "base64", "delivery_tag": <uuid4>}}
+
+``properties`` comes last: the workers' take script reads the delivery tag from the payload's
+tail (``workers.consumer.channel``). The headers and the message around the body are Celery's own
+(``app.amqp.create_task_message``, serialized by kombu once per template), so nothing here
+re-implements the task protocol; the values filled in (ids, the body, the submit time) are
+compact JSON (orjson), equal in value to kombu's (every JSON reader, Celery's included, reads
+both alike).
+
+:class:`PayloadBuilder` makes these bytes from per-(modality, queue, priority) templates:
+Celery's message is built once per template, not once per request; it also makes each
+request's ``task-sent`` event, sent per chunk as one group (:meth:`PayloadBuilder.sent_group`).
+``FleetClient.submit_many`` sends both in pipelined transactions
+(``producer.client.publish``); the gateway pushes the message alone.
+
+Why: kombu's publish is synchronous (a thread per in-flight publish for an asyncio caller),
+costs a second round trip for the ``task-sent`` event, and a few hundred microseconds of
+Python per message; ``submit_many`` is measured against the raw Redis pipeline
+(``fleet bench submit-rate``), so a request's bytes cost a few microseconds here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import time
+from binascii import b2a_base64
+from collections.abc import Iterator, Mapping, Sequence
+from operator import itemgetter
+from typing import Any, NamedTuple
+
+import orjson
+from celery import Celery
+from celery.utils.nodenames import anon_nodename
+from celery.utils.time import utcoffset
+from kombu.utils.json import dumps
+
+from shared import jsonfast, keys, tracing
+from shared.queue_stats import FLEET_HEADER_FIELDS
+from shared.schema import ENVELOPE_KWARG, TaskEnvelope
+
+
+def kwargs_summary(env: TaskEnvelope) -> str:
+    """A short ``kwargsrepr`` for a request (Flower's "kwargs" column): modality, priority,
+    model and the input keys, never the inputs themselves."""
+    inputs = ", ".join(sorted(env.inputs))
+    return (
+        f"{{'request': {{'modality': {env.modality!r}, 'priority': {env.priority!r}, "
+        f"'model': {env.model!r}, 'inputs': <{inputs}>}}}}"
+    )
+
+
+class Outgoing(NamedTuple):
+    """One request ready to push: its priority list, its message, its ``task-sent`` event's
+    JSON (``None``: no event, ``task_send_sent_event`` off)."""
+
+    key: str
+    payload: bytes
+    event: bytes | None
+
+
+class _Format:
+    """A JSON text with markers (``"@@name@@"`` strings; ``,"@@extra@@":0`` for extra
+    members of the object it closes) as a bytes ``%``-format: :meth:`fill` takes the
+    values (JSON, UTF-8) in ``order``, whatever order the text has them in, and is two C
+    calls (an ``itemgetter`` and the ``%``).
+
+    Raises:
+        ValueError: the text has a marker that ``order`` does not name, or fewer than two.
+    """
+
+    _SLOT = re.compile(r'"@@(\w+)@@"|,\s*"@@extra@@":\s*0')
+
+    def __init__(self, text: str, order: Sequence[str]) -> None:
+        names = [m.group(1) or "extra" for m in self._SLOT.finditer(text)]
+        self.fmt = self._SLOT.sub("%s", text.replace("%", "%%")).encode()
+        if len(names) < 2:  # itemgetter of one index returns the item, not a tuple
+            raise ValueError("a format has two markers or more")
+        self.pick = itemgetter(*(list(order).index(n) for n in names))
+
+    def fill(self, values: Sequence[bytes]) -> bytes:
+        """The text with each marker replaced by its value (``values`` in ``order``)."""
+        return self.fmt % self.pick(values)
+
+
+class _Kind:
+    """What every request of one (process, modality, queue, priority, reply address) shares:
+    its list, its message's format and the body's trailing ``embed`` JSON."""
+
+    __slots__ = ("embed", "list_key", "message")
+
+    def __init__(self, list_key: str, message: _Format, embed: bytes) -> None:
+        self.list_key = list_key
+        self.message = message
+        self.embed = embed
+
+
+# the values a message's format is filled with, in this order (then the fleet headers', in
+# FLEET_HEADER_FIELDS' order), and an event's
+_MESSAGE_SLOTS = ("body", "id", "kwargsrepr", "extra", "tag")
+_EVENT_SLOTS = ("id", "kwargs", "utcoffset", "clock", "timestamp")
+_EXTRA = "@@extra@@"
+_FLEET_FIELDS = tuple(FLEET_HEADER_FIELDS.values())  # in fleet_headers' order
+# an envelope's fields -> its fleet headers' values (one value, or a tuple of two or more)
+_fleet_values = itemgetter(*_FLEET_FIELDS)
+_FLEET_ONE = len(_FLEET_FIELDS) == 1
+_outgoing = tuple.__new__  # Outgoing(*t) without NamedTuple's Python-level __new__
+_SUMMARY_CACHE_MAX = 1024  # summaries kept (per distinct input keys); more are built each time
+
+
+class PayloadBuilder:
+    """Builds the messages of many requests of one producer, and their ``task-sent`` events.
+
+    Celery's ``create_task_message`` runs once per (process, modality, queue, priority): the
+    whole message with markers in place of a request's values (ids, kwargs summary, submit
+    time, body, delivery tag, trace headers) is serialized once by kombu (compact: no blank
+    after ``,`` and ``:``), and a request's bytes are that text with its values' JSON filled
+    in: the message kombu's publish would push, equal in value, the delivery tag a fresh
+    uuid4.
+
+    Thread safety: caches are only added to (a race builds an entry twice, equal); any thread
+    may call :meth:`payload`, :meth:`build` and :meth:`sent_group`.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._kinds: dict[tuple[Any, ...], _Kind] = {}
+        self._events: dict[tuple[Any, ...], _Format] = {}
+        self._groups: dict[int, _Format] = {}
+        self._summaries: dict[tuple[Any, ...], bytes] = {}
+        self._tags: tuple[int, bytes, Iterator[int]] = (0, b"", itertools.count())
+        self._utc = (b"", -math.inf)  # (utcoffset as JSON, when read: monotonic s)
+
+    def _kind(self, modality: str, queue: str, prio: int, reply_to: str) -> _Kind:
+        """The template of this kind of request (built on first use)."""
+        key = (_pid, modality, queue, prio, reply_to)  # "origin" names the process
+        found = self._kinds.get(key)
+        if found is not None:
+            return found
+        m = self.app.amqp.create_task_message(
+            "@@id@@", keys.task_name(modality), (), {}, reply_to=reply_to, argsrepr="()"
+        )
+        fleet = {k: f"@@{k}@@" for k in FLEET_HEADER_FIELDS}
+        headers = {**m.headers, "kwargsrepr": "@@kwargsrepr@@", **fleet}
+        headers[_EXTRA] = 0  # trace context, when there is one, goes last (as tracing.inject)
+        message = {
+            "body": "@@body@@",
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                **m.properties,
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": prio,
+                "body_encoding": "base64",
+                "delivery_tag": "@@tag@@",
+            },
+        }
+        list_key = keys.priority_list_key(queue, prio)
+        text = _Format(_compact(message), (*_MESSAGE_SLOTS, *FLEET_HEADER_FIELDS))
+        found = _Kind(list_key, text, dumps(m.body[2]).encode())
+        self._kinds[key] = found
+        return found
+
+    def payload(
+        self, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int, reply_to: str
+    ) -> tuple[str, bytes]:
+        """The Redis list and the message of one request: ``LPUSH list_key payload``
+        enqueues it.
+
+        Args:
+            env: the validated request (``FleetClient.envelope``); travels as the task's
+                kwargs. task_id: the task id; queue: a queue name from :mod:`shared.keys`;
+            celery_priority: 0 (first) .. 9; reply_to: the producer's reply address (any
+                string; the fleet does not reply through it).
+
+        Raises:
+            TypeError, ValueError: ``env.inputs`` is not JSON (see :func:`envelope_json`).
+        """
+        key, payload, _ = self.build(env, task_id, queue, celery_priority, reply_to)
+        return key, payload
+
+    def build(
+        self,
+        env: TaskEnvelope,
+        task_id: str,
+        queue: str,
+        celery_priority: int,
+        reply_to: str,
+        sent_event: bool = False,
+        inputs_json: bytes | None = None,
+    ) -> Outgoing:
+        """:meth:`payload`'s ``(list_key, payload)``, and with ``sent_event`` the request's
+        ``task-sent`` event as Celery's publish makes it (its fields; ``kwargs`` the same
+        summary as the message's ``kwargsrepr``), as JSON, to be sent in a group
+        (:meth:`sent_group`); else ``None``. ``inputs_json``: ``env.inputs`` as
+        :func:`shared.jsonfast.compact` wrote it, when the caller has it (validation does)."""
+        route = {(env.modality, env.priority): (queue, celery_priority)}
+        return self.build_many([(env, task_id, inputs_json)], route, reply_to, sent_event)[0]
+
+    def build_many(
+        self,
+        requests: Sequence[tuple[TaskEnvelope, str, bytes | None]],
+        route: Mapping[tuple[str, str], tuple[str, int]],
+        reply_to: str,
+        sent_event: bool = False,
+    ) -> list[Outgoing]:
+        """:meth:`build` of many requests ``(env, task_id, inputs_json)``: one loop, the
+        templates looked up once per kind. ``route``: (modality, priority label) -> (queue,
+        Celery priority) for every pair among them.
+
+        Raises:
+            KeyError: a request's (modality, priority) is not in ``route``.
+            TypeError, ValueError: inputs that are not JSON (see :func:`envelope_json`).
+        """
+        kinds: dict[tuple[str, str], tuple[_Kind, _Format | None]] = {}
+        summaries = self._summaries
+        tags = self._delivery_tags(len(requests))
+        tracing_on = tracing.active()
+        utc, stamp = self._utcoffset(), orjson.dumps(time.time())  # the events' time: now
+        clock = itertools.count(_reserve(self.app.clock, len(requests)) if sent_event else 0)
+        last: Any = None  # the fleet headers' values of the request before, and their JSON
+        fleet: tuple[bytes, ...] = ()
+        out: list[Outgoing] = []
+        for (env, task_id, data), tag in zip(requests, tags, strict=True):
+            d = env.__dict__  # pydantic's field values, in field order
+            pair = (d["modality"], d["priority"])
+            found = kinds.get(pair)
+            if found is None:
+                queue, prio = route[pair]
+                event = self._event_format(pair[0], queue) if sent_event else None
+                found = kinds[pair] = (self._kind(pair[0], queue, prio, reply_to), event)
+            kind, event = found
+            tid = orjson.dumps(task_id)
+            summary = summaries.get((*pair, d["model"], *d["inputs"])) or self._summary(env)
+            message = kind.message
+            if (fv := _fleet_values(d)) != last:  # one submit time for a call's requests
+                last, fleet = fv, ((_json(fv),) if _FLEET_ONE else tuple(map(_json, fv)))
+            values = (
+                _body(env, data, kind.embed),
+                tid,
+                summary,
+                _trace(env, task_id) if tracing_on else b"",
+                tag,
+                *fleet,
+            )
+            payload = message.fmt % message.pick(values)
+            if event is None:
+                out.append(_outgoing(Outgoing, (kind.list_key, payload, None)))
+                continue
+            sent = (tid, summary, utc, b"%d" % next(clock), stamp)
+            built = (kind.list_key, payload, event.fmt % event.pick(sent))
+            out.append(_outgoing(Outgoing, built))
+        return out
+
+    def _summary(self, env: TaskEnvelope) -> bytes:
+        """:func:`kwargs_summary` as JSON, cached per modality, priority, model and input
+        keys (a few kinds per producer; bounded)."""
+        key = (env.modality, env.priority, env.model, *env.inputs)
+        found = self._summaries.get(key)
+        if found is None:
+            found = orjson.dumps(kwargs_summary(env))
+            if len(self._summaries) < _SUMMARY_CACHE_MAX:
+                self._summaries[key] = found
+        return found
+
+    def _delivery_tags(self, n: int) -> list[bytes]:
+        """``n`` delivery tags as JSON strings: uuid4-shaped (kombu's are ``str(uuid4())``),
+        a random prefix per builder and process and a counter in the last group. Tags must
+        be unique (the unacked hash is keyed by them), not unpredictable; a forked child
+        draws a prefix of its own."""
+        pid, prefix, counter = self._tags
+        if pid != _pid:
+            prefix = _uuid4s(os.urandom(16))[0][:24].encode()
+            counter = itertools.count()
+            self._tags = (_pid, prefix, counter)
+        return [b'"%s%012x"' % (prefix, next(counter) & _LOW48) for _ in range(n)]
+
+    def _event_format(self, modality: str, queue: str) -> _Format:
+        """The template of a ``task-sent`` event of ``modality`` on ``queue``."""
+        key = (_pid, modality, queue)  # the event names the process
+        template = self._events.get(key)
+        if template is None:
+            template = self._events[key] = self._event_template(modality, queue)
+        return template
+
+    def sent_group(self, events: list[bytes]) -> bytes:
+        """The message that carries ``events`` (from :meth:`build`) as one group, as Celery's
+        ``EventDispatcher.flush`` sends a group: its body the list of events. Every Celery
+        event receiver (Flower's, ``fleet exporter``'s) takes a list body event by event.
+        Published on the event exchange's ``task.sent`` topic (the one a single event
+        would go to), so a receiver bound to ``task.sent`` gets it.
+
+        The body is the events' JSON list itself, in the message's JSON, with content type
+        ``application/data`` (encoding ``binary``, no ``body_encoding``): kombu's virtual
+        transport hands such a body on as it was read, the list, which every receiver takes
+        (``application/data`` is among kombu's trusted types). Celery's own group is
+        ``application/json`` in base64: a third more bytes, a base64 and a second JSON
+        decode per group in every receiver; the events are the same."""
+        key = _pid  # the message names the host of the process
+        message = self._groups.get(key)
+        if message is None:
+            message = self._groups[key] = self._group_template()
+        body = b"[" + b",".join(events) + b"]"
+        return message.fill((body, self._delivery_tags(1)[0]))
+
+    def _utcoffset(self) -> bytes:
+        """Celery's ``utcoffset()`` (hours) as JSON, read again after a minute (DST)."""
+        now = time.monotonic()
+        if now - self._utc[1] > 60.0:
+            self._utc = (_json(utcoffset()), now)
+        return self._utc[0]
+
+    def _event_template(self, modality: str, queue: str) -> _Format:
+        """The template of one ``task-sent`` event (a group's list item)."""
+        event = {
+            "hostname": anon_nodename(),
+            "utcoffset": "@@utcoffset@@",
+            "pid": os.getpid(),
+            "clock": "@@clock@@",
+            "uuid": "@@id@@",
+            "root_id": "@@id@@",
+            "parent_id": None,
+            "name": keys.task_name(modality),
+            "args": "()",
+            "kwargs": "@@kwargs@@",
+            "retries": 0,
+            "eta": None,
+            "expires": None,
+            "queue": queue,
+            "exchange": "",
+            "routing_key": queue,
+            "timestamp": "@@timestamp@@",
+            "type": "task-sent",
+        }
+        return _Format(_compact(event), _EVENT_SLOTS)
+
+    def _group_template(self) -> _Format:
+        """The template of the message of :meth:`sent_group`."""
+        exchange = self.app.conf.event_exchange
+        message = {
+            "body": "@@body@@",
+            "content-encoding": "binary",
+            "content-type": "application/data",
+            "headers": {"hostname": anon_nodename()},
+            "properties": {
+                "delivery_mode": 1,
+                "delivery_info": {"exchange": exchange, "routing_key": "task.sent"},
+                "priority": 0,
+                "delivery_tag": "@@tag@@",
+            },
+        }
+        return _Format(_compact(message), ("body", "tag"))
+
+
+_LOW48 = (1 << 48) - 1
+_pid = os.getpid()  # this process's: the templates name it ("origin", the events' "pid")
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _compact(value: Any) -> str:
+    """``value`` as kombu's JSON writes it, without the blanks after ``,`` and ``:``."""
+    return dumps(value, separators=(",", ":"))
+
+
+def _reserve(clock: Any, n: int) -> int:
+    """The first of ``n`` consecutive values of kombu's ``LamportClock`` ``clock``, as ``n``
+    ``forward()`` calls would give them (one lock, not ``n``)."""
+    with clock.mutex:
+        first = clock.value + 1
+        clock.value += n
+    return first
+
+
+def _body(env: TaskEnvelope, inputs_json: bytes | None, embed: bytes) -> bytes:
+    """The message body of ``env`` (base64 of the JSON ``[[], {"request": env}, embed]``)
+    as a JSON string."""
+    if inputs_json is None:
+        envelope = envelope_json(env)
+    else:  # the inputs passed compact: finite, of orjson's types, or json's
+        try:
+            envelope = orjson.dumps(env.__dict__, default=jsonfast.refuse, option=jsonfast.OPTIONS)
+        except TypeError:  # a subclass of a builtin, or a type only json writes
+            envelope = envelope_json(env, inputs_json)
+    raw = b'[[],{"' + _KWARG + b'":' + envelope + b"}," + embed + b"]"
+    return b'"' + b2a_base64(raw, newline=False) + b'"'
+
+
+def _trace(env: TaskEnvelope, task_id: str) -> bytes:
+    """The ``extra`` slot: a ``fleet.submit`` span's context headers (``tracing.inject``),
+    as JSON members after the others; empty when none."""
+    extra: dict[str, Any] = {}
+    tracing.inject(extra, env.modality, task_id)
+    return b"," + _compact(extra)[1:-1].encode() if extra else b""
+
+
+def envelope_json(env: TaskEnvelope, inputs_json: bytes | None = None) -> bytes:
+    """``env`` as the ``request`` kwarg's JSON (UTF-8), equal in value to
+    ``env.model_dump(mode="json")``: its fields in order, the inputs last (``inputs_json``
+    when given: ``env.inputs`` as :func:`shared.jsonfast.compact` writes it).
+
+    Raises:
+        TypeError, ValueError: the inputs are not JSON (``shared.jsonfast.compact``;
+            ``FleetClient.envelope`` refuses such inputs before).
+    """
+    head = {name: getattr(env, name) for name in _HEAD_FIELDS}  # numbers, strings, None
+    try:
+        start = orjson.dumps(head)
+    except TypeError:  # a subclass of a builtin: json decides
+        start = jsonfast.compact(head)
+    if inputs_json is None:
+        inputs_json = jsonfast.compact(env.inputs)
+    return start[:-1] + b',"inputs":' + inputs_json + b"}"
+
+
+_HEAD_FIELDS = tuple(name for name in TaskEnvelope.model_fields if name != "inputs")
+_KWARG = ENVELOPE_KWARG.encode()
+
+
+def _json(value: Any) -> bytes:
+    """``value`` as JSON (UTF-8): orjson's, but a non-finite float as ``json.dumps``
+    writes it (``NaN``, ``Infinity``: orjson would write ``null``)."""
+    if type(value) is float and not math.isfinite(value):
+        return json.dumps(value).encode()
+    return orjson.dumps(value)
+
+
+def fresh_ids(n: int) -> list[str]:
+    """``n`` random uuid4s as ``str(uuid.uuid4())`` writes them, from one ``os.urandom``
+    read: task ids must be unguessable (the gateway reads and cancels a job by its id)."""
+    return _uuid4s(os.urandom(16 * n))
+
+
+def _uuid4s(raw: bytes) -> list[str]:
+    """The uuid4s made of ``raw``'s 16-byte pieces: its bits, but the version nibble (4)
+    and the RFC 4122 variant's two bits, as ``uuid.UUID(bytes=..., version=4)`` sets them."""
+    h = raw.hex()
+    return [
+        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-"
+        f"{_VARIANT[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
+        for i in range(0, len(h) - 31, 32)
+    ]
+
+
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}  # 10xx: RFC 4122

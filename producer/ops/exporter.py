@@ -1,0 +1,230 @@
+"""``fleet exporter``: the queue-level Prometheus series, read from Redis at each scrape.
+
+Workers serve their own series (``shared.metrics``); what no single worker can see is
+served here, by one process per fleet (``fleet up`` starts it on ``[metrics] exporter_host``
+and ``exporter_port``, 127.0.0.1:9100 by default; port 0 = off):
+
+========================================== ==================================================
+series                                      meaning
+========================================== ==================================================
+``celery_queue_length{queue_name}``         messages waiting in Redis, all ten priority lists
+                                            (celery-exporter's name; it counts one list)
+``fleet_queue_waiting{queue,priority}``     waiting, by priority class (Celery steps that no
+                                            class uses are summed under ``other``)
+``fleet_queue_reserved{queue}``             delivered to workers and not acked: prefetch
+                                            windows, batchers, running, a dead worker's
+                                            until its leases lapse
+``fleet_queue_demand{queue}``               waiting + reserved: what an autoscaler reads
+``fleet_queue_oldest_age_seconds{queue}``   age of the oldest unfinished request (0: none)
+``fleet_queue_consumers{queue}``            live workers of the queue's modality
+``fleet_shm_used_bytes``                    bytes of the fleet's /dev/shm files
+``fleet_shm_capacity_bytes``                their budget (``[transport] capacity_*``)
+``fleet_exporter_redis_up``                 1 when the last read of Redis succeeded
+``celery_task_sent_total{name,hostname,``   producers' ``task-sent`` events
+``queue_name}``                             (``producer.ops.exporter_events``)
+========================================== ==================================================
+
+Every value is read at scrape time (one Lua script for all queues, ``shared.queue_stats``);
+nothing is cached between scrapes. The exporter connects as the ``operator`` Redis user.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shared import keys
+from shared.clock import RedisClock
+from shared.queue_stats import QueueReader, QueueStats
+from shared.settings import MODALITIES, Settings
+
+log = logging.getLogger("fleet.exporter")
+
+
+def all_queues() -> list[str]:
+    """Every queue of the fleet: each modality's and its REALTIME queue."""
+    return [q for m in MODALITIES for q in (keys.queue_name(m), keys.realtime_queue_name(m))]
+
+
+def step_labels(settings: Settings) -> dict[int, str]:
+    """Celery priority step -> the priority class label that uses it (``other`` if none)."""
+    by_step = {p.celery_priority: label for label, p in sorted(settings.priorities.items())}
+    return {s: by_step.get(s, "other") for s in keys.PRIORITY_STEPS}
+
+
+class QueueCollector(Collector):
+    """Yields the queue-level families from one Redis read per scrape.
+
+    Args:
+        settings: the fleet's settings (Redis address, priority classes, lease, shm).
+        client: a ``redis.Redis`` as the ``operator`` user; built from settings if omitted.
+    """
+
+    def __init__(self, settings: Settings, client: Any = None) -> None:
+        from shared.redis_client import redis_client
+
+        self.settings = settings
+        self.client = client or redis_client(settings, "operator", socket_timeout=5.0)
+        # Redis' clock (shared.clock): submit times and heartbeats are on it, not on this host's
+        self.clock = RedisClock(self.client.time)
+        self.queues = all_queues()
+        self.reader = QueueReader(self.client, self.queues)
+        self.steps = step_labels(settings)
+        self._lock = threading.Lock()  # concurrent scrapes read Redis one at a time
+        self._shm: Any = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            try:
+                stats, _other = self.reader.read()
+                consumers = self._consumers()
+                ok = 1.0
+            except Exception as exc:  # a scrape must answer even when Redis does not
+                log.warning("reading queue stats failed: %s", exc)
+                stats, consumers, ok = [], {}, 0.0
+        up = GaugeMetricFamily("fleet_exporter_redis_up", "1 when the last Redis read succeeded")
+        up.add_metric([], ok)
+        yield up
+        yield from self._queue_families(stats, consumers)
+        yield from self._shm_families()
+
+    def _queue_families(
+        self, stats: list[QueueStats], consumers: dict[str, int]
+    ) -> Iterator[GaugeMetricFamily]:
+        length = GaugeMetricFamily(
+            "celery_queue_length", "Messages waiting in Redis (all priority lists)",
+            labels=["queue_name"],
+        )  # fmt: skip
+        waiting = GaugeMetricFamily(
+            "fleet_queue_waiting", "Messages waiting in Redis, by priority class",
+            labels=["queue", "priority"],
+        )  # fmt: skip
+        reserved = GaugeMetricFamily(
+            "fleet_queue_reserved", "Messages delivered to workers and not acked",
+            labels=["queue"],
+        )  # fmt: skip
+        demand = GaugeMetricFamily(
+            "fleet_queue_demand", "Waiting + reserved: submitted and not finished",
+            labels=["queue"],
+        )  # fmt: skip
+        age = GaugeMetricFamily(
+            "fleet_queue_oldest_age_seconds", "Age of the oldest unfinished request",
+            labels=["queue"],
+        )  # fmt: skip
+        live = GaugeMetricFamily(
+            "fleet_queue_consumers", "Live workers of the queue's modality", labels=["queue"]
+        )
+        now = self.clock.now()
+        for st in stats:
+            q = st.queue
+            length.add_metric([q], st.waiting_total)
+            by_class: dict[str, int] = {}
+            for step, n in st.waiting.items():
+                label = self.steps[step]
+                by_class[label] = by_class.get(label, 0) + n
+            for label, n in sorted(by_class.items()):
+                waiting.add_metric([q, label], n)
+            reserved.add_metric([q], st.reserved)
+            demand.add_metric([q], st.demand)
+            age.add_metric([q], st.oldest_age_s(now))
+            live.add_metric([q], consumers.get(q.split(".")[0], 0))
+        yield from (length, waiting, reserved, demand, age, live)
+
+    def _consumers(self) -> dict[str, int]:
+        """Live workers per modality: heartbeats younger than a lease
+        (``workers.consumer.lease``)."""
+        since = self.clock.now() - self.settings.redis.lease_s
+        with self.client.pipeline(transaction=False) as pipe:
+            for m in MODALITIES:
+                pipe.zcount(keys.live_key(m), since, "+inf")
+            counts = pipe.execute()
+        return {m: int(n) for m, n in zip(MODALITIES, counts, strict=True)}
+
+    def _shm_families(self) -> Iterator[GaugeMetricFamily]:
+        store = self._store()
+        if store is None:
+            return
+        try:
+            used, cap = store.used_bytes(), store.capacity_bytes
+        except Exception as exc:
+            log.warning("reading /dev/shm usage failed: %s", exc)
+            return
+        g = GaugeMetricFamily("fleet_shm_used_bytes", "Bytes of the fleet's /dev/shm files")
+        g.add_metric([], used)
+        yield g
+        c = GaugeMetricFamily("fleet_shm_capacity_bytes", "Budget of the fleet's /dev/shm files")
+        c.add_metric([], cap)
+        yield c
+
+    def _store(self) -> Any:
+        if self._shm is None and self.settings.transport.shared_host:
+            from shared.transport import ShmStore
+
+            t = self.settings.transport
+            try:
+                self._shm = ShmStore(
+                    t.shm_root,
+                    t.capacity_bytes,
+                    capacity_fraction=t.capacity_fraction,
+                    role="worker",
+                )
+            except Exception as exc:
+                log.warning("no /dev/shm store to report on: %s", exc)
+                self._shm = False
+        return self._shm or None
+
+
+def build_registry(settings: Settings, client: Any = None) -> CollectorRegistry:
+    """A registry holding only the queue collector (no process metrics of the exporter)."""
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(settings, client))
+    return registry
+
+
+def start_sent_tap(settings: Settings, registry: CollectorRegistry) -> Any:
+    """Count producers' ``task-sent`` events into ``registry`` (``producer.ops.exporter_events``)
+    from a daemon thread; returns the thread."""
+    from producer.ops.exporter_events import SentTap
+    from shared.celery_app import make_app
+
+    tap = SentTap(make_app(settings, name="fleet-exporter", role="operator"), registry,
+                  all_queues())  # fmt: skip
+    tap.start()
+    return tap
+
+
+def exporter_ok(settings: Settings) -> bool:
+    """Whether the exporter of ``settings`` answers ``/metrics`` with 200."""
+    import urllib.request
+
+    m = settings.metrics
+    try:
+        url = f"http://{m.exporter_host}:{m.exporter_port}/metrics"
+        with urllib.request.urlopen(url, timeout=2.0) as resp:
+            return resp.status == 200
+    except Exception:
+        return False
+
+
+def serve_forever(settings: Settings) -> None:
+    """Serve ``/metrics`` on ``[metrics] exporter_host:exporter_port`` until killed.
+
+    Raises:
+        OSError: the port is taken.
+        ValueError: the exporter is off (port 0).
+    """
+    m = settings.metrics
+    if not m.exporter_port:
+        raise ValueError("the exporter is off ([metrics] exporter_port = 0)")
+    registry = build_registry(settings)
+    start_sent_tap(settings, registry)
+    start_http_server(m.exporter_port, addr=m.exporter_host, registry=registry)
+    log.info("fleet exporter on http://%s:%d/metrics", m.exporter_host, m.exporter_port)
+    stop = threading.Event()
+    stop.wait()

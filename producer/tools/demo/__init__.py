@@ -1,0 +1,2 @@
+"""``make demo``: the main job on real input (``run.py``), and its gateway phase
+(``gateway.py``)."""

@@ -1,0 +1,41 @@
+"""``make gpu-check``: one short script that checks the device runtime on a CUDA machine.
+
+``python -m producer.tools.gpucheck [--out FILE.json]``. Without CUDA it prints
+``gpu-check: skipped (no CUDA device)`` and exits 0. With CUDA it runs five checks, each in
+fresh processes of the ``spawn`` context (CUDA is never initialised in this parent process),
+prints each figure, and exits 1 if any check fails:
+
+1. stream per process: two processes at once, each with a started
+   ``DeviceRuntime(device="cuda:0", memory_fraction=0.2)``, report a stream handle that is
+   not the default stream, and inside ``batch_context()`` the current stream is theirs;
+2. memory fraction enforced: with ``memory_fraction=0.05``, one allocation past the fraction
+   raises ``torch.OutOfMemoryError``, and filling memory in 64 MiB chunks raises before the
+   reserved memory passes the fraction (reports the MiB reached vs the fraction's MiB);
+3. no arena growth over 1,000 batches: a small MLP, batch sizes cycling 1/8/16/32 through
+   ``stage()`` (when the runtime has it) and ``batch_context()``; reserved and allocated
+   device memory after the 1,000 batches are no larger than after the warmup;
+4. warm vs cold first-batch latency: the first batch of a fresh process without warmup
+   (cold) vs after ``runtime.warmup`` over every batch size (warm), and the steady-state
+   median; the warm first batch must be faster than the cold one;
+5. compute/copy overlap: a 1 GiB pinned host-to-device copy on a side stream while a bf16
+   matmul loop runs on the runtime's stream, vs the two one after the other; the overlap
+   ratio is the time saved over the shorter of the two (1.0 = fully hidden).
+
+Total run time is well under 5 minutes (most of it is starting the
+child processes). Modules: ``children.py`` (the spawn plumbing), ``probes.py`` (what runs
+in a child), ``checks.py`` (judging the figures), ``cli.py`` (the command line).
+"""
+
+from producer.tools.gpucheck.checks import CHECKS, CheckResult, run_checks
+from producer.tools.gpucheck.children import CheckFailed, run_in_children
+from producer.tools.gpucheck.cli import SKIP_LINE, main
+
+__all__ = [
+    "CHECKS",
+    "SKIP_LINE",
+    "CheckFailed",
+    "CheckResult",
+    "main",
+    "run_checks",
+    "run_in_children",
+]

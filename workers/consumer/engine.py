@@ -1,0 +1,509 @@
+"""The per-process batching engine: it wires the parts below into lanes and a lifecycle.
+
+One concern per module; of them only this one imports Celery or kombu::
+
+    Celery consumer --on_request--> admission (screen, admit) --Pending--> Batcher
+    lanes (threads) --batch--> execution.BatchRunner --post--> completion.Handoff
+    event loop --drain--> completion.Completer: events, result store, acks, log line
+
+Also :mod:`workers.batching.poison` (delivery counts, ``WORKER_LOST``, suspects) and
+:mod:`workers.batching.work` (what the parts pass each other). The engine is the parts' host
+(``execution.RunnerHost``, ``completion.CompletionHost``): it owns what is held.
+
+Threads
+-------
+- The worker's event-loop thread (Celery's consumer) calls :meth:`Engine.on_request` for
+  every message that enters the prefetch window, and drains completions when an inference
+  thread posted some (a self-pipe). Events, result writes and acks happen on this thread,
+  as in a stock Celery worker.
+- One inference thread per lane (MAIN, and REALTIME when ``realtime_lane`` is on) asks the
+  :class:`~workers.batching.batcher.Batcher` for batches and runs them on the
+  :class:`~workers.models.runtime.DeviceRuntime`. torch releases the GIL while it computes, so the
+  loop keeps fetching messages meanwhile.
+
+Per request
+-----------
+Each request stays its own Celery task (its events, result and ``acks_late`` ack after the
+result is stored); a bad request fails alone (``workers.batching.execution``). Leases
+(``workers.consumer.lease``) bring a dead worker's messages back within ``lease_s``; results are
+first-wins (``workers.batching.results``) and a copy with a final result is acked without running
+(``workers.batching.inflight``; a task id already held is a *twin* and settles with the first copy);
+poison and suspects: ``workers.batching.poison``; unsettled results or acks:
+``workers.batching.completion``.
+On SIGTERM (:meth:`Engine.stop`) the running batch and the window run for up to
+``soft_shutdown_timeout_s``, the rest is given back; revoked requests held never run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from celery import Celery
+from celery.worker import state as worker_state
+
+from shared.errors import DeadlineExceeded, FleetError, ModelError, Revoked
+from shared.metrics import FleetMetrics
+from shared.redis_client import Waiter
+from shared.schema import TaskEnvelope
+from shared.settings import Settings
+from workers.batching import refusals
+from workers.batching.admission import Admission, Refusal, Served, screen
+from workers.batching.batcher import Batcher, Pending, Policy
+from workers.batching.circuit import CircuitBreaker
+from workers.batching.completion import Completer, Handoff, Loop
+from workers.batching.execution import BatchRunner, RetryPolicy
+from workers.batching.inflight import MAX_DELIVERIES, InFlight
+from workers.batching.inject import FaultInjector
+from workers.batching.lanes import Lanes
+from workers.batching.poison import Deliveries, Isolation
+from workers.batching.results import Outcome, ResultWriter
+from workers.batching.telemetry import Tracing
+from workers.batching.warmup import WarmQueue, WarmStep, split_plan, warm_plan, warming_pays
+from workers.batching.work import Done, EngineStats, Observers, Posted, ProgressThrottle, Work
+from workers.consumer import stats
+from workers.consumer.acks import ack_batch, give_back
+from workers.consumer.lease import LeaseKeeper
+from workers.models import make_adapter
+from workers.models.runtime import DeviceRuntime
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("fleet.engine")
+
+IN_FLIGHT_TTL_S = 7 * 86400
+
+
+def lease_client(settings: Settings) -> Any:
+    """The Redis client the lease keeper renews, acks and gives back through (the primary,
+    through the sentinels when they are configured)."""
+    from shared.redis_client import redis_client
+
+    return redis_client(settings, "worker", socket_timeout=5.0, socket_connect_timeout=2.0)
+
+
+class Engine:
+    """Batching engine for one modality in one worker process.
+
+    Args:
+        modality: ``"text"``, ``"image"``, ...
+        settings: fleet settings.
+        app: the worker's Celery app (for the result backend).
+        threaded: start the inference threads (batch mode); ``False`` for baseline mode,
+            where Celery runs each task through :meth:`run_one`.
+    """
+
+    def __init__(
+        self, modality: str, settings: Settings, app: Celery, *, threaded: bool = True
+    ) -> None:
+        cfg = settings.modality(modality)
+        self.modality, self.cfg, self.settings, self.app = modality, cfg, settings, app
+        self.runtime = DeviceRuntime(cfg.device, lanes=2 if cfg.batching.realtime_lane else 1)
+        self.adapter = make_adapter(modality, settings, self.runtime)
+        b = cfg.batching
+        self.batcher = Batcher(
+            Policy(
+                max_batch_size=b.max_batch_size,
+                max_queue_delay_ms=b.max_queue_delay_ms,
+                max_batch_bytes=b.max_batch_bytes,
+                max_high_waiting=b.max_high_waiting,
+                window_size=cfg.device.prefetch_multiplier,
+                realtime_budget_ms=b.realtime_budget_ms,
+                realtime_lane=b.realtime_lane,
+                preferred_batch_sizes=tuple(
+                    sorted({s for s in b.preferred_batch_sizes if 1 <= s <= b.max_batch_size})
+                ),
+            )
+        )
+        self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)
+        self.faults = FaultInjector(settings.debug.fault_injection)
+        self.writer = ResultWriter(app, Waiter.of(settings))
+        ttl = max(IN_FLIGHT_TTL_S, settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
+        self.inflight = InFlight(app.backend.client, int(ttl), Waiter.of(settings))
+        self.deliveries = Deliveries(self.inflight)
+        self.isolation = Isolation()
+        self.keeper: LeaseKeeper | None = None
+        self.stats = EngineStats()
+        self.metrics = FleetMetrics(modality, model=cfg.model)
+        self.tracing = Tracing(settings, modality)
+        self.ready = False
+        self.warmup_later: dict[str, Any] = {}  # what _warmup left for the idle main lane
+        self._by_id: dict[str, Work] = {}  # held or running, by task id (twins join these)
+        self._arriving: dict[str, list[Any]] = {}  # arrived, not yet admitted -> its twins
+        self._admitting: list[tuple[Any, TaskEnvelope]] = []
+        self._threaded = threaded
+        self._wire_parts()
+        self._lock = self.lanes.lock  # guards what is held, too
+        self._bind_gauges()
+
+    def _wire_parts(self) -> None:
+        """Admission, execution and completion, connected through this engine's state."""
+        progress, obs = ProgressThrottle(), Observers(self.stats, self.metrics, self.tracing)
+        self.loop = Loop()
+        self.served = Served(self.modality, self.cfg.model)
+        self.admission = Admission(
+            self.adapter, self.deliveries, self.faults, self.tracing, self._worker_store
+        )
+        client = self.app.backend.client
+        self.completer = Completer(self.writer, client, self, self.loop, obs, progress)
+        self.handoff = Handoff(self.completer, self.loop, lambda: self.runtime.on_realtime_lane)
+        self._host, self._batch_seq = socket.gethostname().split(".")[0], itertools.count(1)
+        retry = RetryPolicy(self.cfg.max_retries, self.cfg.retry_backoff_s)
+        self.runner = BatchRunner(
+            self.modality,
+            self.adapter,
+            self.runtime,
+            self,
+            obs,
+            breaker=self.breaker,
+            retry=retry,
+            latency=self.batcher.model,
+            faults=self.faults,
+            progress=progress,
+            isolation=self.isolation,
+            settled=self.handoff.wait_handled,
+        )
+        self.isolation.on_clear = self.handoff.wake  # admits what waited for a suspect
+        self.handoff.on_drain = self._resume_admission
+        self.lanes = Lanes(
+            self.batcher, self.runtime, run=self.runner.run, crashed=self._crashed,
+            expire=self._expire, warm_step=self._warm_step,
+            idle_while_realtime=self.cfg.device.main_lane_idle_while_realtime,
+        )  # fmt: skip
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the device, load the model, warm every bucket; then start the lanes."""
+        self.runtime.start()
+        t0 = time.perf_counter()
+        self.adapter.load()
+        load_s = time.perf_counter() - t0
+        if self.runtime.lanes > 1:
+            self.runtime.install_yield_points(self.adapter.torch_modules())
+        self.runtime.warmup(self._warmup)
+        if self._threaded:
+            self._start_lanes()
+        self.ready = True
+        log.info(
+            "engine ready modality=%s model=%s load_s=%.2f runtime=%s",
+            self.modality,
+            self.adapter.describe(),
+            load_s,
+            self.runtime.stats(),
+        )
+
+    def _start_lanes(self) -> None:
+        self.lanes.start()
+        window, size = self.cfg.device.prefetch_multiplier, self.cfg.batching.max_batch_size
+        if window < size:
+            log.warning(
+                "prefetch window %d < max_batch_size %d: batches can never fill", window, size
+            )
+
+    def start_leases(self) -> None:
+        """Start renewing the leases of every message this process holds (batch mode).
+
+        Restore scans wait a lease period and the longest retry after Redis last refused
+        a write, and a renewal period and that retry after this start
+        (``workers.batching.refusals``): by then every live holder renewed, whatever it could
+        not renew meanwhile."""
+        from workers.consumer import lease
+
+        r = self.settings.redis
+        self.keeper = LeaseKeeper(lease_client(self.settings), r.lease_renew_s)
+        keeper = self.keeper
+        refusals.REFUSALS.held = lambda: len(keeper)
+        longest = refusals.BACKOFF_S[-1]
+        refusals.REFUSALS.configure(r.lease_s + longest, r.lease_renew_s + longest)
+        lease.install(self.keeper)
+        self.keeper.start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Shut down gracefully: finish the running batch and what the window holds for up
+        to ``timeout_s`` (default: the modality's ``soft_shutdown_timeout_s``), then give
+        the rest back to its queue at once. Called on the worker's shutdown, after Celery
+        stopped consuming; results and acks are then written from the inference thread."""
+        timeout_s = self.cfg.soft_shutdown_timeout_s if timeout_s is None else timeout_s
+        self._admit(block=True)  # what arrived last, then what the loop had not handled yet
+        self.drain()
+        with self._lock:
+            self.loop.inline = True
+            # Celery's event connection is closed by now: the inference thread must not
+            # send events through it (progress, retried, started, succeeded).
+            for w in self._by_id.values():
+                for r in (w.req, *w.twins):
+                    r._eventer = None
+            self.lanes.wake_all()
+        end = time.monotonic() + timeout_s
+        while self._threaded and time.monotonic() < end and self.lanes.busy():
+            time.sleep(0.05)
+        self.lanes.stop(end)
+        self._give_back_rest()
+        if self.keeper is not None:
+            self.keeper.stop()
+
+    def _give_back_rest(self) -> None:
+        """Return everything still held (unrun, or running past the shutdown timeout)."""
+        with self._lock:
+            works = list(self._by_id.values())
+            self._by_id.clear()
+        if not works:
+            return
+        running = sum(w.counted for w in works)
+        self.deliveries.release(works)  # a shutdown is not a death: uncount
+        self._give_back([r for w in works for r in (w.req, *w.twins)])
+        log.info("shutdown: gave back %d requests (%d were running)", len(works), running)
+
+    def give_back_unsettled(self, done: list[Done]) -> None:
+        """Return requests whose result or ack Redis kept refusing (``CompletionHost``)."""
+        reqs = []
+        for d in done:
+            with self._lock:
+                self._by_id.pop(d.req.id, None)
+            reqs += [d.req, *(d.work.twins if d.work else ())]
+        self.deliveries.release([d.work for d in done if d.work])
+        self._give_back(reqs)
+
+    def _give_back(self, reqs: list[Any]) -> None:
+        """Return messages to their queues at once, unrun (``workers.consumer.acks.give_back``)."""
+        self.stats.given_back += give_back(reqs, self.keeper, self.tracing)
+
+    def attach(self, hub: Any) -> None:
+        """Complete requests on the consumer's event loop (``hub``), or inline if ``None``."""
+        if hub is None:
+            self.loop.inline = True
+            return
+        self.handoff.attach(hub)
+
+    def drain(self) -> None:
+        """Handle everything the inference threads posted (event-loop thread)."""
+        self.handoff.drain()
+
+    def _warmup(self) -> None:
+        """Warm the buckets the worker needs before ready; queue the rest for the idle main
+        thread (see :mod:`workers.batching.warmup`; every bucket without an inference thread)."""
+        pol = self.batcher.policy
+
+        def largest(bucket: str | None) -> int:
+            one = self.adapter.example_inputs(1, bucket)[0]
+            per_request = max(self.adapter.prepare(one).nbytes, 1)
+            return min(pol.max_batch_size, pol.max_batch_bytes // per_request)
+
+        plan = warm_plan(self.adapter.buckets(), largest)
+        before = self.cfg.batching.warmup_buckets_before_ready if self._threaded else None
+        first, rest = split_plan(plan, before)
+        runs = [self._warm_step(step) for step in first]
+        pays = warming_pays(runs)
+        # Logged with the worker's ready line (Celery's logging is not set up yet here).
+        self.warmup_later = {
+            "steps": len(rest),
+            "queued": pays,
+            "first_second_s": [[round(a, 4), round(b, 4)] for a, b in runs],
+        }
+        if not pays:
+            rest = []
+        self.lanes.warm_later = WarmQueue(rest)
+
+    def _warm_step(self, step: WarmStep) -> tuple[float, float]:
+        """Run ``step`` twice; observe the second run; ``(first_s, second_s)``."""
+        inputs = self.adapter.example_inputs(step.n, step.bucket)
+        samples = [self.adapter.preprocess(self.adapter.prepare(i)) for i in inputs]
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            with self.runtime.batch_context():
+                self.adapter.run_batch(samples)
+            times.append(time.perf_counter() - t0)
+        self.batcher.model.observe(step.bucket, step.n, times[1])
+        return times[0], times[1]
+
+    def run_one(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run one request alone, in the calling thread (baseline mode: plain Celery).
+
+        Raises:
+            FleetError: bad input (with its code), an expired deadline, or a model fault.
+        """
+        env = screen((), {"request": request}, self.served)
+        if isinstance(env, Refusal):
+            raise env.error
+        return self.runner.run_alone(env.inputs)
+
+    # -- loop thread: arrivals ----------------------------------------------------------
+    def on_request(self, req: Any) -> None:
+        """A message entered the prefetch window (event-loop thread).
+
+        Cheap checks run here; decoding waits for :meth:`_admit`, which first counts the
+        delivery in Redis (one round trip for every message of a fetch), so that a message
+        whose decoding kills the worker is counted like one that kills it in a batch."""
+        self.stats.received += 1
+        self.metrics.eco.received(self.metrics.eco.queue_of(req))
+        self.tracing.arrived(req)
+        worker_state.task_reserved(req)
+        if self._join_twin(req):
+            return
+        env = screen(req.args, req.kwargs, self.served)
+        if isinstance(env, Refusal):
+            self.completer.refuse(req, env.error, env.priority)
+            return
+        with self._lock:
+            self._arriving[req.id] = []
+        self._admitting.append((req, env))
+        if self.loop.running:
+            if len(self._admitting) == 1:  # after the rest of this fetch's messages
+                self.loop.hub.call_soon(self._admit)
+        else:
+            self._admit()
+
+    def _join_twin(self, req: Any) -> bool:
+        """A copy of a task id held already runs once, with the first copy."""
+        with self._lock:
+            first = self._by_id.get(req.id)
+            twins = first.twins if first is not None else self._arriving.get(req.id)
+            if twins is None:
+                return False
+            twins.append(req)
+            self.stats.twins += 1
+            return True
+
+    def _admit(self, block: bool = False) -> None:
+        """Count the deliveries of the messages that arrived, decode them, give back the
+        counts of those that decoded, and only then hold them for the batcher: none of a
+        group runs while its group-mates are still counted (``workers.batching.poison``). Suspects
+        (a worker died with them before) are decoded one at a time, each counted alone, so a
+        decoder one of them kills blames no group-mate.
+
+        While a suspect runs (or waits to) the arrivals wait unread, unless ``block``."""
+        if not self._admitting:
+            return
+        if not self.isolation.try_admit(block=block or not self.loop.running):
+            return  # admitted by _resume_admission once the suspect ends
+        try:
+            batch, self._admitting = self._admitting, []
+            counts = self.deliveries.arrive([req.id for req, _ in batch])
+            suspects = [m for m, c in zip(batch, counts, strict=True) if self.deliveries.suspect(c)]
+            if suspects:  # not counted while the others decode; each again, alone, below
+                self.deliveries.decoded([req.id for req, _ in suspects])
+            held = self._decode_counted(
+                [
+                    (m, c)
+                    for m, c in zip(batch, counts, strict=True)
+                    if not self.deliveries.suspect(c)
+                ]
+            )
+            for m in suspects:
+                held += self._decode_counted([(m, self.deliveries.arrive([m[0].id])[0])])
+        finally:
+            self.isolation.admitted()
+        with self._lock:
+            for pending in held:
+                self._by_id[pending.id] = pending.item
+                self.lanes.hold(pending)
+
+    def _decode_counted(self, items: list[tuple[tuple[Any, TaskEnvelope], int]]) -> list[Pending]:
+        """Decode arrivals (each with its count); uncount those that decoded; what to hold."""
+        held: list[Pending] = []
+        decoded: list[str] = []
+        for (req, env), count in items:
+            with self._lock:
+                twins = self._arriving.pop(req.id, [])
+            pending = self._decode(req, env, count, twins)
+            if pending is not None:
+                held.append(pending)
+                if count > 0:
+                    decoded.append(req.id)
+        self.deliveries.decoded(decoded)
+        return held
+
+    def _resume_admission(self) -> None:
+        """Admit what waited while a suspect ran (loop thread, after each drain)."""
+        if self._admitting:
+            self._admit()
+
+    def _decode(self, req: Any, env: TaskEnvelope, count: int, twins: list[Any]) -> Pending | None:
+        """Admit one request (decode it); ``None`` if it was refused (settled here)."""
+        pending = self.admission.admit(req, env, count, twins)
+        if isinstance(pending, FleetError):
+            for r in (req, *twins):
+                self.completer.refuse(r, pending, env.priority)
+            return None
+        return pending
+
+    def _worker_store(self) -> Any:
+        from shared.transport import process_store
+
+        return process_store(self.settings, role="worker")
+
+    def refuse(self, req: Any, exc: FleetError) -> None:
+        """Fail a request at arrival with ``exc`` (stored first-wins, then acked)."""
+        self.completer.refuse(req, exc)
+
+    def refuse_message(self, message: Any, exc: Exception) -> None:
+        """A message no request could be built from (see ``Completer.refuse_message``)."""
+        self.stats.received += 1
+        self.completer.refuse_message(message, exc)
+
+    # -- the parts' host (workers.batching.execution.RunnerHost,
+    # workers.batching.completion.CompletionHost) --
+    def post(self, items: Sequence[Posted]) -> None:
+        self.handoff.post(items)
+
+    def schedule(self, pending: Pending) -> None:
+        self.lanes.schedule(pending)
+
+    def new_batch_id(self) -> str:
+        return f"{self._host}-{os.getpid()}-{next(self._batch_seq)}"  # next() is atomic
+
+    def ack(self, reqs: list[Any]) -> int:
+        return ack_batch(reqs, self.keeper)
+
+    def task_ready(self, req: Any) -> None:
+        worker_state.task_ready(req)
+
+    def forget(self, d: Done) -> None:
+        with self._lock:
+            if d.work is not None and self._by_id.get(d.req.id) is d.work:
+                del self._by_id[d.req.id]
+
+    # -- lane threads -----------------------------------------------------------------
+    def _crashed(self, batch: list[Pending]) -> None:
+        err = ModelError("batch crashed")
+        self.post([Done(p.item, p.item.req, Outcome(p.id, error=err)) for p in batch])
+
+    def _expire(self, expired: list[Pending]) -> None:
+        self.stats.expired += len(expired)
+        err = DeadlineExceeded("deadline passed before it could run")
+        self.post([Done(p.item, p.item.req, Outcome(p.id, error=err)) for p in expired])
+
+    def gate(self, batch: list[Work]) -> list[Work]:
+        """The members to run: revoked ones end ``REVOKED``, ones with a final result are
+        acked unrun; the others are counted in flight (first run of a delivery only)."""
+        revoked = worker_state.revoked
+        gone = [w for w in batch if w.req.id in revoked]
+        if gone:
+            self.stats.revoked += len(gone)
+            err = Revoked("revoked before it ran")
+            # Celery's revoke command stored REVOKED already (it does for reserved requests):
+            # that document stands; ours is written only if it is missing.
+            outs = [Outcome(w.req.id, error=err, keep_existing=True) for w in gone]
+            self.post([Done(w, w.req, o) for w, o in zip(gone, outs, strict=True)])
+            batch = [w for w in batch if w.req.id not in revoked]
+        run, dups = self.deliveries.begin(batch)
+        if dups:
+            self.stats.duplicates += len(dups)
+            self.post([Done(w, w.req, Outcome(w.req.id), duplicate=True) for w in dups])
+        self.lanes.mark_running(run)
+        return run
+
+    # -- introspection (workers.consumer.stats) ----------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able stats for the ``fleet_stats`` control command and metrics."""
+        return stats.snapshot(self)
+
+    def _bind_gauges(self) -> None:
+        """Point-in-time gauges, read at scrape time."""
+        stats.bind_gauges(self)

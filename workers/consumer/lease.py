@@ -1,0 +1,258 @@
+"""Leases on the messages a batching worker holds, kept inside kombu's own structures.
+
+kombu's Redis transport records every delivered message in the ``unacked`` hash and scores
+its delivery tag in ``unacked_index`` with the delivery time; any consumer's periodic
+``restore_visible`` scan pushes an entry older than the visibility timeout back onto its
+queue (at its priority). With a one-hour timeout a dead worker's work waits an hour; with a
+short one a live worker's long batch is handed to another worker while it still runs.
+
+A :class:`LeaseKeeper` turns that timeout into a lease: a thread of its own re-scores every
+tag this process holds to "now" (one ``ZADD XX`` for the whole window) every
+``lease_renew_s``, and batching workers run kombu's scan with ``lease_expiry_s`` as the
+visibility timeout. A live worker's entries never age past it; a dead (or stopped) worker's
+stop being renewed and come back within ``lease_s``, taken by any live worker.
+
+The keeper also acks and gives back messages on a Redis connection of its own, so both work
+from any thread and after the kombu channel that delivered them is gone (a connection loss
+closes it while the engine still runs what it delivered): ``ack`` removes the entries
+(kombu's ``ZREM`` + ``HDEL``), ``give_back`` back-dates them so the next scan, by any
+worker, returns them at once.
+
+Keys: ``shared.keys.UNACKED_KEY`` and ``UNACKED_INDEX_KEY`` (kombu's defaults; the fleet
+sets no ``global_keyprefix``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from shared import keys
+from shared.clock import RedisClock
+from shared.settings import Settings
+from workers.batching.refusals import REFUSALS, reason_of
+
+log = logging.getLogger("fleet.lease")
+
+_RENEW_CHUNK = 1024  # members per ZADD: one round trip for any realistic window
+
+
+class LeaseKeeper:
+    """Holds, renews, acks and gives back delivery tags of this process.
+
+    Args:
+        client: a Redis client of the keeper's own (thread-safe connection pool).
+        renew_s: seconds between renewals.
+        clock: Redis' clock (``shared.clock``), which every score is on, so that a host
+            whose wall clock is off neither loses its leases nor takes others' for lapsed;
+            the renewal thread keeps it sampled. Default: one reading ``client``'s ``TIME``.
+
+    Thread safety: every method may be called from any thread.
+    """
+
+    def __init__(
+        self, client: redis.Redis, renew_s: float, clock: RedisClock | None = None
+    ) -> None:
+        self.client = client
+        self.renew_s = renew_s
+        self.clock = clock if clock is not None else RedisClock(client.time)
+        self._tags: dict[str, int] = {}  # tag -> holds (a tag delivered twice is held twice)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.renewals = 0
+        self.renew_failures = 0
+        self.last_renew_ms = 0.0
+        self._live: tuple[str, str] | None = None  # (sorted set, node name) once announced
+
+    # -- holding ------------------------------------------------------------------------
+    def hold(self, tag: str) -> None:
+        """Start renewing ``tag`` (a message this process was just given)."""
+        with self._lock:
+            self._tags[tag] = self._tags.get(tag, 0) + 1
+
+    def release(self, tags: Iterable[str]) -> None:
+        """Stop renewing ``tags`` (acked, rejected or restored by kombu)."""
+        with self._lock:
+            for tag in tags:
+                n = self._tags.get(tag, 0) - 1
+                if n > 0:
+                    self._tags[tag] = n
+                else:
+                    self._tags.pop(tag, None)
+
+    def held(self) -> list[str]:
+        with self._lock:
+            return list(self._tags)
+
+    def __len__(self) -> int:
+        return len(self._tags)
+
+    # -- Redis --------------------------------------------------------------------------
+    def renew(self) -> int:
+        """Re-score every held tag to now; returns how many entries still existed.
+
+        Raises:
+            redis.RedisError: Redis is unreachable (the thread retries next period).
+        """
+        tags = self.held()
+        now = self.clock.now()  # Redis' time; samples it when due (this thread keeps it)
+        if not tags:
+            return 0
+        t0 = time.perf_counter()
+        kept = 0
+        with self.client.pipeline(transaction=False) as pipe:
+            for i in range(0, len(tags), _RENEW_CHUNK):
+                chunk = tags[i : i + _RENEW_CHUNK]
+                # XX: never re-create an entry acked or restored meanwhile; CH counts changes.
+                pipe.zadd(keys.UNACKED_INDEX_KEY, dict.fromkeys(chunk, now), xx=True, ch=True)
+            kept = sum(int(n) for n in pipe.execute())
+        self.last_renew_ms = (time.perf_counter() - t0) * 1000.0
+        self.renewals += 1
+        return kept
+
+    def ack(self, tags: list[str]) -> None:
+        """Remove ``tags``' unacked entries (kombu's ack) in one round trip, then release them.
+
+        Raises:
+            redis.RedisError: the entries are still there (the caller retries or gives up;
+                the tags stay held, so the messages are not returned meanwhile).
+        """
+        if not tags:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zrem(keys.UNACKED_INDEX_KEY, *tags)
+            pipe.hdel(keys.UNACKED_KEY, *tags)
+            pipe.execute()
+        self.release(tags)
+
+    def give_back(self, tags: list[str]) -> None:
+        """Return ``tags``' messages to their queues at once (the next scan restores them).
+
+        Their index scores are set to 0, older than any visibility timeout; kombu's
+        ``restore_visible`` (in this worker or any other) then pushes each back at its
+        priority and marks it redelivered. Released whether or not Redis answered: a lapsed
+        lease returns them anyway.
+        """
+        if not tags:
+            return
+        try:
+            self.client.zadd(keys.UNACKED_INDEX_KEY, dict.fromkeys(tags, 0), xx=True)
+        except redis.RedisError:
+            log.warning("could not give back %d messages; their leases lapse", len(tags))
+        self.release(tags)
+
+    # -- liveness -----------------------------------------------------------------------
+    def announce(self, modality: str, node: str) -> None:
+        """Report ``node`` live for ``modality`` with every renewal, from now on (call it once
+        the worker is ready: producers take a live worker to mean requests will run)."""
+        self._live = (keys.live_key(modality), node)
+        self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """Score this node "now" in its modality's liveness set and drop members silent for
+        a long time (a SIGKILLed worker never removes itself).
+
+        Raises:
+            redis.RedisError: Redis is unreachable.
+        """
+        if self._live is None:
+            return
+        key, node = self._live
+        now = self.clock.now()  # Redis' time: producers compare it with Redis' time
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {node: now})
+            pipe.zremrangebyscore(key, "-inf", now - keys.LIVE_FORGET_S)
+            pipe.execute()
+
+    def _withdraw(self) -> None:
+        if self._live is not None:
+            key, node = self._live
+            try:
+                self.client.zrem(key, node)
+            except redis.RedisError:
+                log.warning("could not withdraw %s from %s; it ages out", node, key)
+
+    # -- the renewal thread -------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fleet-lease", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing (what is still held then lapses unless acked or given back) and
+        withdraw this node from its liveness set."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._withdraw()
+
+    def _run(self) -> None:
+        wait = self.renew_s
+        while not self._stop.wait(wait):
+            wait = self.renew_s
+            wrote = bool(self._tags) or self._live is not None  # else nothing is written
+            try:
+                self.renew()
+                self.heartbeat()
+            except redis.RedisError as exc:
+                self.renew_failures += 1
+                reason = reason_of(exc)
+                if reason is None:
+                    log.warning("lease renewal failed (%s); retrying in %.1f s", exc, self.renew_s)
+                    continue
+                # Redis refuses writes (reported once, by workers.batching.refusals): retried
+                # sooner than a renewal period, so the leases are renewed within about a
+                # second of Redis accepting writes again; restore scans wait longer than that.
+                wait = min(self.renew_s, REFUSALS.refused("lease", reason, exc))
+            except Exception:  # never let the renewals stop silently
+                self.renew_failures += 1
+                log.exception("lease renewal crashed; retrying")
+            else:
+                if wrote:
+                    REFUSALS.accepted("lease")
+
+    def snapshot(self) -> dict[str, float | int]:
+        return {
+            "held": len(self),
+            "renewals": self.renewals,
+            "renew_failures": self.renew_failures,
+            "last_renew_ms": round(self.last_renew_ms, 3),
+        }
+
+
+_keeper: LeaseKeeper | None = None
+
+
+def install(keeper: LeaseKeeper | None) -> None:
+    """Make ``keeper`` this process's (the broker's QoS reports deliveries to it)."""
+    global _keeper
+    _keeper = keeper
+
+
+def current() -> LeaseKeeper | None:
+    """This process's keeper, or ``None`` (a producer, a baseline worker)."""
+    return _keeper
+
+
+def lease_transport_options(settings: Settings) -> dict[str, Any]:
+    """kombu transport options that make its restore scan honour leases.
+
+    ``visibility_timeout`` becomes the lease's expiry, the scan runs every
+    ``lease_scan_s`` and kombu's restore mutex expires with the lease (kombu's default, 300
+    s, would stall every restore for five minutes after a worker died holding it).
+    """
+    r = settings.redis
+    return {
+        "visibility_timeout": r.lease_expiry_s,
+        "unacked_restore_interval": r.lease_scan_s,
+        "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": max(1, math.ceil(r.lease_s)),
+    }
