@@ -36,7 +36,7 @@ from typing import Any
 
 from producer.stack.local import isolated_environment
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SENTENCES = REPO / "data" / "text" / "botchan_sentences.txt"
 REPORT = REPO / "reports" / "soak.json"
 WORKER = "worker-text"

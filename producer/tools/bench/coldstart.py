@@ -37,7 +37,7 @@ from producer.client import FleetClient, SubmitRequest, image_inputs, xmodal_inp
 from producer.stack.local import Stack, free_port, isolated_environment
 from shared.settings import MODALITIES
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHM_ROOT = Path("/dev/shm") / f"mmfleet-bench-{os.getpid()}"
 DEFAULT_BURST = {"text": 2000, "image": 200, "video": 12, "xmodal": 100}
 

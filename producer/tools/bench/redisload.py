@@ -48,7 +48,7 @@ from producer.stack.local import Stack, isolated_environment
 from shared import keys
 from shared.redis_client import redis_client
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHM_ROOT = Path("/dev/shm") / f"mmfleet-bench-{os.getpid()}"
 
 

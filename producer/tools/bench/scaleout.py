@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEFAULT_HOSTS = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
 
 

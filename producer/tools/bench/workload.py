@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from shared.settings import PRIORITY_NAMES
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 WORKLOAD_DIR = REPO / "configs" / "workloads"
 # Settings the bench itself owns (its own Redis, ports and run directory): not overridable.
 _RESERVED_OVERRIDES = ("redis.", "stack.", "flower.")

@@ -18,7 +18,7 @@ from producer.tools.chaos.scenarios import LoadSpec
 
 log = logging.getLogger("fleet.chaos")
 
-DATA = Path(__file__).resolve().parent.parent.parent / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 TICK_S = 0.05
 PRIORITIES = (("bulk", 0.70), ("normal", 0.20), ("high", 0.05), ("realtime", 0.05))
 IMAGES = ("pillow_hopper.jpg", "pillow_hopper_gray.jpg", "pillow_hopper_bw_500.png")

@@ -23,7 +23,7 @@ FaultKind = Literal[
     "clock_skew",
     "disk_full",
 ]
-DEFAULT_FILE = Path(__file__).resolve().parent.parent.parent / "configs" / "chaos.toml"
+DEFAULT_FILE = Path(__file__).resolve().parents[3] / "configs" / "chaos.toml"
 
 
 class LoadSpec(BaseModel):

@@ -21,7 +21,7 @@ import numpy as np
 
 from producer.client import FleetClient
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 
 
 def _call(

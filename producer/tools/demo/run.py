@@ -31,7 +31,7 @@ from producer.client import FleetClient, ResultHandle, image_inputs, xmodal_inpu
 from shared.errors import FleetError
 from shared.settings import load_settings
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 REPORT = Path("reports/demo.json")
 N_SENTENCES = 80
 PACE_S = 0.04  # seconds between submissions: ~25 requests/s, well below the stack's capacity
