@@ -5,7 +5,7 @@ Structure (one concern per module)::
     settings.py                typed settings (configs/fleet.toml + FLEET_*), load_settings
       settings_redis.py        [redis], and the credentials and URLs derived from it
       settings_paths.py        config files, the run directory, secret files
-    model_options.py           the typed options of each model kind
+    model_kinds.py             the model kinds: each one's options and adapter
     schema.py, priority.py     the task envelope; priority classes and deadlines
     errors.py                  the error hierarchy, each with a stable code
     tensor_wire.py             the tensor wire forms ("shm" / "inline"): recognised here

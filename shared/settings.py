@@ -43,7 +43,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from shared.model_options import AnyModelOptions
+from shared.model_kinds import AnyModelOptions
 from shared.settings_paths import (
     REPO_CONFIG,
     config_paths,
@@ -278,7 +278,7 @@ class Settings(RedisAccess, BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
-    # One table per model; its ``kind`` picks its typed options (shared.model_options).
+    # One table per model; its ``kind`` picks its typed options (shared.model_kinds).
     models: dict[str, AnyModelOptions] = Field(default_factory=dict)
 
     @field_validator("models", mode="before")

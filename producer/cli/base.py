@@ -115,7 +115,7 @@ class FleetGroup(TyperGroup):
 
 def config_message(exc: Any) -> str:
     """One line per configuration error: which key, what is wrong, where to fix it."""
-    from shared.model_options import config_key_path
+    from shared.model_kinds import config_key_path
     from shared.settings import config_paths
 
     errs = exc.errors()[:3]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from shared.errors import ImageDecodeError, InvalidInput, ModelError, PayloadTooLarge
-from shared.model_options import ModelOptions, parse_model_options
+from shared.model_kinds import ModelOptions, parse_model_options
 from shared.settings import Settings, load_settings
 from workers.models.image import ImageAdapter
 from workers.models.runtime import DeviceRuntime

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shared.model_options import parse_model_options
+from shared.model_kinds import parse_model_options
 from shared.settings import Settings
 from tests.conftest import DATA
 from workers.models import make_adapter

@@ -24,7 +24,7 @@ from shared.errors import (
     TensorRefError,
     VideoDecodeError,
 )
-from shared.model_options import parse_model_options
+from shared.model_kinds import parse_model_options
 from shared.settings import Settings, load_settings
 from shared.transport import ShmStore, decode_inline
 from workers.models import make_adapter

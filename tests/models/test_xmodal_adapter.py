@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from shared.errors import ImageDecodeError, InvalidInput, ModelError, PayloadTooLarge
-from shared.model_options import ModelOptions, parse_model_options
+from shared.model_kinds import ModelOptions, parse_model_options
 from shared.settings import Settings
 from shared.transport import ShmStore, decode_inline
 from workers.models import make_adapter

@@ -1,5 +1,5 @@
 """``configs/fleet.toml`` repeats the typed defaults (``shared/settings.py``,
-``shared/model_options.py``), so reading one or the other tells the same story; only the
+``shared/model_kinds.py``), so reading one or the other tells the same story; only the
 priority classes and the modalities, which have no built-in defaults, live in the file alone."""
 
 from __future__ import annotations
@@ -8,17 +8,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from shared.model_options import ImageOptions, TextOptions, VideoOptions, XModalOptions
+from shared.model_kinds import KINDS
 from shared.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 RAW = tomllib.loads((REPO / "configs" / "fleet.toml").read_text())
-KINDS = {
-    "minilm": TextOptions,
-    "resnet": ImageOptions,
-    "video": VideoOptions,
-    "xmodal": XModalOptions,
-}
 
 
 def _same(value: Any, default: Any) -> bool:
@@ -40,7 +34,7 @@ def test_every_section_value_is_the_settings_default() -> None:
 
 def test_every_model_value_is_the_options_default() -> None:
     for name, table in RAW["models"].items():
-        cls = KINDS[table["kind"]]
+        cls = KINDS[table["kind"]].options
         for key, value in table.items():
             if key != "kind":
                 want = cls.model_fields[key].default

@@ -1,22 +1,45 @@
-"""Model adapters, one module per modality, picked by the model config's ``kind``."""
+"""Model adapters, one module per modality, picked by the model config's ``kind``.
+
+Which adapter serves a kind is written in ``shared.model_kinds.KINDS`` (the one table of
+model kinds, with each kind's options); :func:`make_adapter` imports it from there the
+first time it is needed, so a text worker never imports the video decoder.
+"""
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import import_module
 from typing import TYPE_CHECKING
+
+from shared.model_kinds import KINDS
 
 if TYPE_CHECKING:
     from shared.settings import Settings
     from workers.models.base import ModelAdapter
     from workers.models.runtime import DeviceRuntime
 
-# kind -> "module:Class"; imported lazily so a text worker never imports the video decoder.
-ADAPTERS: dict[str, str] = {
-    "minilm": "workers.models.text:TextAdapter",
-    "resnet": "workers.models.image:ImageAdapter",
-    "video": "workers.models.video:VideoAdapter",
-    "xmodal": "workers.models.xmodal:XModalAdapter",
-}
+
+@cache
+def adapter_class(kind: str) -> type[ModelAdapter]:
+    """The adapter class of model ``kind``, imported from its ``"module:Class"`` path.
+
+    Raises:
+        KeyError: ``kind`` is not in ``shared.model_kinds.KINDS``.
+        TypeError: the path names something that is not an adapter of the kind's options.
+    """
+    from workers.models.base import ModelAdapter
+
+    entry = KINDS[kind]
+    module, name = entry.adapter.split(":")
+    cls = getattr(import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, ModelAdapter)):
+        raise TypeError(f"model kind {kind!r}: {entry.adapter} is not a ModelAdapter subclass")
+    if cls.options_type is not entry.options:
+        raise TypeError(
+            f"model kind {kind!r}: {entry.adapter}.options_type is "
+            f"{cls.options_type.__name__}, the kind's options are {entry.options.__name__}"
+        )
+    return cls
 
 
 def make_adapter(modality: str, settings: Settings, runtime: DeviceRuntime) -> ModelAdapter:
@@ -26,6 +49,4 @@ def make_adapter(modality: str, settings: Settings, runtime: DeviceRuntime) -> M
         KeyError: the modality, its model, or the model's kind is not configured/known.
     """
     model_cfg = settings.models[settings.modality(modality).model]
-    module, cls = ADAPTERS[model_cfg.kind].split(":")
-    adapter_cls = getattr(import_module(module), cls)
-    return adapter_cls(model_cfg, settings, runtime)
+    return adapter_class(model_cfg.kind)(model_cfg, settings, runtime)

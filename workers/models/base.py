@@ -22,10 +22,10 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from shared.model_options import ModelOptions
+    from shared.model_kinds import ModelOptions
     from shared.settings import Settings
     from workers.models.runtime import DeviceRuntime
 
@@ -71,9 +71,14 @@ def check_pixel_shapes(pixels: list[Any], want: tuple[int, ...]) -> None:
 
 
 class ModelAdapter(ABC):
-    """Base class: one model serving one modality in one worker process."""
+    """Base class: one model serving one modality in one worker process.
+
+    ``options_type`` is the options model of the kind it serves (``shared.model_kinds``):
+    ``cfg`` is an instance of it.
+    """
 
     modality: str = ""
+    options_type: ClassVar[type[ModelOptions]]
 
     def __init__(self, cfg: ModelOptions, settings: Settings, runtime: DeviceRuntime) -> None:
         self.cfg = cfg

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge
+from shared.model_kinds import ImageOptions
 from workers.models import trace_cache
 from workers.models.base import ModelAdapter, Prepared, check_pixel_shapes, require_loaded
 from workers.models.imaging import decode_image, probe_image
@@ -33,7 +34,7 @@ from workers.models.imaging import decode_image, probe_image
 if TYPE_CHECKING:
     from transformers import ResNetConfig, ResNetModel
 
-    from shared.model_options import ImageOptions, ModelOptions
+    from shared.model_kinds import ModelOptions
     from shared.settings import Settings
     from workers.models.runtime import DeviceRuntime
 
@@ -131,6 +132,7 @@ class ImageAdapter(ModelAdapter):
     """
 
     modality = "image"
+    options_type = ImageOptions
 
     def __init__(self, cfg: ImageOptions, settings: Settings, runtime: DeviceRuntime) -> None:
         super().__init__(cfg, settings, runtime)

@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from shared.errors import FleetError, ImageDecodeError, PayloadTooLarge
-from shared.model_options import IMAGENET_MEAN, IMAGENET_STD
+from shared.model_kinds import IMAGENET_MEAN, IMAGENET_STD
 
 SUPPORTED_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF")
 """Pillow open-plugin ids ``decode_image`` accepts. The JPEG plugin also opens MPO (the

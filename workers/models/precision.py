@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from shared.model_options import INT8_SMOOTH_ALPHA, PRECISIONS
+from shared.model_kinds import INT8_SMOOTH_ALPHA, PRECISIONS
 
-DEFAULT_SMOOTH_ALPHA = INT8_SMOOTH_ALPHA  # the options default (shared.model_options)
+DEFAULT_SMOOTH_ALPHA = INT8_SMOOTH_ALPHA  # the options default (shared.model_kinds)
 
 
 # CPU features with int8 dot-product instructions, which oneDNN's int8 kernels use and

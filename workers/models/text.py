@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from shared.errors import InvalidInput, PayloadTooLarge
+from shared.model_kinds import TextOptions
 from workers.models import trace_cache
 from workers.models.base import ModelAdapter, Prepared
 from workers.models.precision import (
@@ -43,6 +44,7 @@ class TextAdapter(ModelAdapter):
     """
 
     modality = "text"
+    options_type = TextOptions
 
     def load(self) -> None:
         """Tokenizer, then the traced encoder from the trace cache (``trace_cache``: no

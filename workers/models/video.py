@@ -68,6 +68,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge, VideoDecodeError
+from shared.model_kinds import VideoOptions
 from shared.transport import TensorRef
 from workers.models.base import Prepared
 from workers.models.image import ImageAdapter
@@ -82,7 +83,6 @@ from workers.models.videodecode import (
 )
 
 if TYPE_CHECKING:
-    from shared.model_options import VideoOptions
     from shared.settings import Settings
     from workers.models.runtime import DeviceRuntime
 
@@ -156,6 +156,7 @@ class VideoAdapter(ImageAdapter):
     """
 
     modality = "video"
+    options_type = VideoOptions
 
     def __init__(self, cfg: VideoOptions, settings: Settings, runtime: DeviceRuntime) -> None:
         super().__init__(cfg, settings, runtime)

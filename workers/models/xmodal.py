@@ -55,13 +55,13 @@ import torch
 import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge
+from shared.model_kinds import XModalOptions
 from workers.models.base import ModelAdapter, Prepared, check_pixel_shapes, require_loaded
 from workers.models.image import ImageAdapter, _model_name, example_png
 from workers.models.imaging import IMAGENET_MEAN, IMAGENET_STD
 from workers.models.tensors import TensorIO
 
 if TYPE_CHECKING:
-    from shared.model_options import XModalOptions
     from shared.settings import Settings
     from workers.models.runtime import DeviceRuntime
 
@@ -121,6 +121,7 @@ class XModalAdapter(ModelAdapter):
     """
 
     modality = "xmodal"
+    options_type = XModalOptions
 
     def __init__(self, cfg: XModalOptions, settings: Settings, runtime: DeviceRuntime) -> None:
         super().__init__(cfg, settings, runtime)

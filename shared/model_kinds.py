@@ -1,19 +1,37 @@
-"""The typed options of each model kind: the keys a ``[models.<name>]`` table may hold.
+"""The model kinds: each kind's typed options (the keys a ``[models.<name>]`` table may hold)
+and the adapter that serves it, in one table, :data:`KINDS`.
 
-A table's ``kind`` picks its options model (and, in ``workers.models.ADAPTERS``, its
-adapter); every other key must be one of that model's fields, so a misspelt key or a value
-of the wrong type fails when the settings load, with its path (``models.minilm.max_lenght:
-Extra inputs are not permitted``), instead of being ignored by the adapter. The defaults live
-here; ``configs/fleet.toml`` repeats them with comments (``tests/unit/test_model_options.py``
-checks that the two agree).
+A table's ``kind`` picks its options model; every other key must be one of that model's
+fields, so a misspelt key or a value of the wrong type fails when the settings load, with its
+path (``models.minilm.max_lenght: Extra inputs are not permitted``), instead of being ignored
+by the adapter; an unknown ``kind`` fails the same way, naming the kinds there are. The
+defaults live here; ``configs/fleet.toml`` repeats them with comments
+(``tests/unit/test_config_defaults.py`` checks that the two agree).
+
+The adapter is named by its dotted path, not imported: this module is read wherever settings
+load (the producer included, which never imports torch); ``workers.models.make_adapter``
+imports a kind's adapter the first time a worker builds one.
 
 Environment overrides arrive as strings (``FLEET_MODELS__MINILM__TORCHSCRIPT=false``):
 pydantic reads them as the field's type (``false``/``0``/``off`` as ``False``).
+
+How to add a model kind: write its options class here, a subclass of :class:`ModelOptions`
+whose ``kind`` is ``Literal["<kind>"]`` and whose other fields are the table's keys with
+their defaults and bounds; write its adapter, a subclass of
+``workers.models.base.ModelAdapter`` (the contract is in that module's docstring) in its own
+module under ``workers/models/``, with ``options_type`` set to the options class; add
+``"<kind>": Kind(options=..., adapter="workers.models.<module>:<Class>")`` to :data:`KINDS`.
+Settings then accept ``[models.<name>] kind = "<kind>"`` and a modality whose ``model`` names
+it is served by that adapter. Add the table, every key with a comment, to
+``configs/fleet.toml`` (``tests/unit/test_config_defaults.py`` compares them);
+``tests/unit/test_model_kinds.py`` checks that the adapter path resolves to an adapter of
+that options type.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -22,9 +40,11 @@ __all__ = [
     "IMAGENET_STD",
     "INT8_KEEP_FP32",
     "INT8_SMOOTH_ALPHA",
+    "KINDS",
     "PRECISIONS",
     "AnyModelOptions",
     "ImageOptions",
+    "Kind",
     "ModelOptions",
     "TextOptions",
     "VideoOptions",
@@ -128,8 +148,44 @@ class XModalOptions(ModelOptions):
     output_inline_max_bytes: int = Field(default=16384, ge=0)
 
 
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One model kind: what its table may hold and what serves it.
+
+    Attributes:
+        options: its options model (``kind`` a ``Literal`` of the kind's name).
+        adapter: ``"module:Class"`` of its :class:`workers.models.base.ModelAdapter`.
+    """
+
+    options: type[ModelOptions]
+    adapter: str
+
+
+KINDS: dict[str, Kind] = {
+    "minilm": Kind(options=TextOptions, adapter="workers.models.text:TextAdapter"),
+    "resnet": Kind(options=ImageOptions, adapter="workers.models.image:ImageAdapter"),
+    "video": Kind(options=VideoOptions, adapter="workers.models.video:VideoAdapter"),
+    "xmodal": Kind(options=XModalOptions, adapter="workers.models.xmodal:XModalAdapter"),
+}
+
+
+def _check_kinds() -> None:
+    """Each entry's name is its options model's ``kind`` tag (the union is keyed by the tag)."""
+    for name, k in KINDS.items():
+        tags = get_args(k.options.model_fields["kind"].annotation)
+        if tags != (name,):
+            raise TypeError(
+                f"model kind {name!r}: {k.options.__name__}.kind must be "
+                f"Literal[{name!r}], is {k.options.model_fields['kind'].annotation}"
+            )
+
+
+_check_kinds()
+
+# The discriminated union the settings validate ``[models.<name>]`` tables with.
 AnyModelOptions = Annotated[
-    TextOptions | ImageOptions | VideoOptions | XModalOptions, Field(discriminator="kind")
+    Union[tuple(k.options for k in KINDS.values())],  # noqa: UP007 (built from the table)
+    Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyModelOptions)
 
@@ -147,12 +203,6 @@ def config_key_path(loc: tuple[Any, ...]) -> str:
     """A settings error's location as the key a user writes: ``models.minilm.max_lenght``
     (pydantic puts the union member's tag, the model's ``kind``, after the model's name)."""
     parts = list(loc)
-    if len(parts) > 3 and parts[0] == "models" and parts[2] in _KINDS:
+    if len(parts) > 3 and parts[0] == "models" and parts[2] in KINDS:
         del parts[2]
     return ".".join(str(x) for x in parts)
-
-
-_KINDS = frozenset(
-    get_args(c.model_fields["kind"].annotation)[0]
-    for c in (TextOptions, ImageOptions, VideoOptions, XModalOptions)
-)

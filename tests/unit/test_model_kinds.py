@@ -1,5 +1,6 @@
-"""Typed model options (``shared.model_options``): a misspelt key or a bad value in a
-``[models.<name>]`` table fails when the settings load, with its path."""
+"""The model kinds (``shared.model_kinds``): a misspelt key, a bad value or an unknown kind in
+a ``[models.<name>]`` table fails when the settings load, with its path; every kind's adapter
+path names an adapter of that kind's options."""
 
 from __future__ import annotations
 
@@ -8,28 +9,16 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from shared.model_options import (
-    ImageOptions,
-    TextOptions,
-    VideoOptions,
-    XModalOptions,
-    parse_model_options,
-)
+from shared.model_kinds import KINDS, config_key_path, parse_model_options
 from shared.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = {
-    "minilm": TextOptions,
-    "resnet": ImageOptions,
-    "video": VideoOptions,
-    "xmodal": XModalOptions,
-}
 
 
 def test_each_configured_model_loads_as_its_kinds_options() -> None:
     s = load_settings()
     for name, cfg in s.models.items():
-        assert type(cfg) is KINDS[cfg.kind], name
+        assert type(cfg) is KINDS[cfg.kind].options, name
 
 
 def test_misspelt_key_fails_at_load_with_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,15 +71,30 @@ def test_xmodal_image_std_must_be_three_positive_values() -> None:
         parse_model_options({"kind": "xmodal", "image_mean": [0.5, 0.5]})
 
 
-def test_every_adapter_kind_has_options_and_back() -> None:
-    from workers.models import ADAPTERS
+def test_unknown_kind_at_load_names_the_kinds_there_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_MODELS__MINILM__KIND", "minlm")
+    with pytest.raises(ValidationError) as err:
+        load_settings()
+    (e,) = err.value.errors()
+    assert e["type"] == "union_tag_invalid"
+    assert config_key_path(e["loc"]) == "models.minilm"
+    assert "'minilm', 'resnet', 'video', 'xmodal'" in e["msg"]
 
-    assert set(ADAPTERS) == set(KINDS)
+
+def test_every_kinds_adapter_path_is_an_adapter_of_its_options() -> None:
+    """The paths are strings (shared never imports workers): import each one here."""
+    from workers.models import adapter_class
+    from workers.models.base import ModelAdapter
+
+    for kind, entry in KINDS.items():
+        cls = adapter_class(kind)
+        assert f"{cls.__module__}:{cls.__qualname__}" == entry.adapter
+        assert issubclass(cls, ModelAdapter), kind
+        assert cls.options_type is entry.options, kind
+        assert entry.options.model_fields["kind"].annotation.__args__ == (kind,)
 
 
 def test_error_path_is_the_key_a_user_writes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shared.model_options import config_key_path
-
     monkeypatch.setenv("FLEET_MODELS__RESNET18_RANDOM__SEEED", "1")
     with pytest.raises(ValidationError) as err:
         load_settings()
