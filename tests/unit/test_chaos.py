@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import get_args
 
 import pytest
 
-from producer.tools.chaos.faults import FAULTS, parse_target
-from producer.tools.chaos.scenarios import FaultKind, ScenarioError, load_scenarios, select
+from producer.tools.chaos.faults import FAULTS, drill_faults, fault_named, parse_target
+from producer.tools.chaos.ha import SCENARIOS as HA_SCENARIOS
+from producer.tools.chaos.scenarios import ScenarioError, load_scenarios, select
 from producer.tools.chaos.tally import Seen, row, verdict
 
 OK = {"result": {"dim": 384}}
@@ -93,8 +93,8 @@ def test_copies_of_an_id_count_once_as_sent() -> None:
 def test_the_shipped_scenario_file_covers_the_issue_and_short_runs_text_only() -> None:
     cf = load_scenarios()
     kinds = {s.fault for s in cf.scenarios}
-    # every fault kind the drill knows has a function and a scenario in the shipped file
-    assert kinds == set(get_args(FaultKind)) == set(FAULTS)
+    # every fault of the chaos drill has a scenario in the shipped file
+    assert kinds == {n for n, f in FAULTS.items() if "chaos" in f.drills}
     assert {
         "sigkill",
         "sigstop",
@@ -120,8 +120,20 @@ def test_unknown_scenario_names_and_fields_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError):
         load_scenarios(bad)
     bad.write_text('[[scenarios]]\nname = "x"\nfault = "meteor"\n')
-    with pytest.raises(ScenarioError):
+    with pytest.raises(ScenarioError, match=r"unknown chaos fault 'meteor'.*sigkill, sigstop"):
         load_scenarios(bad)
+    bad.write_text('[[scenarios]]\nname = "x"\nfault = "primary_sigkill"\n')
+    with pytest.raises(ScenarioError, match="unknown chaos fault 'primary_sigkill'"):
+        load_scenarios(bad)  # a fault of the HA drill
+
+
+def test_every_fault_is_used_by_a_drill_and_the_ha_drill_runs_all_of_its_own() -> None:
+    assert all(f.drills and f.ends for f in FAULTS.values())
+    assert HA_SCENARIOS == ("sentinel_failover", "primary_sigkill")
+    assert set(HA_SCENARIOS) == {n for n, f in FAULTS.items() if "ha" in f.drills}
+    assert fault_named("primary_sigkill", "ha") is FAULTS["primary_sigkill"]
+    with pytest.raises(ValueError, match="unknown ha fault 'sentinel_failvoer'"):
+        drill_faults("ha", "sentinel_failvoer")
 
 
 def test_targets_name_a_modality_and_an_instance() -> None:

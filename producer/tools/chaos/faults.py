@@ -1,8 +1,30 @@
-"""The harm a scenario does, to real processes and a real Redis (``configs/chaos.toml``).
+"""The faults the drills inject, in one table: :data:`FAULTS`, name -> how it is injected,
+what ends it, and which drill uses it (``fleet chaos`` with ``configs/chaos.toml``; the HA
+drill, ``producer.tools.chaos.ha``).
 
-Each fault returns when its harm is over; it records the end of the fault and the
-processes it killed on purpose (a supervisor's restart of those is timed apart). Every
-wait is bounded.
+A fault is a function of a context: it does its harm to real processes and a real Redis and
+returns when the harm is over. It stamps the moment the fault ended (:meth:`Ctx.end`:
+recovery is timed from there) and records the processes it killed on purpose (a
+supervisor's restart of those is timed apart, and their exit is not held against the
+fleet). Every wait is bounded. The chaos drill's faults take a :class:`ChaosCtx` (the
+scenario's :class:`FaultParams`, the steady load), the HA drill's a :class:`FailoverCtx`
+(the primary before the fault, and after it).
+
+Scenarios name their fault: a chaos scenario's ``fault`` is checked against this table when
+the scenario file is read, the HA drill's scenario names when its module is imported
+(:func:`fault_named`, :func:`drill_faults`); an unknown name, or a fault of the other drill,
+fails there, with the names there are.
+
+How to add a fault: write its function here, ``def name(ctx: ChaosCtx) -> None`` (or
+``FailoverCtx`` for the HA drill), which does the harm, calls ``ctx.end()`` when the fault
+is over (at a kill; once what it withheld is given back), adds to ``ctx.targeted`` each
+process it kills on purpose, and bounds every wait; it reads its parameters from
+``ctx.sc`` (add a field to :class:`FaultParams` if none fits). Add
+``"name": Fault(inject=name, ends="...", drills=("chaos",))`` to :data:`FAULTS`. For the
+chaos drill, add a ``[[scenarios]]`` entry with ``fault = "name"`` to ``configs/chaos.toml``
+(``tests/unit/test_chaos.py`` checks that each chaos fault has one) and describe its
+parameters in that file's header; for the HA drill, add the name to
+``producer.tools.chaos.ha.SCENARIOS``.
 """
 
 from __future__ import annotations
@@ -15,35 +37,69 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import redis
+from pydantic import BaseModel, ConfigDict, Field
 
 from producer.client import FleetClient
+from producer.stack import sentinel
 from producer.stack.local import Stack
 from producer.tools.chaos.aof_tmpfs import AofOnTmpfs
 from producer.tools.chaos.faketime import skewed_env
 from producer.tools.chaos.gateway_load import GatewayLoad
 from producer.tools.chaos.load import Load, texts
-from producer.tools.chaos.scenarios import Scenario
 from producer.tools.chaos.tally import Seen
 from shared import keys
+from shared.redis_client import sentinel_node
+
+Drill = Literal["chaos", "ha"]
 
 
-@dataclass
+class FaultParams(BaseModel):
+    """What a chaos scenario tells its fault; each fault reads the fields it needs.
+    ``target`` names a process of the stack (``worker-text-1``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    target: str = "worker-text"
+    times: int = Field(default=1, ge=1)
+    interval_s: float = Field(default=5.0, ge=0.0)
+    seconds: float = Field(default=5.0, ge=0.0)
+    count: int = Field(default=20, ge=1)
+    modality: Literal["text", "video"] = "text"  # video: needs the video worker
+
+
+@dataclass(kw_only=True)
 class Ctx:
     """What a fault acts on and where it records what it did."""
 
     stack: Stack
-    client: FleetClient
-    r: redis.Redis
-    load: Load
-    sc: Scenario
     seen: Seen
     targeted: set[str] = field(default_factory=set)  # processes the fault killed on purpose
-    restarts: list[threading.Thread] = field(default_factory=list)
 
     def end(self) -> None:
         self.seen.fault_end_s = time.monotonic()
+
+
+@dataclass(kw_only=True)
+class ChaosCtx(Ctx):
+    """A chaos scenario's fault: its parameters, the client and Redis connection it may use,
+    the steady load running meanwhile, and the restarts it started in the background."""
+
+    client: FleetClient
+    r: redis.Redis
+    load: Load
+    sc: FaultParams
+    restarts: list[threading.Thread] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class FailoverCtx(Ctx):
+    """An HA scenario's fault: the primary before it, and the one the sentinels named after
+    it (``None`` if none within :data:`FAILOVER_TIMEOUT_S`)."""
+
+    before: tuple[str, int] | None
+    after: tuple[str, int] | None = None
 
 
 def parse_target(name: str) -> tuple[str, int]:
@@ -59,7 +115,7 @@ def pid_of(st: Stack, name: str) -> int:
     return pid
 
 
-def restart_later(ctx: Ctx, name: str) -> None:
+def restart_later(ctx: ChaosCtx, name: str) -> None:
     """Start ``name`` again in the background, as a supervisor would; timed."""
 
     def run() -> None:
@@ -74,7 +130,7 @@ def restart_later(ctx: Ctx, name: str) -> None:
     ctx.restarts.append(t)
 
 
-def wait_holding(ctx: Ctx, queue: str, timeout_s: float = 20.0) -> bool:
+def wait_holding(ctx: ChaosCtx, queue: str, timeout_s: float = 20.0) -> bool:
     """Wait until some worker holds a message of ``queue`` (its unacked entry exists)."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -85,7 +141,7 @@ def wait_holding(ctx: Ctx, queue: str, timeout_s: float = 20.0) -> bool:
     return False
 
 
-def sigkill(ctx: Ctx) -> None:
+def sigkill(ctx: ChaosCtx) -> None:
     for i in range(ctx.sc.times):
         if i:
             for t in ctx.restarts:
@@ -97,7 +153,7 @@ def sigkill(ctx: Ctx) -> None:
         restart_later(ctx, ctx.sc.target)
 
 
-def sigstop(ctx: Ctx) -> None:
+def sigstop(ctx: ChaosCtx) -> None:
     pid = pid_of(ctx.stack, ctx.sc.target)
     os.killpg(pid, signal.SIGSTOP)
     try:
@@ -107,7 +163,7 @@ def sigstop(ctx: Ctx) -> None:
     ctx.end()
 
 
-def sigterm(ctx: Ctx) -> None:
+def sigterm(ctx: ChaosCtx) -> None:
     """A deploy while a long video runs: SIGTERM, wait for the graceful exit, restart."""
     for _ in range(2):
         ctx.load.video()
@@ -119,7 +175,7 @@ def sigterm(ctx: Ctx) -> None:
     restart_later(ctx, ctx.sc.target)
 
 
-def video_sigkill(ctx: Ctx) -> None:
+def video_sigkill(ctx: ChaosCtx) -> None:
     """Kill the video worker while it holds videos whose inputs live in /dev/shm."""
     for _ in range(2):
         ctx.load.video()
@@ -131,7 +187,7 @@ def video_sigkill(ctx: Ctx) -> None:
     restart_later(ctx, ctx.sc.target)
 
 
-def redis_restart(ctx: Ctx) -> None:
+def redis_restart(ctx: ChaosCtx) -> None:
     """SIGKILL redis-server and start it again from its AOF on the same port."""
     os.kill(pid_of(ctx.stack, "redis"), signal.SIGKILL)
     end = time.monotonic() + 10
@@ -141,7 +197,7 @@ def redis_restart(ctx: Ctx) -> None:
     ctx.end()
 
 
-def client_kill(ctx: Ctx) -> None:
+def client_kill(ctx: ChaosCtx) -> None:
     """``CLIENT KILL`` every connection but this one (workers first among them)."""
     me = ctx.r.client_id()
     for c in ctx.r.client_list():
@@ -151,7 +207,7 @@ def client_kill(ctx: Ctx) -> None:
     ctx.end()
 
 
-def duplicates(ctx: Ctx) -> None:
+def duplicates(ctx: ChaosCtx) -> None:
     """Publish a second message for ``count`` task ids already sent (finished or not)."""
     end = time.monotonic() + 30
     while time.monotonic() < end and len(ctx.load.order) < ctx.sc.count * 1.2:
@@ -169,7 +225,7 @@ def duplicates(ctx: Ctx) -> None:
 MALFORMED_BODIES = ("not a list", [1, 2], {"args": 1}, [[], "kwargs-not-a-dict", {}], None)
 
 
-def malformed(ctx: Ctx) -> None:
+def malformed(ctx: ChaosCtx) -> None:
     """``count`` bodies that are not Celery's ``[args, kwargs, embed]``, with task ids."""
     with ctx.client.app.producer_or_acquire() as producer:
         for i in range(ctx.sc.count):
@@ -186,7 +242,7 @@ def malformed(ctx: Ctx) -> None:
     ctx.end()
 
 
-def results_refused(ctx: Ctx) -> None:
+def results_refused(ctx: ChaosCtx) -> None:
     """The workers' result writes refused for ``seconds``: an ACL rule denies the scripts
     (EVALSHA/EVAL) they store final results with, for the ACL user workers connect as."""
     user = ctx.stack.s.redis_credentials("worker")[0] or "default"
@@ -198,7 +254,7 @@ def results_refused(ctx: Ctx) -> None:
     ctx.end()
 
 
-def results_halfway(ctx: Ctx) -> None:
+def results_halfway(ctx: ChaosCtx) -> None:
     """The workers' result writes refused halfway through their script for ``seconds``: an
     ACL rule denies the workers' user ``SETEX`` (the result document) for the first half,
     then ``SET`` (the final marker) for the second. Whichever the script writes first, one
@@ -216,7 +272,7 @@ def results_halfway(ctx: Ctx) -> None:
     ctx.end()
 
 
-def disk_full(ctx: Ctx) -> None:
+def disk_full(ctx: ChaosCtx) -> None:
     """The disk under Redis's AOF full for ``seconds``: the drill moves the AOF to a tmpfs
     of its own and fills it (``producer.tools.chaos.aof_tmpfs``; needs mount permission). Redis
     refuses every write, and PING, with ``MISCONF`` until the filler is removed; the fault
@@ -235,7 +291,7 @@ PROBE_TIMEOUT_S = 30.0  # a deadline only a clock an hour off could make a probe
 PROBE_EVERY_S = 0.25
 
 
-def clock_skew(ctx: Ctx) -> None:
+def clock_skew(ctx: ChaosCtx) -> None:
     """One worker's wall clock an hour ahead for ``seconds``, then an hour behind for
     ``seconds``, the machine's and Redis' clocks untouched: the target is stopped (SIGTERM:
     it gives back what it holds) and started again under libfaketime
@@ -274,7 +330,7 @@ GATEWAY_BURST = 64  # requests sent at once just before each gateway kill
 GATEWAY_BURST_LEAD_S = 0.03  # they reach the gateway; most are being created when it dies
 
 
-def gateway_sigkill(ctx: Ctx) -> None:
+def gateway_sigkill(ctx: ChaosCtx) -> None:
     """The HTTP gateway SIGKILLed ``times`` times, ``interval_s`` apart, while ``count``
     requests go through it over ``seconds`` and a burst of :data:`GATEWAY_BURST` more has just
     reached it (``producer.tools.chaos.gateway_load``: each sent until the gateway accepts it, again
@@ -315,18 +371,149 @@ def gateway_sigkill(ctx: Ctx) -> None:
     )
 
 
-FAULTS: dict[str, Callable[[Ctx], None]] = {
-    "sigkill": sigkill,
-    "sigstop": sigstop,
-    "sigterm": sigterm,
-    "video_sigkill": video_sigkill,
-    "redis_restart": redis_restart,
-    "client_kill": client_kill,
-    "duplicates": duplicates,
-    "malformed": malformed,
-    "results_refused": results_refused,
-    "gateway_sigkill": gateway_sigkill,
-    "results_halfway": results_halfway,
-    "clock_skew": clock_skew,
-    "disk_full": disk_full,
+FAILOVER_TIMEOUT_S = 60.0  # the HA faults end when the sentinels name a new primary, or this
+
+
+def await_new_primary(ctx: FailoverCtx) -> None:
+    """Wait until the sentinels name a primary other than ``ctx.before`` (``ctx.after``);
+    the fault ends then, or after :data:`FAILOVER_TIMEOUT_S` without one."""
+    end = time.monotonic() + FAILOVER_TIMEOUT_S
+    while time.monotonic() < end:
+        now = sentinel.current_primary(ctx.stack)
+        if now is not None and now != ctx.before:
+            ctx.after = now
+            break
+        time.sleep(0.05)
+    ctx.end()
+
+
+def sentinel_failover(ctx: FailoverCtx) -> None:
+    """``SENTINEL FAILOVER <master>`` to the first sentinel (again while the sentinels have
+    not judged the replica fit yet, for 30 s), then the wait for the new primary."""
+    st = ctx.stack
+    host, port = st.s.sentinel_addresses()[0]
+    node = sentinel_node(st.s, host, port)
+    deadline = time.monotonic() + 30
+    while True:  # NOGOODSLAVE: the sentinels have not judged the replica fit yet
+        try:
+            node.execute_command("SENTINEL", "FAILOVER", st.s.redis.master_name)
+            break
+        except redis.ResponseError as exc:
+            if "NOGOODSLAVE" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    await_new_primary(ctx)
+
+
+def primary_sigkill(ctx: FailoverCtx) -> None:
+    """SIGKILL of the primary's process; the sentinels promote the replica after
+    ``down-after-milliseconds``. The HA drill starts the killed node again afterwards (a
+    supervisor's job): it returns as a replica."""
+    assert ctx.before is not None, "no primary to kill"
+    st = ctx.stack
+    victim = next(n for n in sentinel.NODES if sentinel.node_port(st, n) == ctx.before[1])
+    os.kill(pid_of(st, victim), signal.SIGKILL)
+    ctx.targeted.add(victim)
+    await_new_primary(ctx)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault.
+
+    Attributes:
+        inject: does the harm and returns when it is over (a function of the drill's
+            context: :class:`ChaosCtx` or :class:`FailoverCtx`).
+        ends: what ends it (the moment ``inject`` stamps with ``ctx.end()``).
+        drills: the drills that use it.
+    """
+
+    inject: Callable[[Any], None]
+    ends: str
+    drills: tuple[Drill, ...]
+
+
+CHAOS: tuple[Drill, ...] = ("chaos",)
+HA: tuple[Drill, ...] = ("ha",)
+
+FAULTS: dict[str, Fault] = {
+    "sigkill": Fault(
+        inject=sigkill,
+        ends="each SIGKILL of the target (`times`, `interval_s` apart); restarted at once",
+        drills=CHAOS,
+    ),
+    "sigstop": Fault(inject=sigstop, ends="SIGCONT to the target after `seconds`", drills=CHAOS),
+    "sigterm": Fault(
+        inject=sigterm,
+        ends="the target's graceful exit (SIGTERM while it holds videos); restarted",
+        drills=CHAOS,
+    ),
+    "video_sigkill": Fault(
+        inject=video_sigkill,
+        ends="SIGKILL of the video worker while it holds /dev/shm inputs; restarted",
+        drills=CHAOS,
+    ),
+    "redis_restart": Fault(
+        inject=redis_restart, ends="Redis started again from its AOF", drills=CHAOS
+    ),
+    "client_kill": Fault(
+        inject=client_kill, ends="CLIENT KILL of every other connection", drills=CHAOS
+    ),
+    "duplicates": Fault(
+        inject=duplicates, ends="`count` second publishes of sent task ids", drills=CHAOS
+    ),
+    "malformed": Fault(inject=malformed, ends="`count` malformed bodies published", drills=CHAOS),
+    "results_refused": Fault(
+        inject=results_refused,
+        ends="the ACL rule on the workers' result scripts lifted after `seconds`",
+        drills=CHAOS,
+    ),
+    "gateway_sigkill": Fault(
+        inject=gateway_sigkill,
+        ends="the last of `times` SIGKILLs of the gateway; restarted at once each time",
+        drills=CHAOS,
+    ),
+    "results_halfway": Fault(
+        inject=results_halfway,
+        ends="the second of two ACL rules (SETEX, then SET) lifted, `seconds` in all",
+        drills=CHAOS,
+    ),
+    "clock_skew": Fault(
+        inject=clock_skew,
+        ends="`seconds` an hour ahead and `seconds` behind; restarted with its true clock",
+        drills=CHAOS,
+    ),
+    "disk_full": Fault(
+        inject=disk_full,
+        ends="the AOF's disk filler removed after `seconds`, Redis accepting writes",
+        drills=CHAOS,
+    ),
+    "sentinel_failover": Fault(
+        inject=sentinel_failover, ends="the sentinels name a new primary", drills=HA
+    ),
+    "primary_sigkill": Fault(
+        inject=primary_sigkill,
+        ends="the sentinels name a new primary; the killed node restarts as a replica",
+        drills=HA,
+    ),
 }
+
+
+def fault_named(name: str, drill: Drill) -> Fault:
+    """The fault ``name`` of ``drill``.
+
+    Raises:
+        ValueError: no fault of ``drill`` has that name.
+    """
+    fault = FAULTS.get(name)
+    if fault is None or drill not in fault.drills:
+        known = ", ".join(n for n, f in FAULTS.items() if drill in f.drills)
+        raise ValueError(f"unknown {drill} fault {name!r}; the {drill} drill's faults: {known}")
+    return fault
+
+
+def drill_faults(drill: Drill, *names: str) -> tuple[str, ...]:
+    """``names``, each checked to be a fault of ``drill`` (:func:`fault_named`)."""
+    for name in names:
+        fault_named(name, drill)
+    return names

@@ -2,14 +2,16 @@
 
 The stack: a primary, a replica and three sentinels (``producer.stack.sentinel``, small
 ``down-after-milliseconds``), text workers with the real model, on free loopback ports in a
-temporary run directory. Each scenario sends ``requests`` texts: most at once, the rest
-at a steady rate while the fault happens, so requests are queued, held in prefetch
-windows, running and being published when the primary goes:
+temporary run directory. Each scenario is a fault of the HA drill
+(``producer.tools.chaos.faults.FAULTS``) injected once a quarter of its requests are final.
+It sends ``requests`` texts: most at once, the rest at a steady rate while the fault
+happens, so requests are queued, held in prefetch windows, running and being published when
+the primary goes:
 
-- ``sentinel_failover``: ``SENTINEL FAILOVER <master>`` once a quarter of them are final;
-- ``primary_sigkill``: SIGKILL of the primary's process at the same point; the sentinels
-  promote the replica after ``down-after-milliseconds``; the killed node is started again
-  (a supervisor's job) and returns as a replica, so the next scenario has one again.
+- ``sentinel_failover``: ``SENTINEL FAILOVER <master>``;
+- ``primary_sigkill``: SIGKILL of the primary's process; the sentinels promote the replica
+  after ``down-after-milliseconds``; the killed node is started again (a supervisor's job)
+  and returns as a replica, so the next scenario has one again.
 
 Every request's final state is counted as ``fleet chaos`` counts it (``producer.tools.chaos.tally``:
 final-state publishes on the result channels, results that changed, the workers' log
@@ -27,7 +29,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -37,22 +38,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from producer.client import FleetClient, ResultHandle, SubmitRequest
 from producer.stack import sentinel
 from producer.stack.local import Stack, free_port, isolated_environment, port_in_use
+from producer.tools.chaos.faults import FailoverCtx, drill_faults, fault_named
 from producer.tools.chaos.load import texts
 from producer.tools.chaos.observe import Publishes, Runs, locate, poll_outcomes
 from producer.tools.chaos.tally import Seen, row
-from shared.redis_client import redis_client, sentinel_node
+from shared.redis_client import redis_client
 
 log = logging.getLogger("fleet.chaos")
 
 RECOVER_LIMIT_S = 15.0
 WAITERS = 10  # requests a client waits for in get() across the fault
 LATE_S = 3.0  # after all are final, watch this long more for late duplicates
-SCENARIOS = ("sentinel_failover", "primary_sigkill")
+SCENARIOS = drill_faults("ha", "sentinel_failover", "primary_sigkill")
 
 
 @dataclass
@@ -87,8 +87,10 @@ def run(opts: HaOptions) -> dict[str, Any]:
     """Run the scenarios; return the report (also written to ``opts.out`` if set).
 
     Raises:
+        ValueError: a scenario that is not a fault of the HA drill.
         producer.stack.local.StackError: the stack could not be started.
     """
+    drill_faults("ha", *opts.scenarios)
     shm_root = Path(f"/dev/shm/mmfleet-{os.getuid()}-ha-{uuid.uuid4().hex[:12]}")
     rows: list[dict[str, Any]] = []
     with (
@@ -245,13 +247,12 @@ def _scenario(
     waited: list[bool] = []
     waiter_thread = _start(_wait_all, st, waiting, waited, name="ha-get")
     time.sleep(0.5)
-    before = sentinel.current_primary(st)
+    ctx = FailoverCtx(stack=st, seen=seen, before=sentinel.current_primary(st))
     t_fault = time.monotonic()
-    killed = _fault(st, name, before)
-    after, t_new = _await_new_primary(st, before, timeout_s=60.0)
-    seen.fault_end_s = t_new
+    fault_named(name, "ha").inject(ctx)  # returns once a new primary is named (or not)
+    before, after, t_new = ctx.before, ctx.after, seen.fault_end_s
     trickler.join(180)
-    if killed is not None:  # a supervisor brings the killed node back: as a replica
+    for killed in sorted(ctx.targeted):  # a supervisor brings a killed node back: as a replica
         st.stop(killed, timeout_s=1)
         sentinel.start_node(st, killed)
     ids = list(dict.fromkeys(seen.sent))
@@ -343,43 +344,6 @@ def _wait_all(st: Stack, handles: list[ResultHandle], out: list[bool]) -> None:
                 out.append(False)
     finally:
         client.close()
-
-
-def _fault(st: Stack, name: str, primary: tuple[str, int] | None) -> str | None:
-    """Do the scenario's harm; return the process it killed, if any."""
-    if name == "sentinel_failover":
-        host, port = st.s.sentinel_addresses()[0]
-        sentinel = sentinel_node(st.s, host, port)
-        deadline = time.monotonic() + 30
-        while True:  # NOGOODSLAVE: the sentinels have not judged the replica fit yet
-            try:
-                sentinel.execute_command("SENTINEL", "FAILOVER", st.s.redis.master_name)
-                return None
-            except redis.ResponseError as exc:
-                if "NOGOODSLAVE" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-    if name == "primary_sigkill":
-        assert primary is not None, "no primary to kill"
-        victim = next(n for n in sentinel.NODES if sentinel.node_port(st, n) == primary[1])
-        pid = st._read_pid(st.pids / f"{victim}.pid")
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        return victim
-    raise ValueError(f"unknown HA scenario {name!r}; known: {', '.join(SCENARIOS)}")
-
-
-def _await_new_primary(
-    st: Stack, before: tuple[str, int] | None, timeout_s: float
-) -> tuple[tuple[str, int] | None, float]:
-    """Wait until the sentinels name a primary other than ``before``; return it and when."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        now = sentinel.current_primary(st)
-        if now is not None and now != before:
-            return now, time.monotonic()
-        time.sleep(0.05)
-    return None, time.monotonic()
 
 
 def main(argv: list[str] | None = None) -> int:

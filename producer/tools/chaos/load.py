@@ -13,8 +13,9 @@ import threading
 import time
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from producer.client import FleetClient, ResultHandle, SubmitRequest, image_inputs
-from producer.tools.chaos.scenarios import LoadSpec
 
 log = logging.getLogger("fleet.chaos")
 
@@ -23,6 +24,18 @@ TICK_S = 0.05
 PRIORITIES = (("bulk", 0.70), ("normal", 0.20), ("high", 0.05), ("realtime", 0.05))
 IMAGES = ("pillow_hopper.jpg", "pillow_hopper_gray.jpg", "pillow_hopper_bw_500.png")
 VIDEO = DATA / "videos" / "torchcodec_nasa_13013.mp4"  # 673 KB: its input goes through shm
+
+
+class LoadSpec(BaseModel):
+    """Steady traffic during every scenario (rates in requests per second; ``[load]`` of
+    ``configs/chaos.toml``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    text_per_s: float = Field(default=12.0, ge=0.0)
+    image_per_s: float = Field(default=1.0, ge=0.0)
+    video_every_s: float = Field(default=4.0, gt=0.0)
+    warmup_s: float = Field(default=3.0, ge=0.0)
+    settle_timeout_s: float = Field(default=90.0, gt=0.0)
 
 
 def texts() -> list[str]:

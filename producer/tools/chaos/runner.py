@@ -23,10 +23,10 @@ from typing import Any
 from producer.client import FleetClient
 from producer.stack.local import Stack, free_port, isolated_environment
 from producer.tools.chaos import faketime
-from producer.tools.chaos.faults import FAULTS, Ctx, parse_target, pid_of
-from producer.tools.chaos.load import Load
+from producer.tools.chaos.faults import FAULTS, ChaosCtx, parse_target, pid_of
+from producer.tools.chaos.load import Load, LoadSpec
 from producer.tools.chaos.observe import Publishes, Runs, locate, poll_outcomes
-from producer.tools.chaos.scenarios import LoadSpec, Scenario
+from producer.tools.chaos.scenarios import Scenario
 from producer.tools.chaos.tally import Seen, row, verdict
 from shared.redis_client import redis_client
 
@@ -146,10 +146,10 @@ def _scenario(
     pids = {n: pid_of(st, n) for n in names}
     load = Load(client, opts.load, opts.with_video and sc.modality == "video", seed).start()
     r = redis_client(st.s, socket_timeout=5)
-    ctx = Ctx(st, client, r, load, sc, seen)
+    ctx = ChaosCtx(stack=st, client=client, r=r, load=load, sc=sc, seen=seen)
     try:
         time.sleep(opts.load.warmup_s)
-        FAULTS[sc.fault](ctx)
+        FAULTS[sc.fault].inject(ctx)
     finally:
         load.stop()
     seen.sent = [*load.order, *seen.sent]

@@ -1,58 +1,35 @@
-"""Chaos scenarios as data: ``configs/chaos.toml`` (see its header for the fault kinds)."""
+"""Chaos scenarios as data: ``configs/chaos.toml`` (see its header for each fault's parameters;
+the faults themselves are ``producer.tools.chaos.faults.FAULTS``)."""
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-FaultKind = Literal[
-    "sigkill",
-    "sigstop",
-    "sigterm",
-    "redis_restart",
-    "client_kill",
-    "duplicates",
-    "malformed",
-    "results_refused",
-    "results_halfway",
-    "video_sigkill",
-    "gateway_sigkill",
-    "clock_skew",
-    "disk_full",
-]
+from producer.tools.chaos.faults import FaultParams, fault_named
+from producer.tools.chaos.load import LoadSpec
+
 DEFAULT_FILE = Path(__file__).resolve().parents[3] / "configs" / "chaos.toml"
 
 
-class LoadSpec(BaseModel):
-    """Steady traffic during every scenario (rates in requests per second)."""
+class Scenario(FaultParams):
+    """One fault (a name of ``producer.tools.chaos.faults.FAULTS`` the chaos drill uses) and
+    its parameters."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    text_per_s: float = Field(default=12.0, ge=0.0)
-    image_per_s: float = Field(default=1.0, ge=0.0)
-    video_every_s: float = Field(default=4.0, gt=0.0)
-    warmup_s: float = Field(default=3.0, ge=0.0)
-    settle_timeout_s: float = Field(default=90.0, gt=0.0)
-
-
-class Scenario(BaseModel):
-    """One fault. ``target`` names a process of the stack (``worker-text-1``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
-    fault: FaultKind
-    target: str = "worker-text"
-    times: int = Field(default=1, ge=1)
-    interval_s: float = Field(default=5.0, ge=0.0)
-    seconds: float = Field(default=5.0, ge=0.0)
-    count: int = Field(default=20, ge=1)
-    modality: Literal["text", "video"] = "text"  # video: needs the video worker
+    fault: str
     short: bool = False  # part of `fleet chaos --short` (CI)
     # final states that miss the goal in this scenario (a coded failure is otherwise a
     # final result like any other): clock_skew's DEADLINE_EXCEEDED, say
     fail_states: list[str] = Field(default_factory=list)
+
+    @field_validator("fault")
+    @classmethod
+    def _known_fault(cls, v: str) -> str:
+        fault_named(v, "chaos")
+        return v
 
 
 class ChaosFile(BaseModel):
