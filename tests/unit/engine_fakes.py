@@ -22,7 +22,7 @@ from workers.batching.batcher import LatencyModel, Pending
 from workers.batching.circuit import CircuitBreaker
 from workers.batching.execution import BatchRunner, RetryPolicy
 from workers.batching.inflight import FINAL
-from workers.batching.inject import FaultInjector
+from workers.batching.inject import RequestInjector
 from workers.batching.telemetry import Tracing
 from workers.batching.work import EngineStats, Observers, Posted, Work
 from workers.models.base import ModelAdapter, Prepared
@@ -180,7 +180,7 @@ def rig(
         breaker=breaker,
         retry=RetryPolicy(max_retries, backoff_s),
         latency=LatencyModel(),
-        faults=FaultInjector(False),
+        faults=RequestInjector(False),
         settled=settled or (lambda timeout_s: True),
         clock=clock,
     )

@@ -17,7 +17,7 @@ from shared.priority import Priority
 from shared.settings import Settings
 from workers.batching.admission import Admission, Refusal, Served, screen
 from workers.batching.batcher import Batcher, Pending, Policy
-from workers.batching.inject import FaultInjector
+from workers.batching.inject import RequestInjector
 from workers.batching.poison import Deliveries
 from workers.batching.telemetry import Tracing
 from workers.batching.work import Work
@@ -32,7 +32,7 @@ def no_store() -> object:
 def admission(counters: MemoryCounters, max_deliveries: int = 3) -> Admission:
     deliveries = Deliveries(counters, max_deliveries=max_deliveries)
     return Admission(
-        Doubler(), deliveries, FaultInjector(False), Tracing(Settings(), MODALITY), no_store
+        Doubler(), deliveries, RequestInjector(False), Tracing(Settings(), MODALITY), no_store
     )
 
 

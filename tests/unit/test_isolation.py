@@ -16,7 +16,7 @@ from engine_fakes import MODALITY, Doubler, FakeReq, MemoryCounters, envelope
 
 from shared.settings import Settings
 from workers.batching.admission import Admission
-from workers.batching.inject import FaultInjector
+from workers.batching.inject import RequestInjector
 from workers.batching.poison import Deliveries, Isolation
 from workers.batching.telemetry import Tracing
 
@@ -143,7 +143,7 @@ def test_admission_marks_a_delivery_with_an_earlier_death_suspect() -> None:
     adm = Admission(
         Doubler(),
         Deliveries(counters),
-        FaultInjector(False),
+        RequestInjector(False),
         Tracing(Settings(), MODALITY),
         no_store,
     )

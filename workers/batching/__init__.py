@@ -17,6 +17,6 @@ is unit-tested with fake models and requests.
     tensor_lease.py input segments' leases
     warmup.py       bucket warmup plans
     heap.py         short GC pauses, freed memory returned
-    inject.py       request-level fault injection for tests and drills
+    inject.py       injected request failures, for tests and drills
     telemetry.py    the engine's tracing hooks
 """

@@ -24,7 +24,7 @@ from shared.errors import DeadlineExceeded, FleetError, InvalidInput, Unsupporte
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from workers.batching.batcher import Pending
-from workers.batching.inject import FaultInjector
+from workers.batching.inject import RequestInjector
 from workers.batching.poison import Deliveries
 from workers.batching.telemetry import Tracing
 from workers.batching.tensor_lease import renew_inputs
@@ -98,7 +98,7 @@ class Admission:
     Args:
         adapter: the model adapter (``prepare`` is called here).
         deliveries: poison accounting (refusal and suspect buckets).
-        faults: the fault injector (strips ``_inject`` when injection is on).
+        faults: the request injector (strips ``_inject`` when injection is on).
         tracing: the engine's tracing hooks.
         store: returns the worker's /dev/shm store (called only for inputs with refs).
         clock: monotonic seconds; a request arrives once it is prepared.
@@ -108,7 +108,7 @@ class Admission:
         self,
         adapter: ModelAdapter,
         deliveries: Deliveries,
-        faults: FaultInjector,
+        faults: RequestInjector,
         tracing: Tracing,
         store: Callable[[], Any],
         clock: Callable[[], float] = time.monotonic,

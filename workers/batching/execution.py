@@ -38,7 +38,7 @@ from shared.errors import CircuitOpen, DeviceError, DeviceOOM, FleetError, Inval
 from workers.batching import heap
 from workers.batching.batcher import LatencyModel, Pending, Trigger
 from workers.batching.circuit import CircuitBreaker
-from workers.batching.inject import FaultInjector
+from workers.batching.inject import RequestInjector
 from workers.batching.poison import Isolation
 from workers.batching.results import Outcome
 from workers.batching.work import (
@@ -146,7 +146,7 @@ class BatchRunner:
         breaker: CircuitBreaker,
         retry: RetryPolicy,
         latency: LatencyModel,
-        faults: FaultInjector,
+        faults: RequestInjector,
         progress: ProgressThrottle | None = None,
         isolation: Isolation | None = None,
         settled: Callable[[float], bool] = lambda timeout_s: True,

@@ -1,10 +1,14 @@
-"""Fault injection for tests and drills (off unless ``[debug] fault_injection = true``).
+"""Injected request failures, for tests and drills (off unless
+``[debug] fault_injection = true``): a request asks to fail on purpose.
 
-A request opts in with an extra input key ``"_inject"``; the engine strips it before the
+A request asks with an extra input key ``"_inject"``; the engine strips it before the
 adapter sees the inputs. With injection off the key is passed through and the adapter
-refuses it like any unknown key, so production traffic cannot trigger these paths.
+refuses it like any unknown key, so production traffic cannot trigger these paths. (The
+chaos and HA drills' faults, done to processes and Redis from outside, are
+``producer.tools.chaos.faults``.)
 
-Faults (checked right before a batch containing the request runs):
+Failures a request may ask for (checked right before a batch containing it runs, or while
+its input is decoded):
 
 - ``"transient:N"``  raise :class:`TransientError` on the request's first N attempts.
 - ``"model_error"``  the batch raises ``RuntimeError`` (the engine bisects to isolate it).
@@ -38,13 +42,16 @@ class InjectedOOM(RuntimeError):
         super().__init__("CUDA out of memory (injected fault)")
 
 
-class FaultInjector:
+class RequestInjector:
+    """Reads and acts on the ``"_inject"`` spec of requests, when ``enabled``."""
+
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.attempts: Counter[str] = Counter()
 
     def split(self, inputs: dict[str, object]) -> tuple[dict[str, object], str | None]:
-        """Remove and return the fault spec when injection is on; else leave inputs as is."""
+        """Remove and return the injection spec when injection is on; else leave inputs as
+        is."""
         if not self.enabled or not isinstance(inputs, dict) or INJECT_KEY not in inputs:
             return inputs, None
         rest = {k: v for k, v in inputs.items() if k != INJECT_KEY}
@@ -52,14 +59,14 @@ class FaultInjector:
         return rest, spec if isinstance(spec, str) else None
 
     def on_prepare(self, spec: str | None) -> None:
-        """Act on a fault due while the request's input is decoded."""
+        """Act on a failure due while the request's input is decoded."""
         if spec == "crash_prepare":
             os._exit(70)
         if spec and spec.startswith("slow_prepare:"):
             time.sleep(float(spec.split(":", 1)[1]))
 
     def before_batch(self, batch: Sequence[tuple[str, str | None]]) -> None:
-        """Raise the injected fault of a batch of ``(request_id, spec)``, if any."""
+        """Raise the injected failure of a batch of ``(request_id, spec)``, if any."""
         for request_id, spec in batch:
             if not spec:
                 continue

@@ -59,7 +59,7 @@ from workers.batching.circuit import CircuitBreaker
 from workers.batching.completion import Completer, Handoff, Loop
 from workers.batching.execution import BatchRunner, RetryPolicy
 from workers.batching.inflight import MAX_DELIVERIES, InFlight
-from workers.batching.inject import FaultInjector
+from workers.batching.inject import RequestInjector
 from workers.batching.lanes import Lanes
 from workers.batching.poison import Deliveries, Isolation
 from workers.batching.results import Outcome, ResultWriter
@@ -121,7 +121,7 @@ class Engine:
             )
         )
         self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)
-        self.faults = FaultInjector(settings.debug.fault_injection)
+        self.faults = RequestInjector(settings.debug.fault_injection)
         self.writer = ResultWriter(app, Waiter.of(settings))
         ttl = max(IN_FLIGHT_TTL_S, settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
         self.inflight = InFlight(app.backend.client, int(ttl), Waiter.of(settings))
