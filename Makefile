@@ -105,6 +105,12 @@ k8s-render: venv
 	for o in cpu gpu; do kubectl kustomize deploy/k8s/overlays/$$o > reports/k8s-$$o.yaml || exit 1; done
 	$(BIN)/pytest -q tests/deploy/test_manifests.py
 
+# A page per day of the reports in reports/ (bench, chaos, HA, cold start, soak...) under
+# docs/measurements/, and its index; pages without the generator's first line are never written.
+.PHONY: measurements
+measurements: venv
+	$(BIN)/python -m producer.tools.measurements --reports reports --out docs/measurements
+
 gpu-check: venv
 	$(BIN)/python -m producer.tools.gpucheck
 
