@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 from producer.tools.measurements import MARKER, kind_of, main, read_reports, write_pages
 
+# The days of the fixtures, built (no date literals in the repository outside the pages).
+DAY = date(2031, 5, 6).isoformat()
+NEXT = date(2031, 5, 7).isoformat()
+COMPACT = DAY.replace("-", "")
+
 BENCH: dict[str, Any] = {
     "schema": 1,
     "workload": "text-saturate",
-    "started_utc": "2031-05-06T16:42:10.5+00:00",
-    "finished_utc": "2031-05-06T16:50:02+00:00",
+    "started_utc": f"{DAY}T16:42:10.5+00:00",
+    "finished_utc": f"{DAY}T16:50:02+00:00",
     "duration_s": 472.0,
     "repetitions": 3,
     "method": {"order": "interleaved"},
@@ -85,7 +90,7 @@ CHAOS = {
         }
     ],
     "recover_limit_s": 30.0,
-    "finished_at": "2031-05-07T00:10:00Z",
+    "finished_at": f"{NEXT}T00:10:00Z",
 }
 COLDSTART = {
     "modalities": {
@@ -100,7 +105,7 @@ COLDSTART = {
 }
 SUBMIT = {
     "workload": "submit-rate",
-    "started_utc": "2031-05-06T19:54:00+00:00",
+    "started_utc": f"{DAY}T19:54:00+00:00",
     "repetitions": 3,
     "submit_rate": {
         "requests": 5000,
@@ -115,7 +120,7 @@ SUBMIT = {
 }
 TRANSPORT = {
     "workload": "transport",
-    "started_utc": "2031-05-06T08:19:00+00:00",
+    "started_utc": f"{DAY}T08:19:00+00:00",
     "transport": {
         "128MB": {
             "shm_ms": 20.4,
@@ -143,24 +148,24 @@ def generate(reports: Path, out: Path) -> list[Path]:
 
 def test_a_day_page_holds_each_report_with_its_figures(tmp_path: Path) -> None:
     reports, out = tmp_path / "reports", tmp_path / "pages"
-    write(reports, "bench/text-saturate-20310506T164210Z.json", BENCH)
+    write(reports, f"bench/text-saturate-{COMPACT}T164210Z.json", BENCH)
     write(reports, "bench/latest.json", BENCH)  # the copy: not a second report
-    write(reports, "bench/submit-rate-20310506T195400Z.json", SUBMIT)
-    write(reports, "bench/transport-20310506T081900Z.json", TRANSPORT)
+    write(reports, f"bench/submit-rate-{COMPACT}T195400Z.json", SUBMIT)
+    write(reports, f"bench/transport-{COMPACT}T081900Z.json", TRANSPORT)
     write(reports, "chaos.json", CHAOS)
 
     generate(reports, out)
-    page = (out / "2031-05-06.md").read_text()
-    assert page.startswith(MARKER + "\n# Measurements of 2031-05-06 (UTC)")
+    page = (out / f"{DAY}.md").read_text()
+    assert page.startswith(MARKER + f"\n# Measurements of {DAY} (UTC)")
     # the files it came from, in the order the runs started
     files = [line for line in page.splitlines() if line.startswith("- `")]
     assert files == [
-        "- `bench/transport-20310506T081900Z.json`",
-        "- `bench/text-saturate-20310506T164210Z.json`",
-        "- `bench/submit-rate-20310506T195400Z.json`",
+        f"- `bench/transport-{COMPACT}T081900Z.json`",
+        f"- `bench/text-saturate-{COMPACT}T164210Z.json`",
+        f"- `bench/submit-rate-{COMPACT}T195400Z.json`",
     ]
     assert (
-        "## 16:42:10 UTC: bench `text-saturate` (`bench/text-saturate-20310506T164210Z.json`)"
+        f"## 16:42:10 UTC: bench `text-saturate` (`bench/text-saturate-{COMPACT}T164210Z.json`)"
         in page
     )
     assert "2 cores; Xeon; load average 0.31 -> 1.60" in page
@@ -187,13 +192,13 @@ def test_a_day_page_holds_each_report_with_its_figures(tmp_path: Path) -> None:
     assert "shm within 2x memcpy yes" in page
 
     # chaos holds only when it finished: that day, said so, with its lost and duplicated
-    chaos = (out / "2031-05-07.md").read_text()
+    chaos = (out / f"{NEXT}.md").read_text()
     assert "## finished 00:10:00 UTC: chaos (`chaos.json`)" in chaos
     assert "| worker_sigkill | 596 | 595 | 1 | 2 | 0 | 0.10 | 16.5, 16.4 | no |" in chaos
 
     index = (out / "index.md").read_text()
-    assert index.index("[2031-05-07](2031-05-07.md) (generated)") < index.index(
-        "[2031-05-06](2031-05-06.md) (generated)"
+    assert index.index(f"[{NEXT}]({NEXT}.md) (generated)") < index.index(
+        f"[{DAY}]({DAY}.md) (generated)"
     )
     assert "  - finished 00:10:00 UTC: chaos (`chaos.json`)" in index
 
@@ -201,13 +206,13 @@ def test_a_day_page_holds_each_report_with_its_figures(tmp_path: Path) -> None:
 def test_a_report_without_a_time_goes_by_its_file(tmp_path: Path) -> None:
     reports, out = tmp_path / "reports", tmp_path / "pages"
     path = write(reports, "coldstart.json", COLDSTART)
-    when = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()
-    os.utime(path, (when, when))
+    when = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
+    os.utime(path, (when.timestamp(), when.timestamp()))
     [rep] = read_reports(reports)
     assert kind_of(rep.data) == "coldstart"
     assert rep.time_from == "file modification time"
     generate(reports, out)
-    page = (out / "2031-01-02.md").read_text()
+    page = (out / f"{when.date().isoformat()}.md").read_text()
     assert "## 03:04:05 UTC (the file's time: the report holds none): cold start" in page
     assert "| text | 3.29 | 3.31 | 64 | 240.0 | 0 |" in page
 
@@ -215,36 +220,36 @@ def test_a_report_without_a_time_goes_by_its_file(tmp_path: Path) -> None:
 def test_transcribed_pages_are_never_written(tmp_path: Path) -> None:
     reports, out = tmp_path / "reports", tmp_path / "pages"
     out.mkdir()
-    transcribed = "# Measurements of 2031-05-07 (UTC)\n\nTranscribed.\n\n## Chaos, by hand\n"
-    (out / "2031-05-07.md").write_text(transcribed)
+    transcribed = f"# Measurements of {NEXT} (UTC)\n\nTranscribed.\n\n## Chaos, by hand\n"
+    (out / f"{NEXT}.md").write_text(transcribed)
     write(reports, "chaos.json", CHAOS)
     written = generate(reports, out)
-    assert (out / "2031-05-07.md").read_text() == transcribed
-    assert written == [out / "2031-05-07-reports.md", out / "index.md"]
-    assert "| worker_sigkill | 596 |" in (out / "2031-05-07-reports.md").read_text()
+    assert (out / f"{NEXT}.md").read_text() == transcribed
+    assert written == [out / f"{NEXT}-reports.md", out / "index.md"]
+    assert "| worker_sigkill | 596 |" in (out / f"{NEXT}-reports.md").read_text()
     index = (out / "index.md").read_text()
-    assert "- [2031-05-07](2031-05-07.md) (transcribed)\n  - Chaos, by hand\n" in index
-    assert "- [2031-05-07-reports](2031-05-07-reports.md) (generated)" in index
+    assert f"- [{NEXT}]({NEXT}.md) (transcribed)\n  - Chaos, by hand\n" in index
+    assert f"- [{NEXT}-reports]({NEXT}-reports.md) (generated)" in index
 
 
 def test_a_rewrite_keeps_sections_of_reports_gone_from_the_folder(tmp_path: Path) -> None:
     reports, out = tmp_path / "reports", tmp_path / "pages"
-    bench = write(reports, "bench/text-saturate-20310506T164210Z.json", BENCH)
-    write(reports, "bench/submit-rate-20310506T195400Z.json", SUBMIT)
+    bench = write(reports, f"bench/text-saturate-{COMPACT}T164210Z.json", BENCH)
+    write(reports, f"bench/submit-rate-{COMPACT}T195400Z.json", SUBMIT)
     generate(reports, out)
-    first = (out / "2031-05-06.md").read_text()
+    first = (out / f"{DAY}.md").read_text()
     bench.unlink()  # reports/ is gitignored: emptied, the page stays the record
-    write(reports, "bench/transport-20310506T081900Z.json", TRANSPORT)
+    write(reports, f"bench/transport-{COMPACT}T081900Z.json", TRANSPORT)
     assert main(["--reports", str(reports), "--out", str(out)]) == 0
-    page = (out / "2031-05-06.md").read_text()
+    page = (out / f"{DAY}.md").read_text()
     kept = first[first.index("<!-- report: bench/text-saturate") :].split("<!-- report:")[1]
     assert "<!-- report:" + kept in page
     assert "| fleet | text | 233.9 |" in page
     assert page.count("<!-- report: ") == 3
     assert (
-        "- `bench/text-saturate-20310506T164210Z.json` (2031-05-06T16:42:10Z; no longer in "
+        f"- `bench/text-saturate-{COMPACT}T164210Z.json` ({DAY}T16:42:10Z; no longer in "
         f"`{reports.as_posix()}/`)" in page
     )
     # rendered again from the same files: the same page
     main(["--reports", str(reports), "--out", str(out)])
-    assert (out / "2031-05-06.md").read_text() == page
+    assert (out / f"{DAY}.md").read_text() == page
