@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 from shared import clock, keys
@@ -52,58 +53,8 @@ def fleet_headers(env: Any) -> dict[str, Any]:
     return {header: getattr(env, name) for header, name in FLEET_HEADER_FIELDS.items()}
 
 
-# KEYS: every queue's priority lists (steps in order, queue after queue), then the unacked
-# hash. ARGV: number of queues, number of steps, then the queue names.
-# Returns one row per queue: waiting per step..., reserved, oldest submit ms (-1: none);
-# then a last row: {reserved messages of other queues}.
-_SCRIPT = """
-local nq, ns = tonumber(ARGV[1]), tonumber(ARGV[2])
-local hash = KEYS[#KEYS]
-local function sent_ms(item)
-  local tail = string.sub(item, -8192)
-  local last = nil
-  for v in string.gmatch(tail, '"fleet_submitted_ms"%s*:%s*([%d%.eE%+%-]+)') do last = v end
-  return last and tonumber(last) or nil
-end
-local rows, oldest, index = {}, {}, {}
-for q = 1, nq do
-  index[ARGV[2 + q]] = q
-  local row = {}
-  for s = 1, ns do
-    local key = KEYS[(q - 1) * ns + s]
-    local n = redis.call('LLEN', key)
-    row[s] = n
-    if n > 0 then
-      for _, at in ipairs({-1, 0}) do
-        local item = redis.call('LINDEX', key, at)
-        local t = item and sent_ms(item)
-        if t and (oldest[q] == nil or t < oldest[q]) then oldest[q] = t end
-      end
-    end
-  end
-  row[ns + 1] = 0
-  rows[q] = row
-end
-local other = 0
-local all = redis.call('HGETALL', hash)
-for i = 2, #all, 2 do
-  local v = all[i]
-  local rk = string.match(string.sub(v, -512), ',%s*"([^"]*)"%s*%]%s*$')
-  local q = rk and index[rk]
-  if q then
-    rows[q][ns + 1] = rows[q][ns + 1] + 1
-    local t = sent_ms(v)
-    if t and (oldest[q] == nil or t < oldest[q]) then oldest[q] = t end
-  else
-    other = other + 1
-  end
-end
-for q = 1, nq do
-  rows[q][ns + 2] = oldest[q] and math.floor(oldest[q]) or -1
-end
-rows[nq + 1] = {other}
-return rows
-"""
+# the read (``queue_stats.lua``: its KEYS, ARGV, reply and keys in its header)
+_SCRIPT = resources.files("shared").joinpath("queue_stats.lua").read_text("utf-8")
 
 
 @dataclass

@@ -21,6 +21,7 @@ same delivery and are not counted.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from shared import keys
@@ -32,22 +33,8 @@ if TYPE_CHECKING:
 MAX_DELIVERIES = 3  # deliveries whose worker died running them, after which a message is poison
 FINAL = -1  # _BEGIN's answer for a request that has its final result already
 
-# KEYS: final_1, counter_1, final_2, counter_2, ...; ARGV[1]: counter TTL (s); ARGV[i+1]:
-# "1" to count request i. Returns, per request: FINAL, the counter after INCR, or 0.
-_BEGIN = """
-local out = {}
-for i = 1, #KEYS / 2 do
-  if redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
-    out[i] = -1
-  elseif ARGV[i + 1] == '1' then
-    out[i] = redis.call('INCR', KEYS[2 * i])
-    redis.call('EXPIRE', KEYS[2 * i], ARGV[1])
-  else
-    out[i] = 0
-  end
-end
-return out
-"""
+# the batch gate (``inflight_begin.lua``: its KEYS, ARGV, reply and keys in its header)
+_BEGIN = resources.files("workers.batching").joinpath("inflight_begin.lua").read_text("utf-8")
 
 
 class InFlight:

@@ -38,53 +38,23 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shared import jsonfast, keys
 from shared.errors import FleetError, error_to_wire
 
 log = logging.getLogger("fleet.results")
+_LUA = resources.files("workers.batching")
 
 if TYPE_CHECKING:
     from shared.redis_client import Waiter
 
-# KEYS: final marker, result key. ARGV: encoded meta, ttl_s (0 = none), "1" to keep a
-# document already stored (Celery's own REVOKED, written by its revoke command), "0" not to
-# PUBLISH (the caller publishes once a replica has the write), the write token. Returns 1 if
-# written, 2 if this token's earlier write stands (its reply was lost), 0 if another's does.
-# The document before the marker: a command refused after the first write leaves no marker.
-_WRITE_FIRST = """
-local ttl = tonumber(ARGV[2])
-local held = redis.call('GET', KEYS[1])
-if held then
-  if held == ARGV[5] then return 2 end
-  return 0
-end
-local kept = ARGV[3] == '1' and redis.call('EXISTS', KEYS[2]) == 1
-if not kept then
-  if ttl > 0 then
-    redis.call('SETEX', KEYS[2], ttl, ARGV[1])
-  else
-    redis.call('SET', KEYS[2], ARGV[1])
-  end
-end
-if ttl > 0 then
-  redis.call('SET', KEYS[1], ARGV[5], 'EX', ttl)
-else
-  redis.call('SET', KEYS[1], ARGV[5])
-end
-if kept then return 0 end
-if ARGV[4] ~= '0' then redis.call('PUBLISH', KEYS[2], ARGV[1]) end
-return 1
-"""
+# The final write and the progress write (``results_write_first.lua``,
+# ``results_write_progress.lua``: their KEYS, ARGV, replies and keys in their headers).
+_WRITE_FIRST = _LUA.joinpath("results_write_first.lua").read_text("utf-8")
 
-# KEYS: final marker, result key. ARGV: encoded meta, ttl_s. A progress write after the
-# final result (a slow copy reporting late) would hide it from pollers: refused.
-_WRITE_PROGRESS = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('SETEX', KEYS[2], tonumber(ARGV[2]), ARGV[1])
-return 1
-"""
+_WRITE_PROGRESS = _LUA.joinpath("results_write_progress.lua").read_text("utf-8")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,16 @@
+-- results_write_progress: store a request's progress state unless its final result is
+-- stored: a slow copy reporting late would hide the final result from pollers
+-- (workers.batching.results.ResultWriter; loaded there as _WRITE_PROGRESS).
+--
+-- KEYS[1]  the request's final marker (fleet:final:<id>)
+-- KEYS[2]  its result document (Celery's celery-task-meta-<id>)
+-- ARGV[1]  the encoded progress meta (JSON)
+-- ARGV[2]  TTL, seconds
+--
+-- Returns 1: written; 0: the final marker exists, nothing written.
+--
+-- Keys touched: KEYS[1] EXISTS; KEYS[2] SETEX.
+
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SETEX', KEYS[2], tonumber(ARGV[2]), ARGV[1])
+return 1
