@@ -13,7 +13,7 @@ COST_ROUND_S ?= 0
 PYTEST_ARGS ?=
 UP_ARGS ?=
 
-.PHONY: venv peers precision up down status flower demo test lint bench soak chaos gpu-check coldstart scaleout k8s-render ha-check clean
+.PHONY: venv peers precision up down status flower demo test lint docs bench soak chaos gpu-check coldstart scaleout k8s-render ha-check clean
 
 venv: $(VENV)/.installed
 
@@ -53,7 +53,12 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+# The documentation site (mkdocs.yml: README.md and docs/), strict: a broken link, a missing
+# page or an anchor that is not there fails it. Output in build/site (ignored by git).
+docs: venv
+	$(BIN)/mkdocs build --strict --site-dir build/site
+
+test: lint docs
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Fleet vs plain-Celery baseline vs in-process limit; method: producer/tools/bench/README.md.

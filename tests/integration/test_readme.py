@@ -1,11 +1,13 @@
-"""The README's commands and snippets, run exactly as written.
+"""The commands and snippets of the README and the documentation pages, run exactly as written.
 
-Blocks marked ``<!-- doctest: NAME -->`` in README.md run in order on one stack: the quick
-start (``make up``, ``fleet status``, two submits), *Running the stack by hand* (a second text
-replica, results read later, ``fleet watch``; then a video worker and a video), *From
-Python*, the gateway's curl examples (health, metadata, a sync text, a binary image, an async
-video polled, streamed and cancelled), then ``make down``; then *Real weights* (a folder saved
-with ``save_pretrained``, served by an image worker of a new stack) and ``make down`` again.
+Blocks marked ``<!-- doctest: NAME -->`` in README.md and in the pages under ``docs/`` (not
+``docs/measurements/``) run in this order on one stack: the README's quick start (``make
+up``, ``fleet status``, two submits), *Running the stack by hand* (a second text replica,
+results read later, ``fleet watch``; then a video worker and a video), *From Python*, the
+gateway's curl examples (docs/gateway.md: health, metadata, a sync text, a binary image, an
+async video polled, streamed and cancelled), then ``make down``; then *Real weights*
+(docs/models.md: a folder saved with ``save_pretrained``, served by an image worker of a new
+stack) and ``make down`` again.
 Each shell block runs under ``bash -e`` from the repository root, so any command exiting
 non-zero fails it. Only the environment differs from a user's shell: the stack's run dir,
 ports and /dev/shm root are this test's own (``FLEET_*`` variables the README's commands
@@ -39,15 +41,32 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 HOST = socket.gethostname()
+_MARKED = re.compile(r"<!-- doctest: ([\w-]+) -->\n```(\w+)\n(.*?)\n```", re.S)
 
 
-def doctest_blocks(text: str) -> dict[str, tuple[str, str]]:
-    """``{name: (language, code)}`` of every fenced block right after a doctest marker."""
-    pattern = re.compile(r"<!-- doctest: ([\w-]+) -->\n```(\w+)\n(.*?)\n```", re.S)
-    return {m[1]: (m[2], m[3]) for m in pattern.finditer(text)}
+def documents() -> list[Path]:
+    """README.md, then the documentation pages (``docs/*.md``; the generated
+    ``docs/measurements/`` pages hold no commands)."""
+    return [README, *sorted((REPO / "docs").glob("*.md"))]
 
 
-BLOCKS = doctest_blocks(README.read_text())
+def doctest_blocks(paths: list[Path]) -> dict[str, tuple[str, str, str]]:
+    """``{name: (language, code, file)}`` of every fenced block right after a doctest marker,
+    in the order of ``paths`` and of each file.
+
+    Raises:
+        ValueError: two blocks share a name (the tests run blocks by name).
+    """
+    blocks: dict[str, tuple[str, str, str]] = {}
+    for path in paths:
+        for m in _MARKED.finditer(path.read_text()):
+            if m[1] in blocks:
+                raise ValueError(f"doctest block {m[1]!r} in {path} and {blocks[m[1]][2]}")
+            blocks[m[1]] = (m[2], m[3], str(path.relative_to(REPO)))
+    return blocks
+
+
+BLOCKS = doctest_blocks(documents())
 
 
 class Shell:
@@ -55,13 +74,13 @@ class Shell:
         self.env = env
 
     def run(self, name: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-        lang, code = BLOCKS[name]
+        lang, code, where = BLOCKS[name]
         argv = ["bash", "-e", "-c", code] if lang == "sh" else [str(REPO / ".venv/bin/python")]
         proc = subprocess.run(
             argv, input=code if lang == "python" else None, capture_output=True, text=True,
             cwd=REPO, env=self.env, timeout=timeout,
         )  # fmt: skip
-        assert proc.returncode == 0, f"README block {name!r} failed:\n{proc.stdout}\n{proc.stderr}"
+        assert proc.returncode == 0, f"{where} block {name!r} failed:\n{proc.stdout}\n{proc.stderr}"
         return proc
 
 
@@ -101,9 +120,12 @@ def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
 
 
 def test_readme_marks_the_blocks_this_test_runs() -> None:
-    assert list(BLOCKS) == [
-        "quick-start", "down", "by-hand", "video", "python", "real-weights", "gateway",
-    ]  # fmt: skip
+    where = {name: block[2] for name, block in BLOCKS.items()}
+    assert where == {
+        "quick-start": "README.md", "down": "README.md", "by-hand": "README.md",
+        "video": "README.md", "python": "README.md", "gateway": "docs/gateway.md",
+        "real-weights": "docs/models.md",
+    }  # fmt: skip
 
 
 def test_readme_first_hour_runs_as_written(shell: Shell) -> None:
