@@ -14,7 +14,7 @@ Structure (one concern per module)::
     redis_client.py, ha.py     direct Redis clients; Sentinel transports (WAIT)
     acl.py                     the Redis ACL users of the fleet's roles
     queue_stats.py             queue depth and demand (``fleet exporter``)
-    metrics.py, metrics_ecosystem.py, metrics_null.py  Prometheus series (or none)
+    metrics/                   Prometheus series: their table, the worker's (or null) objects
     tracing.py                 OpenTelemetry tracing (off by default)
     procs.py                   process liveness on this host
     transport/                 /dev/shm tensor transport (its package docstring maps it)

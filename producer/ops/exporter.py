@@ -26,6 +26,7 @@ series                                      meaning
 
 Every value is read at scrape time (one Lua script for all queues, ``shared.queue_stats``);
 nothing is cached between scrapes. The exporter connects as the ``operator`` Redis user.
+Names, help texts and labels are the ``exporter`` rows of ``shared.metrics.series.SERIES``.
 """
 
 from __future__ import annotations
@@ -41,10 +42,15 @@ from prometheus_client.registry import Collector
 
 from shared import keys
 from shared.clock import RedisClock
+from shared.metrics.series import of
 from shared.queue_stats import QueueReader, QueueStats
 from shared.settings import MODALITIES, Settings
 
 log = logging.getLogger("fleet.exporter")
+
+_SERIES = of("exporter")
+_QUEUE_FAMILIES = ("queue_length", "queue_waiting", "queue_reserved", "queue_demand",
+                   "queue_oldest_age", "queue_consumers")  # fmt: skip
 
 
 def all_queues() -> list[str]:
@@ -56,6 +62,59 @@ def step_labels(settings: Settings) -> dict[int, str]:
     """Celery priority step -> the priority class label that uses it (``other`` if none)."""
     by_step = {p.celery_priority: label for label, p in sorted(settings.priorities.items())}
     return {s: by_step.get(s, "other") for s in keys.PRIORITY_STEPS}
+
+
+def family(attr: str) -> GaugeMetricFamily:
+    """An empty family of the exporter's gauge ``attr`` (``shared.metrics.series``), to
+    fill at scrape time.
+
+    Raises:
+        KeyError: no exporter series ``attr``.
+        ValueError: it is not a gauge.
+    """
+    s = _SERIES[attr]
+    if s.kind != "gauge":
+        raise ValueError(f"{s.name} is a {s.kind}, not a gauge built at scrape time")
+    return GaugeMetricFamily(s.name, s.help, labels=list(s.labels))
+
+
+def up_family(ok: float) -> GaugeMetricFamily:
+    """``fleet_exporter_redis_up``: ``ok`` is 1.0 when the last read of Redis succeeded."""
+    up = family("redis_up")
+    up.add_metric([], ok)
+    return up
+
+
+def queue_families(
+    stats: list[QueueStats], consumers: dict[str, int], steps: dict[int, str], now: float
+) -> Iterator[GaugeMetricFamily]:
+    """The queue families of one read: ``consumers`` per modality, ``steps`` as
+    :func:`step_labels`, ``now`` Redis' time (seconds)."""
+    length, waiting, reserved, demand, age, live = (family(a) for a in _QUEUE_FAMILIES)
+    for st in stats:
+        q = st.queue
+        length.add_metric([q], st.waiting_total)
+        by_class: dict[str, int] = {}
+        for step, n in st.waiting.items():
+            label = steps[step]
+            by_class[label] = by_class.get(label, 0) + n
+        for label, n in sorted(by_class.items()):
+            waiting.add_metric([q, label], n)
+        reserved.add_metric([q], st.reserved)
+        demand.add_metric([q], st.demand)
+        age.add_metric([q], st.oldest_age_s(now))
+        live.add_metric([q], consumers.get(q.split(".")[0], 0))
+    yield from (length, waiting, reserved, demand, age, live)
+
+
+def shm_families(used: float, capacity: float) -> Iterator[GaugeMetricFamily]:
+    """The fleet's /dev/shm bytes in use and its budget."""
+    g = family("shm_used")
+    g.add_metric([], used)
+    yield g
+    c = family("shm_capacity")
+    c.add_metric([], capacity)
+    yield c
 
 
 class QueueCollector(Collector):
@@ -88,53 +147,9 @@ class QueueCollector(Collector):
             except Exception as exc:  # a scrape must answer even when Redis does not
                 log.warning("reading queue stats failed: %s", exc)
                 stats, consumers, ok = [], {}, 0.0
-        up = GaugeMetricFamily("fleet_exporter_redis_up", "1 when the last Redis read succeeded")
-        up.add_metric([], ok)
-        yield up
-        yield from self._queue_families(stats, consumers)
+        yield up_family(ok)
+        yield from queue_families(stats, consumers, self.steps, self.clock.now())
         yield from self._shm_families()
-
-    def _queue_families(
-        self, stats: list[QueueStats], consumers: dict[str, int]
-    ) -> Iterator[GaugeMetricFamily]:
-        length = GaugeMetricFamily(
-            "celery_queue_length", "Messages waiting in Redis (all priority lists)",
-            labels=["queue_name"],
-        )  # fmt: skip
-        waiting = GaugeMetricFamily(
-            "fleet_queue_waiting", "Messages waiting in Redis, by priority class",
-            labels=["queue", "priority"],
-        )  # fmt: skip
-        reserved = GaugeMetricFamily(
-            "fleet_queue_reserved", "Messages delivered to workers and not acked",
-            labels=["queue"],
-        )  # fmt: skip
-        demand = GaugeMetricFamily(
-            "fleet_queue_demand", "Waiting + reserved: submitted and not finished",
-            labels=["queue"],
-        )  # fmt: skip
-        age = GaugeMetricFamily(
-            "fleet_queue_oldest_age_seconds", "Age of the oldest unfinished request",
-            labels=["queue"],
-        )  # fmt: skip
-        live = GaugeMetricFamily(
-            "fleet_queue_consumers", "Live workers of the queue's modality", labels=["queue"]
-        )
-        now = self.clock.now()
-        for st in stats:
-            q = st.queue
-            length.add_metric([q], st.waiting_total)
-            by_class: dict[str, int] = {}
-            for step, n in st.waiting.items():
-                label = self.steps[step]
-                by_class[label] = by_class.get(label, 0) + n
-            for label, n in sorted(by_class.items()):
-                waiting.add_metric([q, label], n)
-            reserved.add_metric([q], st.reserved)
-            demand.add_metric([q], st.demand)
-            age.add_metric([q], st.oldest_age_s(now))
-            live.add_metric([q], consumers.get(q.split(".")[0], 0))
-        yield from (length, waiting, reserved, demand, age, live)
 
     def _consumers(self) -> dict[str, int]:
         """Live workers per modality: heartbeats younger than a lease
@@ -155,12 +170,7 @@ class QueueCollector(Collector):
         except Exception as exc:
             log.warning("reading /dev/shm usage failed: %s", exc)
             return
-        g = GaugeMetricFamily("fleet_shm_used_bytes", "Bytes of the fleet's /dev/shm files")
-        g.add_metric([], used)
-        yield g
-        c = GaugeMetricFamily("fleet_shm_capacity_bytes", "Budget of the fleet's /dev/shm files")
-        c.add_metric([], cap)
-        yield c
+        yield from shm_families(used, cap)
 
     def _store(self) -> Any:
         if self._shm is None and self.settings.transport.shared_host:

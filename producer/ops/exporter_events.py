@@ -18,9 +18,10 @@ from typing import Any
 
 from celery import Celery
 from celery.events.receiver import EventReceiver
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
-from shared.metrics_ecosystem import OTHER_QUEUE
+from shared.metrics.ecosystem import OTHER_QUEUE
+from shared.metrics.series import make, of
 
 log = logging.getLogger("fleet.exporter")
 
@@ -38,10 +39,7 @@ class SentTap(threading.Thread):
         super().__init__(name="exporter-sent-tap", daemon=True)
         self.app = app
         self.queues = set(queues)
-        self.sent = Counter(
-            "celery_task_sent", "Tasks sent by producers (their task-sent events)",
-            ["name", "hostname", "queue_name"], registry=registry,
-        )  # fmt: skip
+        self.sent = make(of("exporter")["task_sent"], registry)
         self._stop = threading.Event()
 
     def on_sent(self, event: dict[str, Any]) -> None:

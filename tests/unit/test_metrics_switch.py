@@ -3,18 +3,16 @@ the same calls record nothing and no /metrics port is given out."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 
 from producer.stack.local import Stack
 from shared import metrics
 from shared.metrics import FleetMetrics, metrics_port
-from shared.metrics_ecosystem import EcosystemMetrics
-from shared.metrics_null import NullEcosystemMetrics
+from shared.metrics.null import NullEcosystemMetrics
 from shared.settings import MetricsSettings, Settings, load_settings
 
 
@@ -91,25 +89,6 @@ def test_no_metrics_port_when_off_whatever_port_base_says() -> None:
     assert metrics_port(_settings(port_base=9101), "image") == 9102
     assert metrics_port(_settings(port_base=0), "image") is None
     assert metrics_port(_settings(port_base=9101, enabled=False), "image") is None
-
-
-def _public(obj: object) -> dict[str, object]:
-    return {n: getattr(obj, n) for n in dir(obj) if not n.startswith("_")}
-
-
-def test_the_null_implementation_has_the_whole_interface() -> None:
-    """A hook added to the real classes and not to the null ones would fail only in a worker
-    run with metrics off; this fails first."""
-    on, off = (FleetMetrics("text", "m", "h", enabled=e) for e in (True, False))
-    eco = EcosystemMetrics(CollectorRegistry(), "text", "m", "h")
-    pairs = [(on, off), (eco, NullEcosystemMetrics("text", "m", "h"))]
-    for real, null in pairs:
-        real_api, null_api = _public(real), _public(null)
-        assert set(real_api) <= set(null_api), set(real_api) - set(null_api)
-        for name, attr in real_api.items():
-            if inspect.ismethod(attr):
-                want = list(inspect.signature(attr).parameters)
-                assert list(inspect.signature(null_api[name]).parameters) == want, name
 
 
 def test_fleet_up_checks_no_metrics_port_of_a_worker_with_metrics_off(tmp_path: Path) -> None:

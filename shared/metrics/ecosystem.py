@@ -18,7 +18,10 @@ the ``queue`` (window arrival to batch start), ``compute`` (the batch's run time
 
 Label values are bounded: one task name, node and model per process, the modality's two
 queues (anything else is ``other``), error codes from ``shared.errors``.
-Per request the cost is a few in-process counter and histogram updates: no I/O.
+Per request the cost is a few in-process counter and histogram updates: no I/O. The series
+themselves (names, help texts, labels, buckets) are the ``ecosystem`` rows of
+``shared.metrics.series.SERIES``, each an attribute of :class:`EcosystemMetrics`
+(``task_received`` ... ``task_revoked``, ``runtime``, ``success``, ``queue_s`` ...).
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from shared import keys
+from shared.metrics.series import TASK_EVENTS, make, of
 
-__all__ = ["LATENCY_BUCKETS_S", "OTHER_QUEUE", "REVOKED", "EcosystemMetrics"]
+__all__ = ["OTHER_QUEUE", "REVOKED", "EcosystemMetrics"]
 
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
 OTHER_QUEUE = "other"
 REVOKED = "REVOKED"
 
@@ -48,54 +51,15 @@ class EcosystemMetrics:
     def __init__(
         self, registry: CollectorRegistry, modality: str, model: str, hostname: str
     ) -> None:
-        r = registry
         self.modality, self.model, self.hostname = modality, model, hostname
         self.task = keys.task_name(modality)
         self.queues = {keys.queue_name(modality), keys.realtime_queue_name(modality)}
-        task_labels = ["name", "hostname", "queue_name"]
-        self._task_counters = {
-            event: Counter(f"celery_task_{event}", f"Tasks {event}", task_labels, registry=r)
-            for event in ("received", "started", "succeeded", "failed", "retried", "revoked")
-        }
-        self.runtime = Histogram(
-            "celery_task_runtime", "Run time of a task (its batch), seconds", task_labels,
-            buckets=LATENCY_BUCKETS_S, registry=r,
-        )  # fmt: skip
-        self.worker_up = Gauge("celery_worker_up", "1 while the worker runs", ["hostname"],
-                               registry=r)  # fmt: skip
-        self.tasks_active = Gauge(
-            "celery_worker_tasks_active", "Requests in a running batch", ["hostname"], registry=r
-        )
-        mm = ["model", "modality"]
-        self.success = Counter(
-            "fleet_inference_request_success", "Requests that succeeded", mm, registry=r
-        )
-        self.failure = Counter(
-            "fleet_inference_request_failure", "Requests that failed, by reason (error code)",
-            [*mm, "reason"], registry=r,
-        )  # fmt: skip
-        self.inference_count = Counter(
-            "fleet_inference_count", "Requests run by the model (batch members)", mm, registry=r
-        )
-        self.exec_count = Counter(
-            "fleet_inference_exec_count", "Batches run by the model", mm, registry=r
-        )
-        self.pending = Gauge(
-            "fleet_inference_pending_request_count", "Requests held, not yet running", mm,
-            registry=r,
-        )  # fmt: skip
-        self.queue_s = self._hist("queue", "Window arrival to batch start", r)
-        self.compute_s = self._hist("compute", "Run time of the request's batch", r)
-        self.request_s = self._hist("request", "Submit to result stored (Redis' clock)", r)
+        for attr, series in of("ecosystem").items():
+            setattr(self, attr, make(series, registry))
+        self._task_counters = {event: getattr(self, f"task_{event}") for event in TASK_EVENTS}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._active: Callable[[], float] | None = None
         self.worker_up.labels(hostname).set(1)
-
-    def _hist(self, what: str, doc: str, r: CollectorRegistry) -> Histogram:
-        return Histogram(
-            f"fleet_inference_{what}_duration_seconds", f"{doc}, seconds", ["model", "modality"],
-            buckets=LATENCY_BUCKETS_S, registry=r,
-        )  # fmt: skip
 
     def queue_label(self, routing_key: str | None) -> str:
         """The ``queue_name`` label of a message: one of this modality's queues, or ``other``

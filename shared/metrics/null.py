@@ -2,7 +2,7 @@
 
 :class:`NullMetric` stands for every ``Counter``, ``Gauge`` and ``Histogram`` of
 ``shared.metrics.FleetMetrics`` (and for their labelled children), and
-:class:`NullEcosystemMetrics` for ``shared.metrics_ecosystem.EcosystemMetrics``: each hook
+:class:`NullEcosystemMetrics` for ``shared.metrics.ecosystem.EcosystemMetrics``: each hook
 returns at once, no label is validated, no lock is taken, no registry holds a series. The
 engine calls the same methods either way; only the object behind ``engine.metrics`` differs.
 """
@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from shared import keys
-from shared.metrics_ecosystem import OTHER_QUEUE
+from shared.metrics.ecosystem import OTHER_QUEUE
+from shared.metrics.series import of
 
 __all__ = ["NULL_METRIC", "NullEcosystemMetrics", "NullMetric"]
 
@@ -58,10 +59,8 @@ class NullEcosystemMetrics:
         self.modality, self.model, self.hostname = modality, model, hostname
         self.task = keys.task_name(modality)
         self.queues = {keys.queue_name(modality), keys.realtime_queue_name(modality)}
-        for name in ("runtime", "worker_up", "tasks_active", "success", "failure",
-                     "inference_count", "exec_count", "pending", "queue_s", "compute_s",
-                     "request_s"):  # fmt: skip
-            setattr(self, name, NULL_METRIC)
+        for attr in of("ecosystem"):  # the series of shared.metrics.series, recording nothing
+            setattr(self, attr, NULL_METRIC)
 
     def queue_label(self, routing_key: str | None) -> str:
         return OTHER_QUEUE

@@ -1,33 +1,34 @@
-"""Prometheus metric definitions of the fleet (one module: names, labels and buckets).
+"""The fleet's Prometheus metrics: the worker's metrics object, :class:`FleetMetrics`.
+
+Modules: ``series`` (the table of every series the fleet exports: names, types, help texts,
+labels, buckets; its docstring says how to add one), this one (the worker's real metrics,
+made from that table), ``ecosystem`` (the same events under Celery's and Triton's names),
+``null`` (what a worker records with metrics off: nothing, behind the same attributes).
 
 Each worker serves them on ``127.0.0.1:<metrics.port_base + modality index>`` (text +0,
 image +1, video +2, xmodal +3; ``port_base = 0`` turns the endpoint off, the metrics are still
 recorded). ``[metrics] enabled = false`` turns them off entirely: :func:`configure` (the worker
 calls it at import, before its engine exists) makes every later :class:`FleetMetrics` of the
-process a null one (``shared.metrics_null``: same attributes and methods, nothing recorded)
+process a null one (``shared.metrics.null``: same attributes and methods, nothing recorded)
 and :func:`metrics_port` ``None``. Latencies are in seconds, as Prometheus expects. Flower
-serves Celery's own task metrics at its ``/metrics``. The same events under Celery's and
-Triton's names: ``shared.metrics_ecosystem``.
+serves Celery's own task metrics at its ``/metrics``.
 """
 
 from __future__ import annotations
 
 import socket
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
 from shared.errors import ERROR_CLASSES
-from shared.metrics_ecosystem import LATENCY_BUCKETS_S as _LATENCY_BUCKETS_S
-from shared.metrics_ecosystem import OTHER_QUEUE, EcosystemMetrics
-from shared.metrics_null import NULL_METRIC, NullEcosystemMetrics
+from shared.metrics.ecosystem import OTHER_QUEUE, EcosystemMetrics
+from shared.metrics.null import NULL_METRIC, NullEcosystemMetrics
+from shared.metrics.series import make, of
 from shared.priority import Priority
 from shared.settings import MODALITIES, Settings
 
 __all__ = ["FleetMetrics", "configure", "metrics_port", "serve"]
 
-_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)
-_SERIES = ("requests", "batch_size", "queue_wait", "inference", "e2e", "held", "device_memory",
-           "circuit_open", "broker_refusing", "clock_skew")  # fmt: skip
 _enabled = True  # this process's [metrics] enabled (configure)
 
 
@@ -40,11 +41,13 @@ def configure(settings: Settings) -> None:
 class FleetMetrics:
     """The metrics of one worker process, in a registry of its own.
 
-    ``eco`` holds the same events under Celery's and Triton's names
-    (``shared.metrics_ecosystem``); ``model`` and ``hostname`` label those.
+    Its series are attributes named as in ``shared.metrics.series.SERIES`` (owner
+    ``worker``: ``requests``, ``batch_size``, ``held`` ...). ``eco`` holds the same events
+    under Celery's and Triton's names (``shared.metrics.ecosystem``); ``model`` and
+    ``hostname`` label those.
 
     ``enabled``: ``None`` follows :func:`configure` (default on). Off, every series and
-    ``eco`` are null (``shared.metrics_null``), the hooks return at once and ``registry``
+    ``eco`` are null (``shared.metrics.null``), the hooks return at once and ``registry``
     stays empty.
     """
 
@@ -54,60 +57,16 @@ class FleetMetrics:
         self.modality = modality
         self.enabled = _enabled if enabled is None else enabled
         self.registry = CollectorRegistry()
-        r = self.registry
         node = hostname or f"{modality}@{socket.gethostname()}"
         self.eco: EcosystemMetrics | NullEcosystemMetrics
         if not self.enabled:
             self.eco = NullEcosystemMetrics(modality, model or modality, node)
-            for name in _SERIES:
-                setattr(self, name, NULL_METRIC)
+            for attr in of("worker"):
+                setattr(self, attr, NULL_METRIC)
             return
-        self.eco = EcosystemMetrics(r, modality, model or modality, node)
-        self.requests = Counter(
-            "fleet_requests", "Requests finished, by outcome (ok or an error code)",
-            ["modality", "priority", "outcome"], registry=r,
-        )  # fmt: skip
-        self.batch_size = Histogram(
-            "fleet_batch_size", "Requests per batch", ["modality"], buckets=_BATCH_BUCKETS,
-            registry=r,
-        )  # fmt: skip
-        self.queue_wait = Histogram(
-            "fleet_queue_wait_seconds", "Prefetch window arrival to batch start",
-            ["modality", "priority"], buckets=_LATENCY_BUCKETS_S, registry=r,
-        )  # fmt: skip
-        self.inference = Histogram(
-            "fleet_inference_seconds", "Run time of one batch (preprocess + forward)",
-            ["modality"], buckets=_LATENCY_BUCKETS_S, registry=r,
-        )  # fmt: skip
-        self.e2e = Histogram(
-            "fleet_e2e_latency_seconds", "Submit to result stored (Redis' clock)",
-            ["modality", "priority"], buckets=_LATENCY_BUCKETS_S, registry=r,
-        )  # fmt: skip
-        self.held = Gauge(
-            "fleet_prefetch_held", "Requests held in the prefetch window", ["modality"],
-            registry=r,
-        )  # fmt: skip
-        self.device_memory = Gauge(
-            "fleet_device_memory_bytes", "CUDA memory reserved by this worker (0 on CPU)",
-            ["modality"], registry=r,
-        )  # fmt: skip
-        self.circuit_open = Gauge(
-            "fleet_circuit_open", "1 while the model's circuit breaker is open", ["modality"],
-            registry=r,
-        )  # fmt: skip
-        self.broker_refusing = Gauge(
-            "fleet_worker_broker_refusing",
-            "1 while Redis refuses this worker's writes (it does not fetch), by reason: "
-            "MISCONF, OOM, READONLY, NOPERM",
-            ["reason"], registry=r,
-        )  # fmt: skip
-        self.clock_skew = Gauge(
-            "fleet_worker_clock_skew_seconds",
-            "This worker's wall clock minus Redis' (TIME) at its last sample; deadlines, "
-            "leases and liveness use Redis' clock (shared.clock)",
-            ["modality"], registry=r,
-        )  # fmt: skip
-
+        self.eco = EcosystemMetrics(self.registry, modality, model or modality, node)
+        for attr, series in of("worker").items():
+            setattr(self, attr, make(series, self.registry))
         self._zero_counters()
 
     def _zero_counters(self) -> None:
