@@ -1,0 +1,80 @@
+"""docs/message-layout.md's rules that need Redis: the real take script and the exporter's
+queue read, on messages ``producer.client.wire`` built for every modality and priority class
+(no worker: the script is run as ``workers.consumer.channel.Channel`` runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from producer.client import FleetClient
+from shared import keys
+from shared.queue_stats import QueueReader
+from shared.settings import MODALITIES
+from tests.conftest import own_redis
+from tests.message_layout import Built, build, every_kind, inputs_for, queues, rules
+from workers.consumer.take import TAKE_MANY
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def redis_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with own_redis(tmp_path_factory, "layout-run") as st:
+        yield st
+
+
+def test_taken_messages_are_unacked_entries_the_exporter_reads(redis_only: Any) -> None:
+    assert rules()["unacked-entry"].checked == "integration"
+    client = FleetClient(redis_only.s)
+    admin = redis.Redis.from_url(redis_only.s.redis_url("admin"))
+    try:
+        built = every_kind(client)
+        built += [build(client, m, "bulk", inputs_for(m, 300_000)) for m in MODALITIES]
+        for b in built:
+            admin.lpush(b.list_key, b.payload)
+        reader = QueueReader(admin, queues())
+        waiting, _ = reader.read()
+        oldest = {
+            q: math.floor(min(b.env.submitted_ms for b in built if _queue(b) == q))
+            for q in queues()
+        }
+        assert {s.queue: s.oldest_submitted_ms for s in waiting} == oldest
+
+        # every list, priority step first (as a channel's BRPOP names them), then kombu's
+        lists = [keys.priority_list_key(q, p) for p in keys.PRIORITY_STEPS for q in queues()]
+        take = admin.register_script(TAKE_MANY)
+        flat = take(
+            keys=[*lists, keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY],
+            args=[len(built) + 1, "1234.5", 0],
+        )
+        taken = dict(zip(flat[1::2], flat[0::2], strict=True))  # message -> its list
+        assert len(taken) == len(built)
+        for b in built:
+            assert taken[b.payload] == b.list_key.encode()  # byte for byte, from its list
+            tag = json.loads(b.payload)["properties"]["delivery_tag"]
+            entry = admin.hget(keys.UNACKED_KEY, tag)
+            assert entry == b"[" + b.payload + b',"","' + _queue(b).encode() + b'"]'
+            assert json.loads(entry)[2] == _queue(b)  # the entry's last JSON string
+            assert admin.zscore(keys.UNACKED_INDEX_KEY, tag) == 1234.5
+
+        reserved, other = reader.read()
+        assert other == 0
+        for before, after in zip(waiting, reserved, strict=True):
+            assert after.waiting_total == 0
+            assert after.reserved == before.waiting_total
+            assert after.reserved == sum(_queue(b) == after.queue for b in built) > 0
+        assert {s.queue: s.oldest_submitted_ms for s in reserved} == oldest
+    finally:
+        admin.flushdb()
+        client.close()
+
+
+def _queue(b: Built) -> str:
+    return b.placement.queue_for(b.modality)
