@@ -1,6 +1,6 @@
 """The Celery app factory shared by producers and workers.
 
-Decisions (see DESIGN.md, Failure semantics):
+Decisions (see docs/reliability.md, failure semantics):
 
 - JSON only, both ways (``accept_content`` and ``result_accept_content``):
   a message in any other format (pickle included) is refused by the consumer, never run.

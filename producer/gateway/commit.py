@@ -2,7 +2,7 @@
 
 The job record (``fleet:job:<id>``) says "this id was sent"; the message is what runs it.
 Written apart (``SET NX`` first, ``LPUSH`` after), a gateway killed between the two left a
-record without a message: the retry the README advises found the record, answered 202, and
+record without a message: the retry docs/gateway.md advises found the record, answered 202, and
 the job stayed PENDING until the record expired (a day). So they are one step:
 
     WATCH fleet:job:<id>; GET fleet:job:<id>          -> a record: the job exists, stop

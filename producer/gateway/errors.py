@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from shared.errors import BrokerUnavailable as BrokerUnavailable
 from shared.errors import FleetError
 
-# One status per code. Documented in README.md ("HTTP gateway", status table); a unit test
+# One status per code. Documented in docs/gateway.md ("Status codes"); a unit test
 # keeps the two and shared.errors in step.
 STATUS_BY_CODE: dict[str, int] = {
     # the request is wrong: 400 (never retried)

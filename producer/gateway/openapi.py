@@ -16,7 +16,7 @@ class _Doc(BaseModel):
 
 class ErrorBody(_Doc):
     error: str = Field(description="what went wrong")
-    code: str = Field(description="the stable error code (README: HTTP gateway, status table)")
+    code: str = Field(description="the stable error code (docs/gateway.md, status codes)")
     reason: str | None = Field(
         default=None,
         description="BROKER_UNAVAILABLE only: OOM, MISCONF, READONLY, NOPERM, UNREACHABLE, REFUSED",

@@ -2,7 +2,7 @@
 
 Mapping a file costs more than the mapping call: the first touch of each 4 KiB page faults it
 into the process's page tables, which for a large segment costs about as much as reading it
-(figures: ``producer/tools/bench/README.md``). A recycling producer (:mod:`.pool`) rewrites the same
+(figures: ``docs/transport.md``). A recycling producer (:mod:`.pool`) rewrites the same
 files, so a reader that keeps its mapping of such a file finds the next segment written into
 it with the page tables ready: the same idea as Triton's registered shared-memory regions and
 Plasma's client-side mapping of the store, without changing what a

@@ -1,7 +1,7 @@
 """Recycling: released segment files kept for reuse, and the writer's mappings of them.
 
 With 4 KiB tmpfs pages, allocating a segment's pages costs more than copying into them
-(figures: ``producer/tools/bench/README.md``). A recycling store (``recycle_bytes > 0``) therefore
+(figures: ``docs/transport.md``). A recycling store (``recycle_bytes > 0``) therefore
 gives a released file of at least 1 MiB back to the :class:`Pool` (a rename to
 ``.pool-<random>``) instead of unlinking it, up to ``recycle_bytes`` in all; a later put
 claims the pool file closest in size (at least as large and at most twice as large, else at

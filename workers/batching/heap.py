@@ -7,7 +7,7 @@ tokenizer, Celery and kombu, the model's modules). CPython's full collection (ge
 2) walks every tracked object with the GIL held, on whichever thread allocated past the
 threshold, usually the event loop's: no message is read, admitted or acked while it runs,
 so a REALTIME request arriving then waits the whole pause, however idle its lane (the
-tail this fixes is in the bench README, "REALTIME tail"). :func:`freeze_startup_heap`,
+tail this fixes is in ``docs/measurements/``, "REALTIME tail"). :func:`freeze_startup_heap`,
 called once the worker is ready, collects once and then moves everything alive into the
 permanent generation (``gc.freeze``, CPython >= 3.7; what Instagram's and gunicorn's
 users do for the same reason): later full collections walk only what was allocated

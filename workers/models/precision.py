@@ -43,7 +43,7 @@ def resolve_int8_engine(choice: str, cpu_flags: Iterable[str] | None = None) -> 
     (``_INT8_DOT_FLAGS``, read from ``/proc/cpuinfo``), else torch's default engine. Measured
     on the development host (AVX-512 VNNI and AMX): the int8 text model's in-process
     throughput is about a sixth higher on ``onednn`` than on ``x86``/``fbgemm``
-    (``producer/tools/bench/README.md``, *Reduced precision*).
+    (``docs/models.md``, *Reduced precision*; runs in ``docs/measurements/``).
 
     Raises:
         ValueError: ``choice`` is not an engine of this torch build.

@@ -1,7 +1,7 @@
 """A CPU hog for stress runs: N processes, each busy ``duty`` of every 10 ms.
 
 Emulates a slower, shared machine (a noisy neighbour) beside a bench run, e.g. the REALTIME
-tail under contention (bench README, "REALTIME tail")::
+tail under contention (docs/measurements/, "REALTIME tail")::
 
     python -m producer.tools.bench.cpuhog --procs 2 --duty 0.3 --seconds 75 &
     fleet bench priority-burst --modes fleet

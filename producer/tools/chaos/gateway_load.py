@@ -1,5 +1,5 @@
 """Traffic through the HTTP gateway for a chaos scenario, from clients that do what the
-README advises when an answer does not come: send the same request again, with the same id.
+docs/gateway.md advises when an answer does not come: send the same request again, with the same id.
 
 Each request gets an id of its own (``Idempotency-Key``) and is sent until the gateway
 accepts it (200 with its result, 202, or the job's own final error): a connection refused or
