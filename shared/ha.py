@@ -19,6 +19,19 @@ Transport options (Celery ``broker_transport_options``), beside kombu's ``master
 ``sentinel_kwargs``:
     wait_replicas: replicas a publish waits for (0: no ``WAIT``).
     wait_timeout_ms: the longest wait.
+
+Both sides use this module, so it lives in ``shared``, the one place both may import
+(``tests/unit/test_import_graph.py``): producers publish through :class:`SentinelChannel`
+(``producer.client.push`` confirms its chunks with the channel's waiter) and pin their
+transport (``shared.celery_app``); batching workers mix :class:`WaitingPut` into their own
+channel (``workers.consumer.sentinel``: a request a worker sends again waits for a replica
+too) and pin theirs (``workers.consumer.app``).
+
+Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
+    kombu.transport.redis.Channel: _put (overridden), _q_for_pri
+    kombu.transport.redis.Channel: _expires (new in 5.7), _publish_batch (a keyword of _put)
+    kombu.transport.virtual.base.Channel: _get_message_priority
+    kombu.transport: _transport_cache
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ kombu), the queue depths and the backpressure check before a submission, the liv
 modality.
 
 Import these names from ``producer.client``.
+
+Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
+    kombu.connection.Connection: _reraise_as_library_errors
 """
 
 from __future__ import annotations

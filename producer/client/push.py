@@ -7,6 +7,9 @@ before the first chunk is built and judged before it is sent.
 Faults: an attempt that fails drops the connection (its replies may be left unread on it); the
 next attempt (``Connection.ensure``'s retry, after kombu reconnected) takes a fresh one from the
 channel's pool and sends the transaction again (:func:`attempt`).
+
+Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
+    kombu.transport.redis.Channel: _get_publish_topics (new in 5.7)
 """
 
 from __future__ import annotations

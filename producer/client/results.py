@@ -4,6 +4,9 @@ mixed into :class:`producer.client.FleetClient`: poll, wait_all, cancel).
 An outcome is ``{"result": ...}`` or ``{"error": {"code", "message", "type"}}``
 (:func:`outcome_from_meta` turns Celery's stored result meta into one). Import these names
 from ``producer.client``.
+
+Private kombu/Celery names (read from Celery 5.5 to 5.7; ``tests/unit/test_private_names.py``):
+    celery.backends.redis.ResultConsumer: _reconnect_pubsub
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ already, a ``no_ack`` consumer) goes through ``Request.acknowledge()`` unchanged
 
 :func:`give_back` is the other way out of the window: messages returned to their queues at
 once, unrun (shutdown, or results and acks Redis kept refusing).
+
+Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
+    kombu.message.Message: _state
 """
 
 from __future__ import annotations

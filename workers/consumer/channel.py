@@ -16,10 +16,10 @@ without its unacked entry (kombu's own fetch has that gap between ``BRPOP`` and
 at once, always finds it. Each message then goes to its consumer, in order, as kombu's
 delivery would (``virtual.Channel.basic_consume``).
 
-Relies on kombu's Redis channel internals (``_brpop_read``, ``_q_for_pri``, ``_queue_cycle``,
-``unacked_key``, the unacked entry's format), kombu 5.5 to 5.7, the range pinned in
-``pyproject.toml``. Where it cannot apply (``ack_emulation`` off, a ``global_keyprefix``, a
-``no_ack`` consumer) it delivers as kombu does.
+Relies on kombu's Redis channel internals (the private names listed below, ``unacked_key``,
+the unacked entry's format: ``docs/message-layout.md``), as kombu 5.7 has them, the range
+pinned in ``pyproject.toml``. Where it cannot apply (``ack_emulation`` off, a
+``global_keyprefix``, a ``no_ack`` consumer) it delivers as kombu does.
 
 Transport options (Celery ``broker_transport_options``):
     fetch_limit: most messages taken per round trip (default 64; 1 = kombu's behaviour).
@@ -34,6 +34,16 @@ written once Redis accepts writes again, so that worker gets ready meanwhile.
 
 ``workers.consumer.sentinel.SentinelTransport`` is the same behind Redis Sentinel; the take script
 itself is in ``workers.consumer.take``.
+
+Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
+    kombu.transport.redis.Channel: _brpop_read, _brpop_sent_at (new in 5.7), _brpop_start,
+        _connparams, _create_client, _fanout_queues, _flush_brpop_reauth (new in 5.7),
+        _get_client, _in_poll, _poll_error, _q_for_pri, _queue_bind, _queue_cycle, _receive,
+        _size
+    kombu.transport.virtual.base.Channel: _tag_to_queue
+    kombu.transport.virtual.base.Transport: _deliver
+    kombu.transport.redis.MultiChannelPoller: _channels
+    redis.connection.AbstractConnection: _sock (redis-py's)
 """
 
 from __future__ import annotations
@@ -463,7 +473,7 @@ class Channel(kombu_redis.Channel):
             return True
         finally:
             self._in_poll = None
-            flush = getattr(self, "_flush_brpop_reauth", None)  # kombu >= 5.6
+            flush = getattr(self, "_flush_brpop_reauth", None)  # kombu >= 5.7
             if flush is not None:
                 flush()
 

@@ -19,6 +19,9 @@ the worker is ready (:func:`remind`: the first sample is taken before Celery con
 logging, so that first line has no level or time); an info line once it is back within. The
 lease keeper's thread takes the later samples (``shared.clock.RedisClock.now`` in each
 renewal).
+
+Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
+    kombu.transport.redis: time (a module global, replaced)
 """
 
 from __future__ import annotations

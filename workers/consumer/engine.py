@@ -237,7 +237,7 @@ class Engine:
             # send events through it (progress, retried, started, succeeded).
             for w in self._by_id.values():
                 for r in (w.req, *w.twins):
-                    r._eventer = None
+                    r.eventer = None
             self.lanes.wake_all()
         end = time.monotonic() + timeout_s
         while self._threaded and time.monotonic() < end and self.lanes.busy():

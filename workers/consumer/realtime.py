@@ -8,6 +8,9 @@ reads on a separate channel, so its window is never occupied by lower-priority m
 Messages go through Celery's own task handler (decoding, JSON-only accept, unknown tasks,
 the task's strategy), so a REALTIME request is a task like any other; the engine's REALTIME
 lane thread runs it.
+
+Private kombu/Celery names (read from Celery 5.5 to 5.7; ``tests/unit/test_private_names.py``):
+    celery.bootsteps.ConsumerStep: _close (overridden)
 """
 
 from __future__ import annotations

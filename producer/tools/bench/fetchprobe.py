@@ -165,8 +165,8 @@ def report_segments(rows):
 
 def stats_now(client):
     try:
-        rep = client.app.control.inspect(timeout=3.0)._request("fleet_stats") or {}
-        return next(iter(rep.values()), {})
+        replies = client.app.control.broadcast("fleet_stats", reply=True, timeout=3.0)
+        return next((stats for reply in replies or [] for stats in reply.values()), {})
     except Exception as exc:
         return {"error": str(exc)}
 
