@@ -22,9 +22,14 @@ What counts as a use:
   of theirs): a method that overrides, or a ``self._name`` / ``super()._name`` that reads or
   sets, a private name of those classes (their MRO, as installed);
 - anywhere: ``obj._name`` or a string ``"_name"`` (``getattr``, a keyword) naming a private
-  name Celery or kombu define that the product does not define for itself;
+  name Celery or kombu define, unless the module, or a product module it imports, defines
+  that name for itself;
 - a private name imported from them; an assignment to an attribute of one of their modules
   (or to an item of one).
+
+It reads syntax, not types: a global of theirs changed through another name (``aliases =
+kombu.transport.TRANSPORT_ALIASES; aliases[k] = v``) is not seen, nor a private name of
+theirs read from an object of theirs where the module also defines that name for itself.
 """
 
 from __future__ import annotations
