@@ -2,9 +2,9 @@
 
 Structure (one concern per module)::
 
-    settings.py                typed settings (configs/fleet.toml + FLEET_*), load_settings
-      settings_redis.py        [redis], and the credentials and URLs derived from it
-      settings_paths.py        config files, the run directory, secret files
+    settings/                  typed settings (configs/fleet.toml + FLEET_*), load_settings;
+      redis.py                 [redis], and the credentials and URLs derived from it
+      paths.py                 config files, the run directory, secret files
     model_kinds.py             the model kinds: each one's options and adapter
     schema.py, priority.py     the task envelope; priority classes and deadlines
     errors.py                  the error hierarchy, each with a stable code

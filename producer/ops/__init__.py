@@ -1,6 +1,6 @@
 """What operators run beside the fleet: the queue exporter for Prometheus and Flower's app.
 
 exporter.py         ``fleet exporter``: queue depth, demand and age at each scrape
-exporter_events.py  ``celery_task_sent_total`` counted from producers' task-sent events
+sent_events.py  ``celery_task_sent_total`` counted from producers' task-sent events
 flower_app.py       the Celery app Flower loads (no tasks, no torch)
 """

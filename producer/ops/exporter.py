@@ -21,7 +21,7 @@ series                                      meaning
 ``fleet_shm_capacity_bytes``                their budget (``[transport] capacity_*``)
 ``fleet_exporter_redis_up``                 1 when the last read of Redis succeeded
 ``celery_task_sent_total{name,hostname,``   producers' ``task-sent`` events
-``queue_name}``                             (``producer.ops.exporter_events``)
+``queue_name}``                             (``producer.ops.sent_events``)
 ========================================== ==================================================
 
 Every value is read at scrape time (one Lua script for all queues, ``shared.queue_stats``);
@@ -198,9 +198,9 @@ def build_registry(settings: Settings, client: Any = None) -> CollectorRegistry:
 
 
 def start_sent_tap(settings: Settings, registry: CollectorRegistry) -> Any:
-    """Count producers' ``task-sent`` events into ``registry`` (``producer.ops.exporter_events``)
+    """Count producers' ``task-sent`` events into ``registry`` (``producer.ops.sent_events``)
     from a daemon thread; returns the thread."""
-    from producer.ops.exporter_events import SentTap
+    from producer.ops.sent_events import SentTap
     from shared.celery_app import make_app
 
     tap = SentTap(make_app(settings, name="fleet-exporter", role="operator"), registry,

@@ -8,7 +8,7 @@ and which object serves it:
   events under the names Celery's and Triton's dashboards read), in the same registry;
 - ``exporter``: ``fleet exporter``'s (``producer.ops.exporter``): the queue-level gauges it
   builds at each scrape from one read of Redis, and ``celery_task_sent``
-  (``producer.ops.exporter_events``).
+  (``producer.ops.sent_events``).
 
 The real worker objects make their series from this table (:func:`make`), the
 null ones (``[metrics] enabled = false``, ``shared.metrics.null``) put a no-op in each of

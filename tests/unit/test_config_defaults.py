@@ -1,4 +1,4 @@
-"""``configs/fleet.toml`` repeats the typed defaults (``shared/settings.py``,
+"""``configs/fleet.toml`` repeats the typed defaults (``shared/settings/``,
 ``shared/model_kinds.py``), so reading one or the other tells the same story; only the
 priority classes and the modalities, which have no built-in defaults, live in the file alone."""
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from producer.ops.exporter import all_queues, queue_families, shm_families, up_family
-from producer.ops.exporter_events import SentTap
+from producer.ops.sent_events import SentTap
 from shared.metrics import FleetMetrics
 from shared.metrics.ecosystem import EcosystemMetrics
 from shared.metrics.null import NULL_METRIC, NullEcosystemMetrics

@@ -22,8 +22,8 @@ Secrets (Redis and Flower passwords) are never in the TOML file: they come from 
 environment or from files under ``stack.run_dir`` that ``fleet up`` creates with mode 0600.
 
 Modules: this one holds the sections, :class:`Settings` and :func:`load_settings`;
-``shared.settings_redis`` the ``[redis]`` section and the credentials and URLs derived from it
-(mixed into :class:`Settings`); ``shared.settings_paths`` the config files, the run directory
+``shared.settings.redis`` the ``[redis]`` section and the credentials and URLs derived from it
+(mixed into :class:`Settings`); ``shared.settings.paths`` the config files, the run directory
 and secret files. Import every name from here.
 """
 
@@ -44,7 +44,7 @@ from pydantic_settings import (
 )
 
 from shared.model_kinds import AnyModelOptions
-from shared.settings_paths import (
+from shared.settings.paths import (
     REPO_CONFIG,
     config_paths,
     ensure_secret,
@@ -52,7 +52,7 @@ from shared.settings_paths import (
     project_root,
     user_run_dir,
 )
-from shared.settings_redis import RedisAccess, RedisSettings
+from shared.settings.redis import RedisAccess, RedisSettings
 
 __all__ = [
     "DELIVERIES_COVERED",

@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 # The defaults shipped beside this package's source tree.
-REPO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fleet.toml"
+REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "fleet.toml"
 
 
 def project_root(cwd: Path, package_root: Path) -> Path | None:
