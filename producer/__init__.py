@@ -1,4 +1,5 @@
-"""The producer side of the fleet. Never imports torch.
+"""The producer side of the fleet. The client, ops, stack and gateway never import torch or
+worker code; the tools and the CLI load models inside the functions that need them.
 
 Folders, each importing only those listed after it::
 

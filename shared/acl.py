@@ -8,8 +8,9 @@ process connects as the role it plays (``Settings.redis_credentials``):
 role        may
 ========== ===================================================================================
 producer    enqueue (``LPUSH`` onto the modality queues, kombu's bindings), read results
-            (``GET``/``MGET``/``SUBSCRIBE`` on ``celery-task-meta-*``), cancel (a first-wins
-            ``SET NX`` on ``fleet:final:*`` and the REVOKED result), read worker liveness
+            (``GET``/``MGET``/``SUBSCRIBE`` on ``celery-task-meta-*``), cancel (one
+            ``WATCH``/``MULTI`` transaction: the final marker on ``fleet:final:*`` and the
+            REVOKED result, unless a final result stands), read worker liveness
             (``fleet:live:*``) and Redis' clock (``TIME``), publish ``task-sent`` events,
             ``WAIT`` for a replica after a publish (Redis behind Sentinel). Nothing else: no
             ``EVAL``, ``CONFIG``, ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, no other key or channel.
