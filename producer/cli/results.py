@@ -22,8 +22,10 @@ from producer.cli.base import (
     cli_settings,
     emit,
     exit_code_for,
+    fail,
 )
 from producer.cli.output import jsonable
+from shared.errors import InvalidInput
 from shared.settings import Settings
 
 FINAL = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
@@ -36,6 +38,16 @@ STATE_WORDS = {
 
 
 PROBE_EVERY_S = 2.0  # how often `fleet result --wait-s` looks for a request without a result
+
+
+def request_id(given: str) -> str:
+    """The id as given, without the blanks a pasted id often brings; an empty one (a shell
+    variable the failed line before left empty) is refused as input, exit 2, before any
+    connection is made."""
+    task_id = given.strip()
+    if not task_id:
+        fail(InvalidInput("the request id is empty: give the id `fleet submit` printed"))
+    return task_id
 
 
 def read_meta(client: Any, task_id: str) -> dict[str, Any] | None:
@@ -165,7 +177,7 @@ def result(
     from producer.cli.diagnose import broker_errors, broker_lost
 
     check_seconds("--wait-s", wait_s)
-    task_id = task_id.strip()  # a pasted id often brings a space or a newline
+    task_id = request_id(task_id)
     settings, client, prober = _client()
     try:
         deadline = time.monotonic() + wait_s
@@ -226,7 +238,7 @@ def watch(
     check_seconds("--timeout-s", timeout_s)
     check_seconds("--interval-s", interval_s, positive=True)
     check_seconds("--report-s", report_s, positive=True)
-    task_id = task_id.strip()
+    task_id = request_id(task_id)
     settings, client, prober = _client()
     last: dict[str, Any] | None = None
     where: loc.Location | None = None

@@ -4,6 +4,7 @@ broker diagnosis wording and a log tail that starts at this start. No servers.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -324,3 +325,19 @@ def test_processes_a_stack_starts_get_its_recorded_addresses(
     assert env["FLEET_STACK__RUN_DIR"] == str(tmp_path)
     monkeypatch.setenv("FLEET_REDIS__PORT", "7000")  # the caller's own setting wins
     assert Stack(s).env()["FLEET_REDIS__PORT"] == "7000"
+
+
+@pytest.mark.parametrize("command", ["result", "watch"])
+@pytest.mark.parametrize("given", ["", "  ", "\n"])
+def test_an_empty_id_is_refused_as_input_without_a_traceback(command: str, given: str) -> None:
+    # What `fleet result "$ID"` gets when the line that set ID failed: a coded refusal
+    # (exit 2), before any connection is made, never a traceback.
+    from typer.testing import CliRunner
+
+    from producer.cli import app
+
+    out = CliRunner().invoke(app, [command, given])
+    assert out.exit_code == 2, out.output
+    assert out.exception is None or isinstance(out.exception, SystemExit)
+    assert json.loads(out.stdout.splitlines()[0])["error"]["code"] == "INVALID_INPUT"
+    assert "Traceback" not in out.output
