@@ -19,7 +19,7 @@ from shared.queue_stats import QueueReader
 from shared.settings import MODALITIES
 from tests.conftest import own_redis
 from tests.message_layout import Built, build, every_kind, inputs_for, queues, rules
-from workers.consumer.take import TAKE_MANY
+from workers.consumer.channel import TAKE_MANY
 
 pytestmark = pytest.mark.integration
 

@@ -32,8 +32,7 @@ then stops fetching and tries again with backoff, its restore scans wait, and wh
 worker writes to start (queue bindings; ``MISCONF`` refuses even the first ``PING``) is
 written once Redis accepts writes again, so that worker gets ready meanwhile.
 
-``workers.consumer.sentinel.SentinelTransport`` is the same behind Redis Sentinel; the take script
-itself is in ``workers.consumer.take``.
+``workers.consumer.sentinel.SentinelTransport`` is the same behind Redis Sentinel.
 
 Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
     kombu.transport.redis.Channel: _brpop_read, _brpop_sent_at (new in 5.7), _brpop_start,
@@ -44,6 +43,10 @@ Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_nam
     kombu.transport.virtual.base.Transport: _deliver
     kombu.transport.redis.MultiChannelPoller: _channels
     redis.connection.AbstractConnection: _sock (redis-py's)
+
+The take script is ``take_many.lua`` beside this module (its KEYS, ARGV, reply and the keys it
+touches in its header), run by ``Channel._take``; a take Redis refuses before it runs raises
+:class:`TakeRefused`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import functools
 import logging
 import time
 import uuid
+from importlib import resources
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
@@ -66,9 +70,10 @@ from shared import clock, keys
 from workers.batching import refusals
 from workers.batching.refusals import REFUSALS
 from workers.consumer import lease
-from workers.consumer.take import TAKE_MANY, TakeRefused
+
 
 log = logging.getLogger("fleet.broker")
+
 
 _NOTIFY_PROBE_S = 1.0  # how long a channel waits for its probe's keyspace notification
 
@@ -553,6 +558,8 @@ class Channel(kombu_redis.Channel):
 
 
 KICK_INTERVAL_S = 1.0  # the notification fetch's safety net: see Transport._kick
+
+
 IDLE_KICK_S = 5.0  # an idle channel takes anyway this often (a missed notification)
 
 
@@ -630,3 +637,23 @@ def _answering_client(base: Any) -> Any:
                 return True
 
     return AnsweringRedis
+
+
+TAKE_MANY = resources.files("workers.consumer").joinpath("take_many.lua").read_text("utf-8")
+
+
+"""The take script (``take_many.lua``: its KEYS, ARGV, reply and the keys it touches in its
+header), read once at import; ``register_script`` names it by its SHA-1."""
+
+
+class TakeRefused(Exception):
+    """Redis refused the take script (nothing was taken).
+
+    Args:
+        reason: the refusal (``workers.batching.refusals.REASONS``: the take writes, so Redis
+            refusing writes refuses it), or ``None`` for any other error reply.
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason or "refused")
+        self.reason = reason

@@ -1,7 +1,7 @@
 -- take_many: take up to a window's free slots of messages from a worker channel's priority
 -- lists and record each as unacked in kombu's structures, in one atomic step, so no message
 -- is ever out of Redis without its unacked entry (workers.consumer.channel.Channel._take;
--- loaded by workers.consumer.take as TAKE_MANY).
+-- loaded by workers.consumer.channel as TAKE_MANY).
 --
 -- KEYS[1..n]  the channel's priority lists, in the order they are emptied: priority step
 --             first, queue after queue within a step (the order kombu's BRPOP names them)
