@@ -9,7 +9,7 @@ start-up, in baseline mode, while draining at shutdown) items complete inline on
 posting thread.
 
 Settling a final outcome (:meth:`Completer.complete`): store the result (first-wins,
-``workers.batching.results``), then ack the request and its twins (``workers.consumer.acks``), then
+``workers.batching.results``), then ack the request and its twins (``workers.consumer.lease``), then
 send ``task-succeeded``/``task-failed``, observe the metrics and log one line. What Redis refuses
 is retried with backoff for ``SETTLE_GIVE_UP_S``; a request still unsettled then is given
 back to its queue, so its prefetch slot never stays taken.
@@ -66,7 +66,7 @@ class CompletionHost(Protocol):
     """What a completer needs from its engine (the Celery and kombu side)."""
 
     def ack(self, reqs: list[Any]) -> int:
-        """Ack requests in one round trip; how many shared it (``workers.consumer.acks``).
+        """Ack requests in one round trip; how many shared it (``workers.consumer.lease``).
 
         Raises:
             Exception: Redis refused; none of them is acked (retried later).

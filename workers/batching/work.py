@@ -149,7 +149,7 @@ class EngineStats:
     failed: int = 0
     expired: int = 0
     retried: int = 0
-    acked_in_batches: int = 0  # acks that shared a Redis pipeline (workers.consumer.acks)
+    acked_in_batches: int = 0  # acks that shared a Redis pipeline (workers.consumer.lease)
     duplicates: int = 0  # copies acked without running or writing: a final result stood
     twins: int = 0  # copies of a task id the window held already
     revoked: int = 0

@@ -71,7 +71,6 @@ from workers.batching import refusals
 from workers.batching.refusals import REFUSALS
 from workers.consumer import lease
 
-
 log = logging.getLogger("fleet.broker")
 
 

@@ -67,8 +67,7 @@ from workers.batching.telemetry import Tracing
 from workers.batching.warmup import WarmQueue, WarmStep, split_plan, warm_plan, warming_pays
 from workers.batching.work import Done, EngineStats, Observers, Posted, ProgressThrottle, Work
 from workers.consumer import stats
-from workers.consumer.acks import ack_batch, give_back
-from workers.consumer.lease import LeaseKeeper
+from workers.consumer.lease import LeaseKeeper, ack_batch, give_back
 from workers.models import make_adapter
 from workers.models.runtime import DeviceRuntime
 
@@ -270,7 +269,7 @@ class Engine:
         self._give_back(reqs)
 
     def _give_back(self, reqs: list[Any]) -> None:
-        """Return messages to their queues at once, unrun (``workers.consumer.acks.give_back``)."""
+        """Return messages to their queues at once, unrun (``workers.consumer.lease.give_back``)."""
         self.stats.given_back += give_back(reqs, self.keeper, self.tracing)
 
     def attach(self, hub: Any) -> None:
