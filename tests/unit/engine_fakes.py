@@ -19,9 +19,7 @@ from shared.metrics import FleetMetrics
 from shared.schema import TaskEnvelope
 from shared.settings import DeviceConfig, Settings
 from workers.batching.batcher import LatencyModel, Pending
-from workers.batching.circuit import CircuitBreaker
-from workers.batching.execution import BatchRunner, RetryPolicy
-from workers.batching.inflight import FINAL
+from workers.batching.execution import FINAL, BatchRunner, CircuitBreaker, RetryPolicy
 from workers.batching.inject import RequestInjector
 from workers.batching.telemetry import Tracing
 from workers.batching.work import EngineStats, Observers, Posted, Work
@@ -188,7 +186,7 @@ def rig(
 
 
 class MemoryCounters:
-    """In-flight counters in a dict, with ``workers.batching.inflight.InFlight``'s semantics
+    """In-flight counters in a dict, with ``workers.batching.execution.InFlight``'s semantics
     (its Lua script and Redis round trips are covered by the integration tests)."""
 
     def __init__(self) -> None:

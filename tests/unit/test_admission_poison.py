@@ -1,8 +1,8 @@
-"""``workers.batching.admission`` and ``workers.batching.poison``: a received request -> pending or
-a coded refusal; a message that keeps killing workers is refused; a suspect runs alone.
+"""``workers.batching.admission`` and ``workers.batching.execution``: a received request ->
+pending or a coded refusal; a message that keeps killing workers is refused; a suspect runs alone.
 
 A fake model and fake requests; the in-flight counters are kept in a dict with the Redis
-semantics of ``workers.batching.inflight`` (``engine_fakes.MemoryCounters``); the real script on a
+semantics of ``workers.batching.execution`` (``engine_fakes.MemoryCounters``); the real script on a
 real Redis, and real worker crashes, are covered by tests/integration/test_faults.py.
 """
 
@@ -17,8 +17,8 @@ from shared.priority import Priority
 from shared.settings import Settings
 from workers.batching.admission import Admission, Refusal, Served, screen
 from workers.batching.batcher import Batcher, Pending, Policy
+from workers.batching.execution import Deliveries
 from workers.batching.inject import RequestInjector
-from workers.batching.poison import Deliveries
 from workers.batching.telemetry import Tracing
 from workers.batching.work import Work
 

@@ -22,8 +22,13 @@ from shared.errors import (
     ModelError,
     TransientError,
 )
-from workers.batching.circuit import CircuitBreaker, State
-from workers.batching.execution import RetryPolicy, as_fleet_error, judge_breaker
+from workers.batching.execution import (
+    CircuitBreaker,
+    RetryPolicy,
+    State,
+    as_fleet_error,
+    judge_breaker,
+)
 from workers.batching.results import Outcome
 from workers.batching.work import Done, Retry, Started, Work
 
@@ -282,7 +287,7 @@ def test_every_member_ends_exactly_once_per_run(flaky_failures: int) -> None:
 
 
 def test_the_engine_parts_import_neither_celery_nor_redis() -> None:
-    parts = "admission, poison, execution, completion, lanes, work"
+    parts = "admission, execution, completion, lanes, work"
     code = (
         f"import sys; from workers.batching import {parts}; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'celery', 'kombu', 'redis'}))"

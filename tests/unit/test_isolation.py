@@ -1,5 +1,5 @@
-"""``workers.batching.poison.Isolation``: a suspect batch runs alone, so a worker's death while it
-runs is blamed on it only (real threads, no servers).
+"""``workers.batching.execution.Isolation``: a suspect batch runs alone, so a worker's death
+while it runs is blamed on it only (real threads, no servers).
 
 Before it, a suspect's batch could run while the next arrival group was still counted and
 decoding; its crash then counted a death against every request of that group (in CI an
@@ -16,8 +16,8 @@ from engine_fakes import MODALITY, Doubler, FakeReq, MemoryCounters, envelope
 
 from shared.settings import Settings
 from workers.batching.admission import Admission
+from workers.batching.execution import Deliveries, Isolation
 from workers.batching.inject import RequestInjector
-from workers.batching.poison import Deliveries, Isolation
 from workers.batching.telemetry import Tracing
 
 

@@ -5,7 +5,8 @@ Two steps, both on the worker's event-loop thread:
 
 1. :func:`screen` (cheap, before Redis is asked anything): positional arguments, the
    envelope's schema, its priority, the modality and model this worker serves, the deadline.
-2. :meth:`Admission.admit` (after its delivery was counted, ``workers.batching.poison``): refuse a
+2. :meth:`Admission.admit` (after its delivery was counted, ``workers.batching.execution``): refuse
+a
    poison message, strip an injected fault, renew its /dev/shm inputs, ``prepare`` them, and
    build the :class:`~workers.batching.batcher.Pending` (a suspect in a bucket of its own).
 
@@ -24,8 +25,8 @@ from shared.errors import DeadlineExceeded, FleetError, InvalidInput, Unsupporte
 from shared.priority import Priority
 from shared.schema import TaskEnvelope
 from workers.batching.batcher import Pending
+from workers.batching.execution import Deliveries
 from workers.batching.inject import RequestInjector
-from workers.batching.poison import Deliveries
 from workers.batching.telemetry import Tracing
 from workers.batching.tensor_lease import renew_inputs
 from workers.batching.work import Work

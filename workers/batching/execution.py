@@ -2,7 +2,7 @@
 
 :meth:`BatchRunner.run` reads, in order:
 
-1. the circuit breaker (``workers.batching.circuit``): while it is open the batch fails fast with
+1. the circuit breaker (:class:`CircuitBreaker`): while it is open the batch fails fast with
    ``CIRCUIT_OPEN`` and the model is not called;
 2. the gate (the engine's: revoked members, members with a final result already, in-flight
    counting); a :class:`~workers.batching.work.Started` item for the rest;
@@ -21,25 +21,87 @@
    (:class:`~workers.batching.work.Done`).
 
 Everything leaves through ``post`` (the hand-off to the loop thread,
-``workers.batching.completion``)
-and retries through ``schedule`` (the engine's delay queue). No Celery and no Redis here.
+``workers.batching.completion``) and retries through ``schedule`` (the engine's delay queue).
+No Celery here; Redis only through the gate's one round trip (:class:`InFlight`).
+
+The circuit breaker (:class:`CircuitBreaker`) stops feeding a model that keeps failing. States (pure
+logic; every call takes ``now`` in monotonic seconds):
+
+- CLOSED: batches run. ``threshold`` consecutive failed batches (every request of the batch
+  failed with a model or device fault, or the batch timed out) open it.
+- OPEN: requests fail fast with ``CIRCUIT_OPEN`` for ``cooldown_s``.
+- HALF_OPEN: after the cool-down one probe batch runs; success closes the breaker, failure
+  opens it again for another cool-down.
+
+Bad input never counts: an input error is the caller's fault, not the model's.
+
+
+The gate (:class:`InFlight`), before a batch runs, drops requests that already have a final
+result and counts deaths. One round trip per batch (``_BEGIN``), for every member:
+
+- if ``fleet:final:<id>`` exists, the request already has its final result (a redelivered
+  or duplicated copy of a finished request): it is not run, only acked
+  (``workers.batching.results`` writes that marker with the first final result);
+- else, on its first run in this delivery, its in-flight counter is incremented (the
+  arrival's count was given back once it decoded).
+
+The in-flight counter ``fleet:deliveries:<id>`` is incremented when a delivery arrives,
+before its input is decoded (:meth:`InFlight.arrive`, one round trip per fetch), and given
+back once it decoded (a worker dying while it waits in the window is not its fault); it is
+incremented again when its batch runs, deleted with the final result, and given back when a
+worker shuts down or returns the request unrun. What is left of it counts the deliveries
+whose worker died decoding or running them: a delivery that finds ``MAX_DELIVERIES``
+deaths is poison (``WORKER_LOST``). In-place retries of a transient fault run again in the
+same delivery and are not counted.
+
+
+Poison accounting (:class:`Deliveries`, :class:`Isolation`) counts the deliveries a worker died
+with, refuses a message that keeps killing workers, and runs a suspect alone. The counters live in
+Redis (:class:`InFlight`: keys, the Lua gate ``inflight_begin.lua``, TTL); the decisions and the
+safety nets around them take a :class:`Counters` object, so they can be tested without Redis:
+
+- a delivery is counted when it arrives (before its input is decoded), given back once it
+  decoded, and counted again on its first run in a batch; the final result deletes it;
+- what is left counts the deliveries whose worker died decoding or running them; a delivery
+  that finds ``max_deliveries`` deaths fails ``WORKER_LOST`` instead of running;
+- a delivery with an earlier death (a *suspect*) runs in a bucket of its own, so it cannot
+  take innocent batch-mates down with it again, and alone on the worker (:class:`Isolation`):
+  no other batch runs and no arrival is being decoded meanwhile, and the batches before it
+  have their results stored (a finished batch whose results the loop had not yet written is
+  still counted: :class:`Isolation` waits for the loop), its own stored before the next
+  batch starts, so a death while it runs is blamed on it only;
+- an arrival group is given back (uncounted) before any of its members may run, so a member
+  that kills the worker is not blamed twice, nor its group-mates once;
+- Redis refusing a count never stops a request: counting is a safety net, and result
+  writes are first-wins.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from enum import StrEnum
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Protocol
 
-from shared.errors import CircuitOpen, DeviceError, DeviceOOM, FleetError, InvalidInput, ModelError
+from shared import keys
+from shared.errors import (
+    CircuitOpen,
+    DeviceError,
+    DeviceOOM,
+    FleetError,
+    InvalidInput,
+    ModelError,
+    WorkerLost,
+)
 from workers.batching import heap
 from workers.batching.batcher import LatencyModel, Pending, Trigger
-from workers.batching.circuit import CircuitBreaker
 from workers.batching.inject import RequestInjector
-from workers.batching.poison import Isolation
 from workers.batching.results import Outcome
 from workers.batching.work import (
     Done,
@@ -54,12 +116,29 @@ from workers.batching.work import (
 from workers.models.base import ModelAdapter
 from workers.models.runtime import DeviceRuntime
 
-__all__ = ["BatchRunner", "RetryPolicy", "RunnerHost", "as_fleet_error", "judge_breaker"]
+if TYPE_CHECKING:
+    from shared.redis_client import Waiter
+
+__all__ = [
+    "BatchRunner",
+    "Counters",
+    "Deliveries",
+    "Isolation",
+    "RetryPolicy",
+    "RunnerHost",
+    "as_fleet_error",
+    "judge_breaker",
+    "suspect_bucket",
+]
+
 
 log = logging.getLogger("fleet.engine")
 
+
 # give glibc's freed-but-kept heap pages back (see workers.batching.heap.trim)
 TRIM_EVERY_BATCHES = 10
+
+
 SETTLE_WAIT_S = 10.0  # longest a suspect waits for earlier outcomes to be stored
 
 
@@ -176,7 +255,7 @@ class BatchRunner:
             return
         self.runtime.yield_now()
         # A suspect runs alone: a death now is blamed on it only
-        # (workers.batching.poison.Isolation).
+        # (workers.batching.execution.Isolation).
         # Alone also means after the batches before it are settled (their results stored,
         # their counts gone), and before the next one starts, its own results stored.
         suspect = any(w.suspect for w in batch)
@@ -304,3 +383,292 @@ class BatchRunner:
                 self.post([Progress(w, done, total)])
 
         self.adapter.progress_sink = sink
+
+
+class State(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass
+class CircuitBreaker:
+    """Args: ``threshold`` consecutive failed batches to open; ``cooldown_s`` seconds open."""
+
+    threshold: int = 5
+    cooldown_s: float = 10.0
+    state: State = State.CLOSED
+    failures: int = 0
+    opened_at: float = 0.0
+    opened_count: int = 0
+
+    def allow(self, now: float) -> bool:
+        """May a batch run now? Moves OPEN to HALF_OPEN once the cool-down has passed."""
+        if self.state is State.OPEN and now - self.opened_at >= self.cooldown_s:
+            self.state = State.HALF_OPEN
+        return self.state is not State.OPEN
+
+    def record_success(self) -> None:
+        self.state = State.CLOSED
+        self.failures = 0
+
+    def record_failure(self, now: float) -> None:
+        self.failures += 1
+        if self.state is State.HALF_OPEN or self.failures >= self.threshold:
+            self.state = State.OPEN
+            self.opened_at = now
+            self.opened_count += 1
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "state": str(self.state),
+            "consecutive_failures": self.failures,
+            "times_opened": self.opened_count,
+        }
+
+
+MAX_DELIVERIES = 3  # deliveries whose worker died running them, after which a message is poison
+
+
+FINAL = -1  # _BEGIN's answer for a request that has its final result already
+
+
+# the batch gate (``inflight_begin.lua``: its KEYS, ARGV, reply and keys in its header)
+_BEGIN = resources.files("workers.batching").joinpath("inflight_begin.lua").read_text("utf-8")
+
+
+class InFlight:
+    """The batch gate and the in-flight counters, on a Redis client (thread-safe).
+
+    Args:
+        client: a ``redis.Redis`` client.
+        ttl_s: how long a counter outlives its last increment (it must outlive every
+            redelivery of a dead worker's message).
+        waiter: Redis behind Sentinel: a ``FINAL`` answer is confirmed on the primary
+            before a copy is acked unrun. An old primary keeps answering until it is
+            demoted, and a final marker it holds from a write no replica confirmed is lost
+            with it; acking a copy on its word would lose the request.
+    """
+
+    def __init__(self, client: Any, ttl_s: int, waiter: Waiter | None = None) -> None:
+        self.client = client
+        self.waiter = waiter
+        self.ttl_s = ttl_s
+        self._begin = client.register_script(_BEGIN)
+
+    def begin(self, task_ids: Sequence[str], count: Sequence[bool]) -> list[int]:
+        """For each id: ``FINAL`` (do not run), its counter after counting, or 0 (not counted).
+
+        Raises:
+            redis.RedisError: Redis is unreachable (the caller runs the batch anyway:
+                counting is a safety net, and result writes are first-wins).
+        """
+        if not task_ids:
+            return []
+        ks: list[str] = []
+        for tid in task_ids:
+            ks += [keys.final_key(tid), keys.delivery_count_key(tid)]
+        args = [self.ttl_s, *("1" if c else "0" for c in count)]
+        states = [int(x) for x in self._begin(keys=ks, args=args)]
+        if self.waiter is not None and FINAL in states:
+            finals = [i for i, st in enumerate(states) if st == FINAL]
+            with self.client.pipeline(transaction=False) as pipe:
+                for i in finals:
+                    pipe.exists(keys.final_key(task_ids[i]))
+                # ReplicationUncertain: the caller runs the batch (writes are first-wins)
+                from shared.redis_client import execute_waiting
+
+                found = execute_waiting(self.client, pipe, self.waiter)
+            for i, present in zip(finals, found, strict=True):
+                if not present:
+                    states[i] = 0
+        return states
+
+    def arrive(self, task_ids: Sequence[str]) -> list[int]:
+        """Count one delivery of each id; returns each counter (deliveries so far).
+
+        Raises:
+            redis.RedisError: Redis is unreachable.
+        """
+        if not task_ids:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for tid in task_ids:
+                pipe.incr(keys.delivery_count_key(tid))
+                pipe.expire(keys.delivery_count_key(tid), self.ttl_s)
+            replies = pipe.execute()
+        return [int(x) for x in replies[0::2]]
+
+    def uncount(self, task_ids: Sequence[str]) -> None:
+        """Give back the counts of requests that did not die (shutdown, returned unrun)."""
+        if not task_ids:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for tid in task_ids:
+                pipe.decr(keys.delivery_count_key(tid))
+            pipe.execute()
+
+
+class Counters(Protocol):
+    """The in-flight counters (``workers.batching.execution.InFlight`` on Redis)."""
+
+    def arrive(self, task_ids: Sequence[str]) -> list[int]: ...
+
+    def begin(self, task_ids: Sequence[str], count: Sequence[bool]) -> list[int]: ...
+
+    def uncount(self, task_ids: Sequence[str]) -> None: ...
+
+
+def suspect_bucket(bucket: str, task_id: str) -> str:
+    """The bucket of a suspect: its own, so no batch-mate joins it."""
+    return f"{bucket}#suspect-{task_id}"
+
+
+class Deliveries:
+    """One worker's poison accounting over ``counters``.
+
+    Args:
+        counters: the in-flight counters.
+        max_deliveries: deaths after which a message is refused (``WORKER_LOST``).
+    """
+
+    def __init__(self, counters: Counters, max_deliveries: int = MAX_DELIVERIES) -> None:
+        self.counters = counters
+        self.max_deliveries = max_deliveries
+
+    def arrive(self, task_ids: Sequence[str]) -> list[int]:
+        """Count one delivery of each id; each one's deliveries so far (0: not counted)."""
+        try:
+            return self.counters.arrive(task_ids)
+        except Exception:  # Redis away: count them when their batch runs instead
+            log.warning("could not count %d arrivals", len(task_ids), exc_info=True)
+            return [0] * len(task_ids)
+
+    def decoded(self, task_ids: Sequence[str]) -> None:
+        """These decoded without dying: waiting in the window is no fault of theirs (a
+        worker that dies now was not killed by them); their batch counts them again."""
+        try:
+            self.counters.uncount(task_ids)
+        except Exception:
+            log.warning("could not uncount %d decoded arrivals", len(task_ids), exc_info=True)
+
+    def refusal(self, task_id: str, count: int) -> WorkerLost | None:
+        """The error that refuses a delivery counted ``count`` times (this one included),
+        or ``None`` if it may run."""
+        deaths = count - 1
+        if deaths >= self.max_deliveries:
+            return WorkerLost(
+                f"its worker was lost {deaths} times while running it; not retried again"
+            )
+        if deaths > 0:
+            log.info("redelivered id=%s died_in_flight=%d", task_id, deaths)
+        return None
+
+    @staticmethod
+    def suspect(count: int) -> bool:
+        """Whether a delivery counted ``count`` times (this one included) had a worker die
+        with it before: it then runs alone, in a bucket of its own."""
+        return count > 1
+
+    @classmethod
+    def bucket(cls, bucket: str, task_id: str, count: int) -> str:
+        """The bucket a delivery counted ``count`` times runs in."""
+        return suspect_bucket(bucket, task_id) if cls.suspect(count) else bucket
+
+    def begin(self, batch: list[Work]) -> tuple[list[Work], list[Work]]:
+        """Split ``batch`` into (to run, duplicates with a final result already); counts the
+        members not counted at arrival."""
+        try:
+            states = self.counters.begin([w.req.id for w in batch], [not w.counted for w in batch])
+        except Exception:  # a safety net: run anyway (result writes are first-wins)
+            log.warning("could not check or count batch in flight", exc_info=True)
+            return batch, []
+        run, dups = [], []
+        for w, st in zip(batch, states, strict=True):
+            if st == FINAL:
+                dups.append(w)
+            else:
+                w.counted = w.counted or st > 0
+                run.append(w)
+        return run, dups
+
+    def release(self, works: Sequence[Work]) -> None:
+        """Give back the counts of requests that did not die (a shutdown, returned unrun)."""
+        with contextlib.suppress(Exception):
+            self.counters.uncount([w.req.id for w in works if w.counted])
+
+
+class Isolation:
+    """Who may run beside whom, so that a worker's death is blamed only on what caused it.
+
+    A *suspect* batch (a delivery whose worker died before) runs alone: it waits until no
+    other batch runs and no arrival group is counted-but-not-given-back (decoding), and
+    while it waits or runs no other batch starts and arrivals are not counted. Other
+    batches run beside each other and beside decoding arrivals (a first death may blame a
+    decoding request once; its redelivery is then a suspect and runs alone).
+
+    Batch threads block here; the consumer's event loop never does: :meth:`try_admit`
+    answers at once, and ``on_clear`` (any thread) is called once the last suspect ends so
+    that the deferred arrivals are admitted then.
+    """
+
+    def __init__(self, on_clear: Callable[[], None] | None = None) -> None:
+        self.on_clear = on_clear or (lambda: None)
+        self._cond = threading.Condition()
+        self._batches = 0  # other batches running
+        self._admitting = 0  # arrival groups counted, not yet given back
+        self._suspects = 0  # suspects running or waiting to
+        self._suspect_running = False
+
+    def try_admit(self, block: bool = False) -> bool:
+        """Start counting an arrival group; ``False`` (when not ``block``) while a suspect
+        runs or waits: count it once :attr:`on_clear` is called."""
+        with self._cond:
+            if self._suspects and not block:
+                return False
+            self._cond.wait_for(lambda: not self._suspects)
+            self._admitting += 1
+            return True
+
+    def admitted(self) -> None:
+        """The group started by :meth:`try_admit` is given back (or failed to count)."""
+        with self._cond:
+            self._admitting -= 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def running(self, suspect: bool) -> Iterator[None]:
+        """Hold while a batch runs (batch threads); a suspect one runs alone."""
+        with self._cond:
+            if suspect:
+                self._suspects += 1
+                self._cond.wait_for(
+                    lambda: not (self._batches or self._admitting or self._suspect_running)
+                )
+                self._suspect_running = True
+            else:
+                self._cond.wait_for(lambda: not self._suspects)
+                self._batches += 1
+        clear = False
+        try:
+            yield
+        finally:
+            with self._cond:
+                if suspect:
+                    self._suspects -= 1
+                    self._suspect_running = False
+                    clear = not self._suspects
+                else:
+                    self._batches -= 1
+                self._cond.notify_all()
+            if clear:
+                self.on_clear()
+
+    def snapshot(self) -> dict[str, int]:
+        """Counts now (for tests and stats)."""
+        with self._cond:
+            return {
+                "batches": self._batches,
+                "admitting": self._admitting,
+                "suspects": self._suspects,
+            }

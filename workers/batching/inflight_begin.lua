@@ -1,6 +1,6 @@
 -- inflight_begin: before a batch runs, for each of its requests: is its final result stored
 -- already (then it is not run, only acked), and if not, count this run of it
--- (workers.batching.inflight.InFlight.begin; loaded there as _BEGIN).
+-- (workers.batching.execution.InFlight.begin; loaded there as _BEGIN).
 --
 -- KEYS[2i-1]  request i's final marker (fleet:final:<id>)
 -- KEYS[2i]    request i's in-flight counter (fleet:deliveries:<id>)

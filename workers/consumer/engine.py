@@ -6,7 +6,7 @@ One concern per module; of them only this one imports Celery or kombu::
     lanes (threads) --batch--> execution.BatchRunner --post--> completion.Handoff
     event loop --drain--> completion.Completer: events, result store, acks, log line
 
-Also :mod:`workers.batching.poison` (delivery counts, ``WORKER_LOST``, suspects) and
+Also :mod:`workers.batching.execution` (delivery counts, ``WORKER_LOST``, suspects) and
 :mod:`workers.batching.work` (what the parts pass each other). The engine is the parts' host
 (``execution.RunnerHost``, ``completion.CompletionHost``): it owns what is held.
 
@@ -21,14 +21,13 @@ Threads
   :class:`~workers.models.runtime.DeviceRuntime`. torch releases the GIL while it computes, so the
   loop keeps fetching messages meanwhile.
 
-Per request
------------
-Each request stays its own Celery task (its events, result and ``acks_late`` ack after the
-result is stored); a bad request fails alone (``workers.batching.execution``). Leases
+Per request ----------- Each request stays its own Celery task (its events, result and ``acks_late``
+ack after the result is stored); a bad request fails alone (``workers.batching.execution``). Leases
 (``workers.consumer.lease``) bring a dead worker's messages back within ``lease_s``; results are
 first-wins (``workers.batching.results``) and a copy with a final result is acked without running
-(``workers.batching.inflight``; a task id already held is a *twin* and settles with the first copy);
-poison and suspects: ``workers.batching.poison``; unsettled results or acks:
+(``workers.batching.execution``; a task id already held is a *twin* and settles with the first
+copy);
+poison and suspects: ``workers.batching.execution``; unsettled results or acks:
 ``workers.batching.completion``.
 On SIGTERM (:meth:`Engine.stop`) the running batch and the window run for up to
 ``soft_shutdown_timeout_s``, the rest is given back; revoked requests held never run.
@@ -55,13 +54,18 @@ from shared.settings import Settings
 from workers.batching import refusals
 from workers.batching.admission import Admission, Refusal, Served, screen
 from workers.batching.batcher import Batcher, Pending, Policy
-from workers.batching.circuit import CircuitBreaker
 from workers.batching.completion import Completer, Handoff, Loop
-from workers.batching.execution import BatchRunner, RetryPolicy
-from workers.batching.inflight import MAX_DELIVERIES, InFlight
+from workers.batching.execution import (
+    MAX_DELIVERIES,
+    BatchRunner,
+    CircuitBreaker,
+    Deliveries,
+    InFlight,
+    Isolation,
+    RetryPolicy,
+)
 from workers.batching.inject import RequestInjector
 from workers.batching.lanes import Lanes
-from workers.batching.poison import Deliveries, Isolation
 from workers.batching.results import Outcome, ResultWriter
 from workers.batching.telemetry import Tracing
 from workers.batching.warmup import WarmQueue, WarmStep, split_plan, warm_plan, warming_pays
@@ -371,10 +375,10 @@ class Engine:
 
     def _admit(self, block: bool = False) -> None:
         """Count the deliveries of the messages that arrived, decode them, give back the
-        counts of those that decoded, and only then hold them for the batcher: none of a
-        group runs while its group-mates are still counted (``workers.batching.poison``). Suspects
-        (a worker died with them before) are decoded one at a time, each counted alone, so a
-        decoder one of them kills blames no group-mate.
+        counts of those that decoded, and only then hold them for the batcher: none of a group runs
+        while its group-mates are still counted (``workers.batching.execution``). Suspects (a worker
+        died with them before) are decoded one at a time, each counted alone, so a decoder one of
+        them kills blames no group-mate.
 
         While a suspect runs (or waits to) the arrivals wait unread, unless ``block``."""
         if not self._admitting:

@@ -15,7 +15,7 @@ from workers.consumer import channel
 if TYPE_CHECKING:
     from shared.metrics import FleetMetrics
     from workers.batching.batcher import Batcher
-    from workers.batching.circuit import CircuitBreaker
+    from workers.batching.execution import CircuitBreaker
     from workers.batching.lanes import Lanes
     from workers.batching.work import EngineStats
     from workers.consumer.lease import LeaseKeeper
