@@ -18,7 +18,7 @@ from typing import Any
 from producer.client import FleetClient, image_inputs, video_inputs, xmodal_inputs
 from producer.client.wire import fresh_ids
 from shared import keys
-from shared.priority import Priority
+from shared.schema import Priority
 from shared.settings import MODALITIES
 
 REPO = Path(__file__).resolve().parents[1]

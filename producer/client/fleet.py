@@ -36,12 +36,11 @@ from producer.client.inputs import (
 from producer.client.publish import Publishing
 from producer.client.results import ResultHandle, ResultReading
 from producer.client.wire import fresh_ids
-from shared import jsonfast, tracing
+from shared import schema, tracing
 from shared.celery_app import make_app
 from shared.clock import RedisClock
 from shared.errors import FleetError, InvalidInput, PayloadTooLarge, UnsupportedModality
-from shared.priority import Priority
-from shared.schema import TaskEnvelope
+from shared.schema import Priority, TaskEnvelope
 from shared.settings import MODALITIES, Settings, load_settings
 from shared.tensor_wire import SHM
 
@@ -159,7 +158,7 @@ class FleetClient(Publishing, ResultReading):
                     f"timeout_s must be a positive number of seconds, not {timeout_s!r}"
                 )
             try:
-                data = jsonfast.compact(inputs)  # the UTF-8 JSON the request carries
+                data = schema.compact(inputs)  # the UTF-8 JSON the request carries
             except (TypeError, ValueError) as exc:
                 raise InvalidInput(f"inputs are not JSON-serializable: {exc}") from None
             if len(data) > max_inline:

@@ -20,10 +20,9 @@ from celery import Celery
 from producer.client.push import DepthCheck, Pusher
 from producer.client.wire import Outgoing, PayloadBuilder
 from shared import keys, tracing
-from shared.priority import Priority
 from shared.queue_stats import fleet_headers
 from shared.redis_refusal import BROKER_FAULTS, broker_unavailable, reason_of
-from shared.schema import TaskEnvelope
+from shared.schema import Priority, TaskEnvelope
 from shared.settings import MODALITIES
 
 if TYPE_CHECKING:

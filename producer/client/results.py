@@ -22,7 +22,7 @@ from celery import Celery
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
-from shared import jsonfast, keys
+from shared import keys, schema
 from shared.errors import (
     FleetError,
     error_from_code,
@@ -209,7 +209,7 @@ class ResultReading:
             if value is None:
                 out.append(None)
                 continue
-            meta = jsonfast.decode_result(backend, value)
+            meta = schema.decode_result(backend, value)
             if meta.get("status") not in READY_STATES:  # PROGRESS, STARTED, RETRY: running
                 out.append(None)
                 continue

@@ -49,7 +49,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.time import utcoffset
 from kombu.utils.json import dumps
 
-from shared import jsonfast, keys, tracing
+from shared import keys, schema, tracing
 from shared.queue_stats import FLEET_HEADER_FIELDS
 from shared.schema import ENVELOPE_KWARG, TaskEnvelope
 
@@ -209,7 +209,7 @@ class PayloadBuilder:
         ``task-sent`` event as Celery's publish makes it (its fields; ``kwargs`` the same
         summary as the message's ``kwargsrepr``), as JSON, to be sent in a group
         (:meth:`sent_group`); else ``None``. ``inputs_json``: ``env.inputs`` as
-        :func:`shared.jsonfast.compact` wrote it, when the caller has it (validation does)."""
+        :func:`shared.schema.compact` wrote it, when the caller has it (validation does)."""
         route = {(env.modality, env.priority): (queue, celery_priority)}
         return self.build_many([(env, task_id, inputs_json)], route, reply_to, sent_event)[0]
 
@@ -401,7 +401,7 @@ def _body(env: TaskEnvelope, inputs_json: bytes | None, embed: bytes) -> bytes:
         envelope = envelope_json(env)
     else:  # the inputs passed compact: finite, of orjson's types, or json's
         try:
-            envelope = orjson.dumps(env.__dict__, default=jsonfast.refuse, option=jsonfast.OPTIONS)
+            envelope = orjson.dumps(env.__dict__, default=schema.refuse, option=schema.OPTIONS)
         except TypeError:  # a subclass of a builtin, or a type only json writes
             envelope = envelope_json(env, inputs_json)
     raw = b'[[],{"' + _KWARG + b'":' + envelope + b"}," + embed + b"]"
@@ -419,19 +419,19 @@ def _trace(env: TaskEnvelope, task_id: str) -> bytes:
 def envelope_json(env: TaskEnvelope, inputs_json: bytes | None = None) -> bytes:
     """``env`` as the ``request`` kwarg's JSON (UTF-8), equal in value to
     ``env.model_dump(mode="json")``: its fields in order, the inputs last (``inputs_json``
-    when given: ``env.inputs`` as :func:`shared.jsonfast.compact` writes it).
+    when given: ``env.inputs`` as :func:`shared.schema.compact` writes it).
 
     Raises:
-        TypeError, ValueError: the inputs are not JSON (``shared.jsonfast.compact``;
+        TypeError, ValueError: the inputs are not JSON (``shared.schema.compact``;
             ``FleetClient.envelope`` refuses such inputs before).
     """
     head = {name: getattr(env, name) for name in _HEAD_FIELDS}  # numbers, strings, None
     try:
         start = orjson.dumps(head)
     except TypeError:  # a subclass of a builtin: json decides
-        start = jsonfast.compact(head)
+        start = schema.compact(head)
     if inputs_json is None:
-        inputs_json = jsonfast.compact(env.inputs)
+        inputs_json = schema.compact(env.inputs)
     return start[:-1] + b',"inputs":' + inputs_json + b"}"
 
 

@@ -52,9 +52,8 @@ from shared.errors import (
     error_from_wire,
     is_error_wire,
 )
-from shared.priority import Priority
 from shared.redis_refusal import BROKER_FAULTS, broker_unavailable
-from shared.schema import TaskEnvelope
+from shared.schema import Priority, TaskEnvelope
 from shared.tensor_wire import SHM, iter_wires
 
 log = logging.getLogger("fleet.gateway")

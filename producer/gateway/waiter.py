@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shared import jsonfast, keys
+from shared import keys, schema
 
 log = logging.getLogger("fleet.gateway")
 FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
@@ -32,7 +32,7 @@ def decode_meta(raw: bytes | str | None) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        meta = jsonfast.loads(raw)
+        meta = schema.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return None
     return meta if isinstance(meta, dict) else None

@@ -24,7 +24,7 @@ from shared.errors import ERROR_CLASSES
 from shared.metrics.ecosystem import OTHER_QUEUE, EcosystemMetrics
 from shared.metrics.null import NULL_METRIC, NullEcosystemMetrics
 from shared.metrics.series import make, of
-from shared.priority import Priority
+from shared.schema import Priority
 from shared.settings import MODALITIES, Settings
 
 __all__ = ["FleetMetrics", "configure", "metrics_port", "serve"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from shared import jsonfast, keys
+from shared import keys, schema
 from shared.celery_app import make_app
 from shared.errors import BrokerUnavailable, DeadlineExceeded
 from tests.conftest import own_redis as own_redis_stack
@@ -38,7 +38,7 @@ def _calls(admin: redis.Redis) -> dict[str, int]:
 def _stored(admin: redis.Redis, app: Any, task_id: str) -> dict[str, Any]:
     raw = admin.get(app.backend.get_key_for_task(task_id))
     assert raw is not None, f"no result stored for {task_id}"
-    return jsonfast.loads(raw)
+    return schema.loads(raw)
 
 
 def test_a_batch_is_written_with_evalsha_alone_and_the_first_result_wins(own_redis: Any) -> None:

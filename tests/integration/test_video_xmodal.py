@@ -27,7 +27,7 @@ import pytest
 from producer.client import FleetClient, SubmitRequest, xmodal_inputs
 from shared import keys
 from shared.errors import FleetError
-from shared.priority import Priority
+from shared.schema import Priority
 from tests.conftest import ops_app
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from producer.client.wire import envelope_json, kwargs_summary
 from shared import keys
 from shared.celery_app import make_app
 from shared.errors import QueueFull
-from shared.priority import Priority
+from shared.schema import Priority
 from shared.settings import load_settings
 from tests.conftest import own_redis
 

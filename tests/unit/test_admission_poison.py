@@ -13,7 +13,7 @@ import time
 from engine_fakes import MODALITY, Doubler, FakeReq, MemoryCounters, envelope
 
 from shared.errors import FleetError, WorkerLost
-from shared.priority import Priority
+from shared.schema import Priority
 from shared.settings import Settings
 from workers.batching.admission import Admission, Refusal, Served, screen
 from workers.batching.batcher import Batcher, Pending, Policy

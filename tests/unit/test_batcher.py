@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.priority import Priority
+from shared.schema import Priority
 from workers.batching.batcher import Batcher, Decision, Lane, LatencyModel, Pending, Policy, Trigger
 
 RT, HIGH, NORMAL, BULK = Priority.REALTIME, Priority.HIGH, Priority.NORMAL, Priority.BULK

@@ -1,4 +1,4 @@
-"""shared.jsonfast: documents equal in value to kombu's JSON, kombu's codec where orjson's
+"""shared.schema: documents equal in value to kombu's JSON, kombu's codec where orjson's
 rules differ (no servers)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from celery import Celery
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
-from shared import jsonfast
+from shared import schema
 from shared.errors import ImageDecodeError, error_to_wire
 
 
@@ -44,15 +44,15 @@ DOCS = [
 
 @pytest.mark.parametrize("doc", DOCS)
 def test_encoded_documents_read_back_as_kombus_own(doc: dict[str, object]) -> None:
-    text = jsonfast.dumps(doc)
+    text = schema.dumps(doc)
     assert json.loads(text) == json.loads(kombu_dumps(doc)) == doc
-    assert jsonfast.loads(text.encode()) == doc
-    assert jsonfast.loads(kombu_dumps(doc)) == doc
+    assert schema.loads(text.encode()) == doc
+    assert schema.loads(kombu_dumps(doc)) == doc
 
 
 def test_float_reprs_are_pythons_shortest_round_trip() -> None:
     emb = _embedding(1)
-    text = jsonfast.dumps(emb)
+    text = schema.dumps(emb)
     # every float reads back to the same float64 bits (and so to the same float32)
     back = json.loads(text)
     assert all(a == b for a, b in zip(back, emb, strict=True))
@@ -62,32 +62,32 @@ def test_float_reprs_are_pythons_shortest_round_trip() -> None:
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_non_finite_floats_keep_kombus_tokens(bad: float) -> None:
     doc = _meta({"embedding": [0.5, bad, 1.0]})
-    text = jsonfast.dumps(doc)
+    text = schema.dumps(doc)
     assert text == kombu_dumps(doc)  # NaN / Infinity, never orjson's null
     assert "null, 1.0" not in text
-    back = jsonfast.loads(text)["result"]["embedding"]
+    back = schema.loads(text)["result"]["embedding"]
     assert back[0] == 0.5 and (math.isnan(back[1]) if math.isnan(bad) else back[1] == bad)
 
 
 def test_types_json_lacks_are_left_to_kombu() -> None:
     when = dt.datetime(2026, 12, 2, 16, 0, tzinfo=dt.UTC)
     doc = {"when": when, "n": 2**70, 3: "int key"}
-    assert jsonfast.dumps(doc) == kombu_dumps(doc)
+    assert schema.dumps(doc) == kombu_dumps(doc)
     # kombu's type tags are read by kombu
-    assert jsonfast.loads(kombu_dumps({"when": when}))["when"] == when
+    assert schema.loads(kombu_dumps({"when": when}))["when"] == when
     with pytest.raises(TypeError):
-        jsonfast.dumps({"x": object()})
+        schema.dumps({"x": object()})
 
 
 def test_numpy_scalars_are_encoded_as_kombu_encodes_them() -> None:
     doc = {"f64": np.float64(0.1), "list": [np.float64(1.5), 2.0]}
-    assert json.loads(jsonfast.dumps(doc)) == json.loads(kombu_dumps(doc))
+    assert json.loads(schema.dumps(doc)) == json.loads(kombu_dumps(doc))
 
 
 def test_not_json_raises_value_error() -> None:
     for raw in (b"not json", b"\xff\xfe", b'{"a": '):
         with pytest.raises(ValueError):
-            jsonfast.loads(raw)
+            schema.loads(raw)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_not_json_raises_value_error() -> None:
     ],
 )
 def test_has_nonfinite(obj: object, expected: bool) -> None:
-    assert jsonfast.has_nonfinite(obj) is expected
+    assert schema.has_nonfinite(obj) is expected
 
 
 def test_decode_result_matches_celerys_backend() -> None:
@@ -112,10 +112,10 @@ def test_decode_result_matches_celerys_backend() -> None:
     app.conf.result_serializer = "json"
     backend = app.backend  # builds no connection until a command runs
     for doc in DOCS:
-        raw = jsonfast.dumps(doc).encode()
-        ours, celerys = jsonfast.decode_result(backend, raw), backend.decode_result(raw)
+        raw = schema.dumps(doc).encode()
+        ours, celerys = schema.decode_result(backend, raw), backend.decode_result(raw)
         if doc["status"] == "FAILURE":  # exceptions compare by identity: compare their parts
             assert isinstance(ours["result"], ImageDecodeError)
             assert ours.pop("result").args == celerys.pop("result").args
         assert ours == celerys
-    assert kombu_loads(jsonfast.dumps(DOCS[0])) == DOCS[0]
+    assert kombu_loads(schema.dumps(DOCS[0])) == DOCS[0]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shared.priority import Priority
+from shared.schema import Priority
 from shared.settings import DeviceConfig
 from workers.batching.batcher import Batcher, Pending, Policy
 from workers.batching.lanes import Lanes

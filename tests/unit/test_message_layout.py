@@ -22,7 +22,7 @@ import pytest
 from producer.client import FleetClient
 from producer.client.wire import kwargs_summary
 from shared import keys, tracing
-from shared.priority import Priority
+from shared.schema import Priority
 from shared.settings import MODALITIES, load_settings
 from tests.message_layout import (
     REPO,

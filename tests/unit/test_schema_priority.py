@@ -1,4 +1,4 @@
-"""The task envelope (``shared.schema``), priority classes (``shared.priority``) and
+"""The task envelope (``shared.schema``), priority classes (``shared.schema``) and
 ``FleetClient.envelope`` (validation only: no broker, no I/O)."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from pydantic import ValidationError
 
 from producer.client import FleetClient
 from shared.errors import InvalidInput, InvalidPriority, PayloadTooLarge, UnsupportedModality
-from shared.priority import Priority
-from shared.schema import ENVELOPE_KWARG, TaskEnvelope
+from shared.schema import ENVELOPE_KWARG, Priority, TaskEnvelope
 from shared.settings import Settings, load_settings
 
 

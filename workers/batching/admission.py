@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import DeadlineExceeded, FleetError, InvalidInput, UnsupportedModality
-from shared.priority import Priority
-from shared.schema import TaskEnvelope
+from shared.schema import Priority, TaskEnvelope
 from workers.batching.batcher import Pending
 from workers.batching.execution import Deliveries
 from workers.batching.inject import RequestInjector

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from shared.priority import Priority
+from shared.schema import Priority
 
 
 class Lane(StrEnum):

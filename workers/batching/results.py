@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shared import jsonfast, keys
+from shared import keys, schema
 from shared.errors import FleetError, error_to_wire
 
 log = logging.getLogger("fleet.results")
@@ -106,9 +106,9 @@ class ResultWriter:
         self.expires_s = int(self.backend.expires or 0)
         self.failure_expires_s = int(getattr(self.backend, "failure_expires", 0) or self.expires_s)
         self._scripts: tuple[Any, Any] | None = None
-        # JSON (the fleet's result_serializer) through shared.jsonfast: the same documents,
+        # JSON (the fleet's result_serializer) through shared.schema: the same documents,
         # without a batch's float reprs holding the event loop; another serializer: Celery's.
-        self.encode = jsonfast.dumps if self.backend.serializer == "json" else self.backend.encode
+        self.encode = schema.dumps if self.backend.serializer == "json" else self.backend.encode
         self.duplicates = 0  # final writes refused: the request had its final result already
 
     def _script(self, i: int) -> Any:

@@ -21,8 +21,7 @@ from typing import Any
 from shared import clock
 from shared.errors import FleetError
 from shared.metrics import FleetMetrics
-from shared.priority import Priority
-from shared.schema import TaskEnvelope
+from shared.schema import Priority, TaskEnvelope
 from workers.batching.batcher import Pending
 from workers.batching.results import Outcome
 from workers.batching.telemetry import Tracing

@@ -28,7 +28,7 @@ from celery.events.receiver import EventReceiver
 
 from producer.client import outcome_from_meta
 from producer.tools.bench.records import RecordTable
-from shared import jsonfast, keys
+from shared import keys, schema
 
 log = logging.getLogger("fleet.bench")
 _READY = {"SUCCESS", "FAILURE", "REVOKED"}
@@ -88,7 +88,7 @@ class ResultCollector(threading.Thread):
     def _handle(self, channel: bytes | str, data: bytes | str) -> None:
         key = channel.decode() if isinstance(channel, bytes) else channel
         try:
-            meta = jsonfast.decode_result(self.backend, data)
+            meta = schema.decode_result(self.backend, data)
         except (ValueError, json.JSONDecodeError):
             return
         got = outcome_of(meta)
@@ -104,7 +104,7 @@ class ResultCollector(threading.Thread):
             for task_id, value in zip(chunk, raw, strict=True):
                 if value is None:
                     continue
-                got = outcome_of(jsonfast.decode_result(self.backend, value))
+                got = outcome_of(schema.decode_result(self.backend, value))
                 if got is not None:
                     self.table.complete(task_id, *got)
                     found += 1

@@ -359,7 +359,7 @@ def _texts() -> list[str]:
 def drive(a, settings, stack, spawned_pid: int) -> int:
     from producer.client import FleetClient
     from shared import keys
-    from shared.priority import Priority
+    from shared.schema import Priority
 
     pid = spawned_pid
     with open(f"/proc/{pid}/cmdline", "rb") as f:

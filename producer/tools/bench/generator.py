@@ -36,7 +36,7 @@ from producer.tools.bench.schedule import ClosedPicker, Planned
 from producer.tools.bench.sources import InputCatalog
 from shared import keys
 from shared.errors import FleetError
-from shared.priority import Priority
+from shared.schema import Priority
 
 log = logging.getLogger("fleet.bench")
 
