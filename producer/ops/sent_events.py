@@ -20,8 +20,7 @@ from celery import Celery
 from celery.events.receiver import EventReceiver
 from prometheus_client import CollectorRegistry
 
-from shared.metrics.ecosystem import OTHER_QUEUE
-from shared.metrics.series import make, of
+from shared.metrics.series import OTHER_QUEUE, make, of
 
 log = logging.getLogger("fleet.exporter")
 

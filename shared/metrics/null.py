@@ -2,7 +2,7 @@
 
 :class:`NullMetric` stands for every ``Counter``, ``Gauge`` and ``Histogram`` of
 ``shared.metrics.FleetMetrics`` (and for their labelled children), and
-:class:`NullEcosystemMetrics` for ``shared.metrics.ecosystem.EcosystemMetrics``: each hook
+:class:`NullEcosystemMetrics` for ``shared.metrics.EcosystemMetrics``: each hook
 returns at once, no label is validated, no lock is taken, no registry holds a series. The
 engine calls the same methods either way; only the object behind ``engine.metrics`` differs.
 """
@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shared import keys
-from shared.metrics.ecosystem import OTHER_QUEUE
-from shared.metrics.series import of
+from shared.metrics.series import OTHER_QUEUE, of
 
 __all__ = ["NULL_METRIC", "NullEcosystemMetrics", "NullMetric"]
 

@@ -4,7 +4,7 @@ Each :class:`Series` says its name, type, help text, label names and (histograms
 and which object serves it:
 
 - ``worker``: an attribute of ``shared.metrics.FleetMetrics``, in each worker's registry;
-- ``ecosystem``: an attribute of ``shared.metrics.ecosystem.EcosystemMetrics`` (the same
+- ``ecosystem``: an attribute of ``shared.metrics.EcosystemMetrics`` (the same
   events under the names Celery's and Triton's dashboards read), in the same registry;
 - ``exporter``: ``fleet exporter``'s (``producer.ops.exporter``): the queue-level gauges it
   builds at each scrape from one read of Redis, and ``celery_task_sent``
@@ -52,6 +52,10 @@ __all__ = [
 
 Kind = Literal["counter", "gauge", "histogram"]
 Owner = Literal["worker", "ecosystem", "exporter"]
+
+OTHER_QUEUE = "other"  # the queue label of a message from any other queue
+REVOKED = "REVOKED"
+
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.35, 0.5, 1, 2, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256)

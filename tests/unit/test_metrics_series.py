@@ -13,8 +13,7 @@ from prometheus_client.metrics_core import Metric
 
 from producer.ops.exporter import all_queues, queue_families, shm_families, up_family
 from producer.ops.sent_events import SentTap
-from shared.metrics import FleetMetrics
-from shared.metrics.ecosystem import EcosystemMetrics
+from shared.metrics import EcosystemMetrics, FleetMetrics
 from shared.metrics.null import NULL_METRIC, NullEcosystemMetrics
 from shared.metrics.series import SERIES, Series, of
 from shared.queue_stats import QueueStats
