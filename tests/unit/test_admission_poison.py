@@ -15,11 +15,11 @@ from engine_fakes import MODALITY, Doubler, FakeReq, MemoryCounters, envelope
 from shared.errors import FleetError, WorkerLost
 from shared.schema import Priority
 from shared.settings import Settings
+from shared.tracing import Tracing
 from workers.batching.admission import Admission, Refusal, Served, screen
 from workers.batching.batcher import Batcher, Pending, Policy
 from workers.batching.execution import Deliveries
 from workers.batching.inject import RequestInjector
-from workers.batching.telemetry import Tracing
 from workers.batching.work import Work
 
 SERVED = Served(MODALITY, "minilm")

@@ -20,9 +20,9 @@ from engine_fakes import MODALITY, Doubler, FakeReq, work
 from shared.errors import ModelError
 from shared.metrics import FleetMetrics
 from shared.settings import Settings
+from shared.tracing import Tracing
 from workers.batching.completion import SETTLE_GIVE_UP_S, Completer, Handoff, Loop
 from workers.batching.results import Outcome
-from workers.batching.telemetry import Tracing
 from workers.batching.work import (
     Done,
     EngineStats,

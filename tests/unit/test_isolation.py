@@ -15,10 +15,10 @@ import time
 from engine_fakes import MODALITY, Doubler, FakeReq, MemoryCounters, envelope
 
 from shared.settings import Settings
+from shared.tracing import Tracing
 from workers.batching.admission import Admission
 from workers.batching.execution import Deliveries, Isolation
 from workers.batching.inject import RequestInjector
-from workers.batching.telemetry import Tracing
 
 
 def no_store() -> object:

@@ -22,9 +22,9 @@ from shared import clock
 from shared.errors import FleetError
 from shared.metrics import FleetMetrics
 from shared.schema import Priority, TaskEnvelope
+from shared.tracing import Tracing
 from workers.batching.batcher import Pending
 from workers.batching.results import Outcome
-from workers.batching.telemetry import Tracing
 from workers.models.base import Prepared
 
 __all__ = [

@@ -51,6 +51,7 @@ from shared.metrics import FleetMetrics
 from shared.redis_client import Waiter
 from shared.schema import TaskEnvelope
 from shared.settings import Settings
+from shared.tracing import Tracing
 from workers.batching import refusals
 from workers.batching.admission import Admission, Refusal, Served, screen
 from workers.batching.batcher import Batcher, Pending, Policy
@@ -67,7 +68,6 @@ from workers.batching.execution import (
 from workers.batching.inject import RequestInjector
 from workers.batching.lanes import Lanes
 from workers.batching.results import Outcome, ResultWriter
-from workers.batching.telemetry import Tracing
 from workers.batching.warmup import WarmQueue, WarmStep, split_plan, warm_plan, warming_pays
 from workers.batching.work import Done, EngineStats, Observers, Posted, ProgressThrottle, Work
 from workers.consumer import stats

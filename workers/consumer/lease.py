@@ -60,7 +60,7 @@ from shared.settings import Settings
 from workers.batching.refusals import REFUSALS, reason_of
 
 if TYPE_CHECKING:
-    from workers.batching.telemetry import Tracing
+    from shared.tracing import Tracing
 
 
 log = logging.getLogger("fleet.lease")
