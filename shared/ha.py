@@ -22,7 +22,7 @@ Transport options (Celery ``broker_transport_options``), beside kombu's ``master
 
 Both sides use this module, so it lives in ``shared``, the one place both may import
 (``tests/unit/test_import_graph.py``): producers publish through :class:`SentinelChannel`
-(``producer.client.push`` confirms its chunks with the channel's waiter) and pin their
+(``producer.client.wire`` confirms its chunks with the channel's waiter) and pin their
 transport (``shared.celery_app``); batching workers mix :class:`WaitingPut` into their own
 channel (``workers.consumer.sentinel``: a request a worker sends again waits for a replica
 too) and pin theirs (``workers.consumer.app``).

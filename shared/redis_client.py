@@ -378,7 +378,7 @@ class SentTransaction:
 def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
     """The RESP bytes of ``commands`` (arguments: ``bytes``, ``str`` as UTF-8, numbers), in
     one piece: what ``Connection.pack_commands`` sends, without its per-command Python
-    overhead (``producer.client.publish`` packs thousands a second)."""
+    overhead (``producer.client.fleet`` packs thousands a second)."""
     out: list[bytes] = []
     for command in commands:
         out.append(b"*%d\r\n" % len(command))

@@ -7,6 +7,11 @@ from ``producer.client``.
 
 Private kombu/Celery names (read from Celery 5.5 to 5.7; ``tests/unit/test_private_names.py``):
     celery.backends.redis.ResultConsumer: _reconnect_pubsub
+
+Tensor wire objects in results become numpy arrays (:func:`resolve_tensors`; the walk that finds
+them: :func:`tensor_wires`, ``shared.tensor_wire.iter_wires``). No torch; numpy and
+``shared.transport`` are imported only when a tensor is at hand. Import these names from
+``producer.client``.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
@@ -32,12 +37,27 @@ from shared.errors import (
 )
 from shared.redis_refusal import BROKER_FAULTS, broker_unavailable, reason_of
 from shared.schema import TaskEnvelope
-
-log = logging.getLogger("fleet.client")
-RECONNECT_PAUSE_S = 0.2  # between attempts of a get() whose backend connection was lost
+from shared.tensor_wire import INLINE, SHM, is_wire
+from shared.tensor_wire import iter_wires as tensor_wires
 
 if TYPE_CHECKING:
     from shared.settings import Settings
+    from shared.transport import ShmStore
+
+__all__ = [
+    "READY_STATES",
+    "ResultHandle",
+    "ResultReading",
+    "outcome_from_meta",
+    "resolve_tensors",
+    "tensor_wires",
+]
+
+
+log = logging.getLogger("fleet.client")
+
+
+RECONNECT_PAUSE_S = 0.2  # between attempts of a get() whose backend connection was lost
 
 
 class Client(Protocol):
@@ -49,8 +69,6 @@ class Client(Protocol):
     def release_inputs(self, inputs: Any) -> int: ...
     def resolve(self, result: Any, release: bool = True) -> Any: ...
 
-
-__all__ = ["READY_STATES", "ResultHandle", "ResultReading", "outcome_from_meta"]
 
 READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 
@@ -313,3 +331,33 @@ def _epoch_ms(date_done: Any) -> float | None:
     if isinstance(date_done, str):
         return datetime.fromisoformat(date_done).timestamp() * 1000.0
     return None
+
+
+def resolve_tensors(obj: Any, store: Callable[[], ShmStore], *, release: bool = True) -> Any:
+    """A copy of ``obj`` (a result) with every tensor wire object replaced by a numpy array.
+
+    Args:
+        obj: a JSON-like value (dicts, lists, scalars).
+        store: returns the :class:`ShmStore` to map refs with (called only if there is one).
+        release: release each mapped segment at once (the mapping stays valid; tmpfs frees
+            the pages when the array is garbage-collected).
+
+    Raises:
+        TensorRefError: an unknown, expired or malformed ref.
+        InvalidInput: a malformed inline tensor.
+    """
+    if isinstance(obj, dict):
+        if is_wire(obj, SHM):
+            s = store()
+            arr = s.get(obj)
+            if release:
+                s.release(obj)
+            return arr
+        if is_wire(obj, INLINE):
+            from shared.transport import decode_inline
+
+            return decode_inline(obj)
+        return {k: resolve_tensors(v, store, release=release) for k, v in obj.items()}
+    if isinstance(obj, list) and obj and isinstance(obj[0], dict | list):
+        return [resolve_tensors(v, store, release=release) for v in obj]
+    return obj

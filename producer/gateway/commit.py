@@ -43,8 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from producer.client.push import Line, Nothing
-from producer.client.wire import Outgoing
+from producer.client.wire import Line, Nothing, Outgoing
 from producer.gateway.crashpoints import pause, pause_sync
 
 if TYPE_CHECKING:

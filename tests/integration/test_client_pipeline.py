@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from producer.client import FleetClient, ResultHandle, SubmitRequest
-from producer.client.publish import CHUNK
+from producer.client.fleet import CHUNK
 from shared import keys
 from shared.errors import BrokerUnavailable
 from tests.conftest import REPO, own_text_stack

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from producer.client import FleetClient, SubmitRequest
-from producer.client.publish import CHUNK
+from producer.client.fleet import CHUNK
 from producer.stack.local import Stack
 from producer.stack.sentinel import node_port, start_node
 from producer.tools.chaos.ha import _ports

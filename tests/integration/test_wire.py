@@ -17,7 +17,7 @@ import redis
 from celery.events.receiver import EventReceiver
 
 from producer.client import FleetClient, SubmitRequest
-from producer.client.publish import CHUNK
+from producer.client.fleet import CHUNK
 from producer.client.wire import envelope_json, kwargs_summary
 from shared import keys
 from shared.celery_app import make_app
