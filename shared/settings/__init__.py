@@ -233,7 +233,7 @@ class TracingSettings(_Section):
 
 class EventSettings(_Section):
     """Celery task events (Flower's view) sent by batching workers
-    (``workers.consumer.strategy``)."""
+    (``workers.consumer.engine``)."""
 
     # Buffered task events go out at most this often (one PUBLISH of a task.multi list),
     # instead of once per event-loop turn: a message's arrival no longer costs a round trip.

@@ -7,7 +7,7 @@ import time
 from celery import Celery
 from kombu.asynchronous import Hub
 
-from workers.consumer.strategy import coalesce_task_events
+from workers.consumer.engine import coalesce_task_events
 
 
 def test_buffered_task_events_flush_once_after_the_interval() -> None:

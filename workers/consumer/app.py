@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import signals
 from celery.worker.control import inspect_command
@@ -31,12 +31,15 @@ from shared.keys import task_name
 from shared.metrics import metrics_port, serve
 from shared.settings import MODALITIES, load_settings
 from workers.batching import heap
-from workers.consumer import clock_watch, current
+from workers.consumer import clock_watch
 from workers.consumer.lease import lease_transport_options
 from workers.consumer.realtime import realtime_consumer_step
 from workers.janitor import ShmJanitor
 from workers.models.runtime import refuse_early_cuda, validate_partitions
 from workers.probe import PROBE_TASK, read_tensor
+
+if TYPE_CHECKING:
+    from workers.consumer.engine import Engine
 
 log = logging.getLogger("fleet.worker")
 
@@ -49,7 +52,7 @@ def _register(modality: str) -> None:
     @app.task(name=task_name(modality), bind=True, throws=(FleetError,), acks_late=True)
     def infer(self: Any, request: dict[str, Any]) -> dict[str, Any]:
         """One request run on its own (baseline mode). Raises FleetError with its code."""
-        return current.current().run_one(request)
+        return current_engine().run_one(request)
 
 
 for _m in MODALITIES:
@@ -62,9 +65,18 @@ def transport_probe(tensor: dict[str, Any]) -> dict[str, Any]:
     return read_tensor(settings, tensor)
 
 
+def current_engine() -> Engine:
+    """This process's engine (``workers.consumer.engine.current``, imported when first asked:
+    importing the engine imports torch, which ``celery -A workers.consumer.app`` commands
+    other than ``worker`` never need)."""
+    from workers.consumer.engine import current
+
+    return current()
+
+
 @signals.worker_init.connect
 def _start_engine(sender: Any = None, **_: Any) -> None:
-    from workers.consumer.engine import Engine
+    from workers.consumer.engine import Engine, install
 
     modality = os.environ.get("FLEET_WORKER_MODALITY", "")
     if modality not in MODALITIES:
@@ -82,9 +94,9 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
         log.exception("engine failed to start")
         raise SystemExit(f"fleet worker {modality}: engine failed to start: {exc}") from exc
     engine.metrics.eco.set_hostname(getattr(sender, "hostname", "") or "")
-    current.install(engine)
+    install(engine)
     if mode == "batch":
-        app.tasks[task_name(modality)].Strategy = "workers.consumer.strategy:batching_strategy"
+        app.tasks[task_name(modality)].Strategy = "workers.consumer.engine:batching_strategy"
         # The baseline stays plain Celery: kombu's own transport, one BRPOP per message.
         if settings.ha:
             from shared.ha import WORKER_TRANSPORT, pin_sentinel_transport
@@ -113,7 +125,7 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
 @signals.worker_ready.connect
 def _log_ready(sender: Any = None, **_: Any) -> None:
     # Celery's logging is configured by now (it is not yet in worker_init).
-    engine = current.current()
+    engine = current_engine()
     if engine.keeper is not None and sender is not None:
         try:
             engine.keeper.announce(engine.modality, sender.hostname)
@@ -175,7 +187,7 @@ def _stop_engine(**_: Any) -> None:
     if _janitor is not None:
         _janitor.stop()
     with contextlib.suppress(RuntimeError):
-        current.current().stop()
+        current_engine().stop()
     from shared import tracing
 
     tracing.shutdown()  # flush the last spans (a no-op without tracing)
@@ -186,7 +198,7 @@ def fleet_stats(state: Any) -> dict[str, Any]:
     """``celery inspect fleet_stats``: the engine's counters, batch sizes and device facts,
     and whether it records metrics (``[metrics] enabled``) and traces."""
     try:
-        engine = current.current()
+        engine = current_engine()
         snap = engine.snapshot()
     except RuntimeError as exc:
         return {"error": str(exc)}
