@@ -102,6 +102,6 @@ def job_key(task_id: str) -> str:
 
 
 def final_key(task_id: str) -> str:
-    """Marks that ``task_id`` has its final result (``workers.batching.results``: first one
+    """Marks that ``task_id`` has its final result (``workers.batching.completion``: first one
     wins)."""
     return f"{FINAL_KEY_PREFIX}{task_id}"

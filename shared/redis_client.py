@@ -136,7 +136,7 @@ class ReplicationUncertain(redis.ConnectionError):
     """A write that ``WAIT`` could not confirm on a replica went to a node the sentinels no
     longer name as primary (a failover under way): it may be discarded when that node is
     demoted. Nothing is confirmed; the caller retries it (a duplicate is harmless: final
-    results are first-wins, ``workers.batching.results``)."""
+    results are first-wins, ``workers.batching.completion``)."""
 
 
 class Waiter:

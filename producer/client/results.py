@@ -261,7 +261,7 @@ class ResultReading:
 
         No Lua (a producer's Redis user may not run scripts): one optimistic transaction.
         ``WATCH fleet:final:<id>``; if the marker is absent, ``MULTI``: the REVOKED document
-        (Celery's result meta, the shape ``workers.batching.results`` stores, with ``Revoked``'s
+        (Celery's result meta, the shape ``workers.batching.completion`` stores, with ``Revoked``'s
         exception encoding: code ``REVOKED``) with SETEX on the result key, the marker
         ``fleet:final:<id> 1`` (same TTL) claiming the request's one final result, and a
         PUBLISH on the result key (what Celery's result consumers and the gateway wait on);

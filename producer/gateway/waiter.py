@@ -1,7 +1,7 @@
 """Waiting for final results without polling: one shared pubsub connection per process.
 
 Workers store a final result with SETEX and PUBLISH it on the result key
-(``celery-task-meta-<id>``; ``workers.batching.results``), and so does ``FleetClient.cancel``. A
+(``celery-task-meta-<id>``; ``workers.batching.completion``), and so does ``FleetClient.cancel``. A
 waiter SUBSCRIBEs to that channel on the process's one pubsub connection (the producer's Redis user
 may SUBSCRIBE, not PSUBSCRIBE), waits for the subscription's confirmation, then GETs the key
 once (a result stored before the subscription took effect), and otherwise is woken by the

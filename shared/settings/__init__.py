@@ -155,7 +155,7 @@ class BatchingConfig(_Section):
     realtime_prefetch: int = 16  # the REALTIME queue's own prefetch window (with the lane)
     realtime_budget_ms: float = 25.0  # without the lane: batch time cap while REALTIME flows
     # Buckets (shortest first) warmed before the worker says ready; the rest are warmed by
-    # the idle main inference thread afterwards (workers/batching/warmup.py). A large number warms
+    # the idle main inference thread afterwards (workers/batching/batcher.py). A large number warms
     # all.
     warmup_buckets_before_ready: int = Field(default=2, ge=0)
 
@@ -182,7 +182,7 @@ class DeviceConfig(_Section):
     main_lane_nice: int = Field(default=5, ge=0, le=19)
     # With a REALTIME lane, while REALTIME traffic flows: the main lane's batches run on a
     # thread of Linux's SCHED_IDLE class, which any normal thread (the REALTIME lane, the
-    # event loop, Redis) preempts at once (workers.batching.lanes.IdleRunner). Needs no privilege.
+    # event loop, Redis) preempts at once (workers.batching.batcher.IdleRunner). Needs no privilege.
     # Meanwhile any other busy process of normal class on the same cores starves BULK work:
     # turn it off where the worker shares its cores with such a process.
     main_lane_idle_while_realtime: bool = True

@@ -18,7 +18,7 @@ from producer.client import FleetClient
 from shared import keys
 from tests.conftest import own_redis
 from tests.netfaults import ReplyDropper
-from workers.batching.results import _WRITE_FIRST
+from workers.batching.completion import _WRITE_FIRST
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""workers.batching.results.ResultWriter against a real Redis of its own (so the server's command
+"""workers.batching.completion.ResultWriter against a real Redis of its own (so the server's command
 counts are this test's alone): a batch's results in one round trip, the first one winning,
 still stored after the server lost its scripts, and a write whose reply was lost recognised
 as its own when retried."""
@@ -17,7 +17,7 @@ from shared.celery_app import make_app
 from shared.errors import BrokerUnavailable, DeadlineExceeded
 from tests.conftest import own_redis as own_redis_stack
 from tests.netfaults import ReplyDropper
-from workers.batching.results import _WRITE_FIRST, Outcome, ResultWriter, new_token
+from workers.batching.completion import _WRITE_FIRST, Outcome, ResultWriter, new_token
 
 WRITE_SHA = hashlib.sha1(_WRITE_FIRST.encode()).hexdigest()  # the final write's script
 

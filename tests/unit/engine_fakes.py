@@ -19,10 +19,10 @@ from shared.metrics import FleetMetrics
 from shared.schema import TaskEnvelope
 from shared.settings import DeviceConfig, Settings
 from shared.tracing import Tracing
-from workers.batching.batcher import LatencyModel, Pending
+from workers.batching.batcher import LatencyModel, Pending, Work
+from workers.batching.completion import EngineStats, Observers, Posted
 from workers.batching.execution import FINAL, BatchRunner, CircuitBreaker, RetryPolicy
 from workers.batching.inject import RequestInjector
-from workers.batching.work import EngineStats, Observers, Posted, Work
 from workers.models.base import ModelAdapter, Prepared
 from workers.models.runtime import DeviceRuntime
 

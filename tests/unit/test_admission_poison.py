@@ -17,10 +17,9 @@ from shared.schema import Priority
 from shared.settings import Settings
 from shared.tracing import Tracing
 from workers.batching.admission import Admission, Refusal, Served, screen
-from workers.batching.batcher import Batcher, Pending, Policy
+from workers.batching.batcher import Batcher, Pending, Policy, Work
 from workers.batching.execution import Deliveries
 from workers.batching.inject import RequestInjector
-from workers.batching.work import Work
 
 SERVED = Served(MODALITY, "minilm")
 

@@ -21,16 +21,19 @@ from shared.errors import ModelError
 from shared.metrics import FleetMetrics
 from shared.settings import Settings
 from shared.tracing import Tracing
-from workers.batching.completion import SETTLE_GIVE_UP_S, Completer, Handoff, Loop
-from workers.batching.results import Outcome
-from workers.batching.work import (
+from workers.batching.batcher import Work
+from workers.batching.completion import (
+    SETTLE_GIVE_UP_S,
+    Completer,
     Done,
     EngineStats,
+    Handoff,
+    Loop,
     Observers,
+    Outcome,
     Progress,
     ProgressThrottle,
     Started,
-    Work,
 )
 
 
@@ -46,9 +49,10 @@ class EventReq(FakeReq):
 
 
 class Writer:
-    """First-wins results in a dict, each under its write token (``workers.batching.results``' rule:
-    a write finding its own token's result reports it stored); refuses ``refuse`` writes
-    first (Redis restarting); ``lose_replies`` writes are done, then raise (the reply lost)."""
+    """First-wins results in a dict, each under its write token (the rule of
+    ``workers.batching.completion``: a write finding its own token's result reports it
+    stored); refuses ``refuse`` writes first (Redis restarting); ``lose_replies`` writes are
+    done, then raise (the reply lost)."""
 
     def __init__(self, timeline: list[str]) -> None:
         self.stored: dict[str, Outcome] = {}

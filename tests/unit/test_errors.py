@@ -1,5 +1,5 @@
 """``shared.errors``: stable codes, rebuilding, retry policy; and the code's trip through a
-stored Celery result (``workers.batching.results`` -> Celery's JSON -> ``producer.client``)."""
+stored Celery result (``workers.batching.completion`` -> Celery's JSON -> ``producer.client``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from celery import Celery
 from producer.client import outcome_from_meta
 from shared import errors
 from shared.errors import ERROR_CLASSES, FleetError, TransientError, error_from_code
-from workers.batching.results import Outcome, ResultWriter, exception_dict
+from workers.batching.completion import Outcome, ResultWriter, exception_dict
 
 # The released codes: part of the public contract, never renamed (adding is fine).
 RELEASED = {

@@ -22,6 +22,8 @@ from shared.errors import (
     ModelError,
     TransientError,
 )
+from workers.batching.batcher import Work
+from workers.batching.completion import Done, Outcome, Retry, Started
 from workers.batching.execution import (
     CircuitBreaker,
     RetryPolicy,
@@ -29,8 +31,6 @@ from workers.batching.execution import (
     as_fleet_error,
     judge_breaker,
 )
-from workers.batching.results import Outcome
-from workers.batching.work import Done, Retry, Started, Work
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -287,7 +287,7 @@ def test_every_member_ends_exactly_once_per_run(flaky_failures: int) -> None:
 
 
 def test_the_engine_parts_import_neither_celery_nor_redis() -> None:
-    parts = "admission, execution, completion, lanes, work"
+    parts = "admission, execution, completion, batcher"
     code = (
         f"import sys; from workers.batching import {parts}; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'celery', 'kombu', 'redis'}))"

@@ -1,4 +1,4 @@
-"""workers.batching.lanes with real threads and the real kernel scheduler: while REALTIME traffic
+"""workers.batching.batcher with real threads and the real kernel scheduler: while REALTIME traffic
 flows the MAIN lane's batches run on a thread of Linux's SCHED_IDLE class (any normal
 thread preempts it), and otherwise on the MAIN thread itself at normal class."""
 
@@ -14,8 +14,7 @@ import pytest
 
 from shared.schema import Priority
 from shared.settings import DeviceConfig
-from workers.batching.batcher import Batcher, Pending, Policy
-from workers.batching.lanes import Lanes
+from workers.batching.batcher import Batcher, Lanes, Pending, Policy
 from workers.models.runtime import DeviceRuntime
 
 pytestmark = pytest.mark.skipif(

@@ -1,10 +1,10 @@
-"""Warmup planning (``workers/batching/warmup.py``): what is warmed before ready, what later."""
+"""Warmup planning (``workers/batching/batcher.py``): what is warmed before ready, what later."""
 
 from __future__ import annotations
 
 import threading
 
-from workers.batching.warmup import WarmQueue, WarmStep, split_plan, warm_plan, warming_pays
+from workers.batching.batcher import WarmQueue, WarmStep, split_plan, warm_plan, warming_pays
 
 
 def test_plan_warms_each_bucket_at_one_and_its_largest_size() -> None:

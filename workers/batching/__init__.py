@@ -1,22 +1,21 @@
 """Dynamic batching, Celery-free: from a received request to its stored result.
 
 Nothing here imports Celery or kombu (``tests/unit/test_import_graph.py``), so every decision
-is unit-tested with fake models and requests.
+is unit-tested with fake models and requests. One module per stage a request goes through:
 
-    admission.py    envelope -> pending request, or a coded refusal
-    batcher.py      which held requests run together, and when (pure)
-    lanes.py        the inference threads and their retry delay queue
-    execution.py    a batch -> outcomes: breaker, preprocess, bisection, retries, latency
-    completion.py   hand-off to the loop thread: events, result store, acks, log
-    work.py         what the parts pass each other (Work, Done, ...)
-    poison.py       delivery counts: WORKER_LOST refusal, suspects run alone
-    inflight.py     drop requests that already have a final result
-    circuit.py      the per-model circuit breaker (pure)
-    results.py      first-wins result writes (``write_first.lua``)
+    admission.py    envelope -> held request (Work), or a coded refusal
+    batcher.py      which held requests run together and when (pure); the inference threads
+                    (lanes) that run them; warmup left for idle time
+    execution.py    a batch -> outcomes: circuit breaker, the in-flight gate (a request with
+                    a final result is not run), poison accounting, preprocess, bisection,
+                    retries, latency
+    completion.py   hand-off to the loop thread and what it does: first-wins result writes
+                    (``results_write_first.lua``), events, acks, the log line
+
+Beside the stages:
+
     refusals.py     Redis refusing writes: hold, back off, resume
-    tensor_lease.py input segments' leases
-    warmup.py       bucket warmup plans
+    tensor_lease.py input segments' leases (requests with /dev/shm inputs)
     heap.py         short GC pauses, freed memory returned
     inject.py       injected request failures, for tests and drills
-    telemetry.py    the engine's tracing hooks
 """

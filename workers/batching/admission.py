@@ -24,11 +24,10 @@ from typing import Any
 from shared.errors import DeadlineExceeded, FleetError, InvalidInput, UnsupportedModality
 from shared.schema import Priority, TaskEnvelope
 from shared.tracing import Tracing
-from workers.batching.batcher import Pending
+from workers.batching.batcher import Pending, Work
 from workers.batching.execution import Deliveries
 from workers.batching.inject import RequestInjector
 from workers.batching.tensor_lease import renew_inputs
-from workers.batching.work import Work
 from workers.models.base import ModelAdapter
 
 __all__ = ["Admission", "Refusal", "Served", "screen"]

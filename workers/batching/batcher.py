@@ -1,8 +1,11 @@
-"""The dynamic batching policy: which held requests run together, and when.
+"""Dynamic batching: which held requests run together and when (:class:`Batcher`), the inference
+threads that ask for and run those batches (:class:`Lanes`), and the model warmup they finish
+(:class:`WarmQueue`). A held request is a :class:`Work`; the batcher sees it as a
+:class:`Pending`.
 
-Pure logic: no Celery, no torch, no threads, no clock of its own (every call takes ``now``
-in seconds on a monotonic clock). The engine feeds it the requests in the worker's prefetch
-window and asks for the next batch.
+The policy is pure logic: no Celery, no torch, no threads, no clock of its own (every call of
+:class:`Batcher` takes ``now`` in seconds on a monotonic clock). The engine feeds it the requests in
+the worker's prefetch window and asks for the next batch.
 
 Batching contract
 =================
@@ -56,16 +59,68 @@ Latency model
 Acks and failures
     Not decided here: each request keeps its own Celery task; the engine acks each one after
     its own result is stored, and a failing request fails alone.
+
+Warmup
+======
+Model warmup is split in two: what a worker warms before it says ready, and the rest later.
+Warming a bucket runs it at batch size 1 and at the largest size it can reach
+(``max_batch_size`` bounded by ``max_batch_bytes``), twice each: the first run pays one-time
+costs (allocations, TorchScript's profiling runs), the second is timed and seeds the
+batcher's latency model (Triton's ``model_warmup`` likewise runs the shapes the model will
+see). A text model has a dozen length buckets, most of them rarely reached by short texts,
+and warming them all before ready made a fresh worker wait several seconds for shapes it may
+never run. So ``[batching] warmup_buckets_before_ready`` buckets (the shortest first) are
+warmed before the worker takes traffic, and the others by the main inference thread whenever
+it has no batch to run (:class:`WarmQueue`). A bucket a batch needs before it was warmed
+simply pays its one-time costs in that batch; the latency model learns it from real batches.
+
+Warming later only pays where a new shape's first run costs more than its next: on CUDA
+(allocations, kernel selection per shape), not for a TorchScript model on the CPU, where
+after the process's very first run a new shape runs as fast the first time as the second.
+There a background step only takes a core (a batch of 32 at the longest bucket for seconds)
+from the traffic, REALTIME included. :func:`warming_pays` decides from the steps warmed
+before ready: without a first run notably slower than its second, nothing is left for later.
+
+Lanes
+=====
+The inference threads (:class:`Lanes`): each waits for its lane's next batch and runs it. One
+MAIN lane, plus a REALTIME lane when ``realtime_lane`` is on (REALTIME requests then form
+batches of their own). One lock guards the batcher, the retry
+delay queue and what is running; each lane waits on a condition of its own, so an arrival
+wakes only the lane that will run it (waking both made the idle REALTIME lane scan the
+whole window for every BULK message). Batches run outside the lock.
+
+While nothing waits, the idle MAIN lane warms one more bucket at a time (:class:`WarmQueue`).
+
+While REALTIME traffic flows (a REALTIME request held within the batcher's
+``realtime_grace_s``) the MAIN lane hands each batch to a second main-lane thread in Linux's
+``SCHED_IDLE`` class (:class:`IdleRunner`, ``main_lane_idle_while_realtime``): it runs only
+on a core nothing else of normal class wants, so the kernel preempts it at once for the
+REALTIME lane, the event loop (which reads, admits and acks REALTIME messages) and Redis,
+at any instruction, inside a TorchScript graph too. Without REALTIME traffic batches run
+on the MAIN thread itself (nice ``main_lane_nice``), so a saturated worker's throughput is
+unchanged. A thread may enter ``SCHED_IDLE`` without privilege but not leave it, hence a
+thread of its own rather than a switch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import logging
+import os
+import threading
+import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from shared.schema import Priority
+from shared import clock
+from shared.schema import Priority, TaskEnvelope
+from workers.models.base import Prepared
+from workers.models.runtime import DeviceRuntime
 
 
 class Lane(StrEnum):
@@ -311,3 +366,352 @@ class Batcher:
             if p.deadline_s is not None and flush_at + run_s > p.deadline_s:
                 return Trigger.DEADLINE, None
         return None, flush_at
+
+
+@dataclass(frozen=True)
+class WarmStep:
+    """Run ``bucket`` at batch size ``n`` (twice; the second run is observed)."""
+
+    bucket: str | None
+    n: int
+
+
+def warm_plan(
+    buckets: Sequence[str | None], largest: Callable[[str | None], int]
+) -> list[list[WarmStep]]:
+    """Per bucket, in the adapter's order (shortest first), its steps: sizes 1 and ``largest``.
+
+    Args:
+        buckets: the adapter's buckets (``[None]`` for an adapter without buckets).
+        largest: the largest batch size a bucket can reach (at least 1).
+    """
+    return [[WarmStep(b, n) for n in sorted({1, max(1, largest(b))})] for b in buckets]
+
+
+def split_plan(
+    plan: list[list[WarmStep]], before_ready: int | None
+) -> tuple[list[WarmStep], list[WarmStep]]:
+    """``(steps before ready, steps for later)``: the first ``before_ready`` buckets' steps
+    first; ``None`` warms everything before ready (the baseline, which has no idle thread)."""
+    k = len(plan) if before_ready is None else max(0, before_ready)
+    first = [s for steps in plan[:k] for s in steps]
+    rest = [s for steps in plan[k:] for s in steps]
+    return first, rest
+
+
+FIRST_RUN_EXCESS = 0.25  # a first run this much slower than the second: warming pays
+
+
+FIRST_RUN_EXCESS_MIN_S = 0.005  # and at least this much (a few-ms run's jitter is not it)
+
+
+def warming_pays(
+    runs: Sequence[tuple[float, float]],
+    excess: float = FIRST_RUN_EXCESS,
+    min_excess_s: float = FIRST_RUN_EXCESS_MIN_S,
+) -> bool:
+    """Whether warming the rest of the plan pays on this device, from the ``(first_s,
+    second_s)`` run times (seconds) of the steps warmed before ready, in order.
+
+    The process's very first run is left out (it pays the model's one-time costs, which no
+    later shape pays again). True when a later step's first run took longer than its second
+    by more than ``excess`` of it and more than ``min_excess_s``, or when no step is left to
+    judge by (warm as planned).
+    """
+    judged = list(runs)[1:]
+    if not judged:
+        return True
+    return any(first - second > max(excess * second, min_excess_s) for first, second in judged)
+
+
+class WarmQueue:
+    """Warm steps left for later, taken one at a time by the idle main inference thread."""
+
+    def __init__(self, steps: Sequence[WarmStep] = ()) -> None:
+        self._steps: deque[WarmStep] = deque(steps)
+        self._lock = threading.Lock()
+        self.done = 0
+        self.seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def run_one(self, run: Callable[[WarmStep], Any]) -> bool:
+        """Run the next step with ``run``; ``False`` when none is left."""
+        with self._lock:
+            if not self._steps:
+                return False
+            step = self._steps.popleft()
+        t0 = time.perf_counter()
+        run(step)
+        self.done += 1
+        self.seconds += time.perf_counter() - t0
+        return True
+
+
+log = logging.getLogger("fleet.engine")
+
+
+class Lanes:
+    """The lane threads of one engine.
+
+    Args:
+        batcher: holds the prefetch window's requests.
+        runtime: the device (lane binding, the REALTIME section).
+        run: runs one batch (``workers.batching.execution.BatchRunner.run``).
+        crashed: fails a batch whose run raised (the lane thread must not die).
+        expire: fails requests whose deadline passed while held.
+        warm_step: warms one bucket.
+        idle_while_realtime: run MAIN batches on an :class:`IdleRunner` while REALTIME
+            traffic flows (two lanes only).
+    """
+
+    def __init__(
+        self,
+        batcher: Batcher,
+        runtime: DeviceRuntime,
+        *,
+        run: Callable[[list[Work], Trigger | None], None],
+        crashed: Callable[[list[Pending]], None],
+        expire: Callable[[list[Pending]], None],
+        warm_step: Callable[[WarmStep], object],
+        idle_while_realtime: bool = False,
+    ) -> None:
+        self.batcher, self.runtime = batcher, runtime
+        self.run, self.crashed, self.expire, self.warm_step = run, crashed, expire, warm_step
+        self.lock = threading.Lock()
+        self._cv = {lane: threading.Condition(self.lock) for lane in Lane}
+        self._delayed: list[tuple[float, int, Pending]] = []  # retries waiting for backoff
+        self.running: dict[str, Work] = {}  # in a batch on a lane thread now
+        self.warm_later = WarmQueue()  # buckets warmed by the idle main lane after ready
+        self._threads: list[threading.Thread] = []
+        self._stop = False
+        self.idle = IdleRunner(runtime) if idle_while_realtime and runtime.lanes > 1 else None
+
+    def start(self) -> None:
+        """Start one thread per lane of the runtime (and the idle-class runner)."""
+        if self.idle is not None:
+            self.idle.start()
+        for i, lane in enumerate([Lane.MAIN, Lane.REALTIME][: self.runtime.lanes]):
+            t = threading.Thread(
+                target=self._loop, args=(lane, i), name=f"fleet-{lane}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+
+    def hold(self, pending: Pending) -> None:
+        """Give ``pending`` to the batcher and wake its lane (caller holds ``lock``)."""
+        self.batcher.add(pending)
+        self._cv[self.batcher.lane_of(pending)].notify()
+
+    def schedule(self, pending: Pending) -> None:
+        """Hold a retry until its countdown passed (``pending.arrival_s``)."""
+        with self.lock:
+            heapq.heappush(self._delayed, (pending.arrival_s, id(pending), pending))
+            self.wake_all()  # whichever lane wakes first releases it when due
+
+    def wake_all(self) -> None:
+        """Wake every lane (caller holds ``lock``)."""
+        for cv in self._cv.values():
+            cv.notify_all()
+
+    def mark_running(self, works: list[Work]) -> None:
+        with self.lock:
+            self.running.update((w.req.id, w) for w in works)
+
+    def busy(self) -> bool:
+        with self.lock:
+            return bool(len(self.batcher) or self._delayed or self.running)
+
+    def stop(self, end_s: float) -> None:
+        """Stop the lanes after their current batch; wait for them until ``end_s``
+        (monotonic seconds) plus one second."""
+        with self.lock:
+            self._stop = True
+            self.wake_all()
+        for t in self._threads:
+            t.join(timeout=max(end_s - time.monotonic(), 0.0) + 1.0)
+        if self.idle is not None:
+            self.idle.stop()
+
+    def _loop(self, lane: Lane, index: int) -> None:
+        self.runtime.bind_lane(index)
+        while True:
+            d = self._next(lane)
+            if d is None:
+                return
+            if not d.batch and not d.expired:
+                self._warm_one()
+                continue
+            if d.expired:  # outside the lock: failing them writes to Redis
+                self.expire(d.expired)
+            if d.batch:
+                if lane is Lane.MAIN and self.idle is not None and self._realtime_flows():
+                    self.idle.run(lambda d=d: self._run(lane, d.batch, d.trigger))
+                else:
+                    self._run(lane, d.batch, d.trigger)
+
+    def _realtime_flows(self) -> bool:
+        with self.lock:
+            return self.batcher.realtime_present(time.monotonic())
+
+    def _next(self, lane: Lane) -> Decision | None:
+        """Wait for the lane's next batch (or expired requests, or a bucket to warm);
+        ``None`` once stopped."""
+        cv = self._cv[lane]
+        with self.lock:
+            while True:
+                if self._stop:
+                    return None
+                now = time.monotonic()
+                self._release_delayed(now)
+                d = self.batcher.next_batch(now, lane)
+                if d.batch or d.expired:
+                    return d
+                if lane is Lane.MAIN and len(self.warm_later) and not len(self.batcher):
+                    return d  # nothing waiting: warm one more bucket (outside the lock)
+                cv.wait(timeout=self._wait_s(d.wake_at_s, now))
+
+    def _warm_one(self) -> None:
+        try:
+            self.warm_later.run_one(self.warm_step)
+        except Exception:  # a bucket that cannot warm runs cold; never kill the lane
+            log.exception("background warmup step failed")
+        if not len(self.warm_later):
+            log.info("background warmup done: %d steps in %.2f s",
+                     self.warm_later.done, self.warm_later.seconds)  # fmt: skip
+
+    def _run(self, lane: Lane, batch: list[Pending], trigger: Trigger | None) -> None:
+        section = (
+            self.runtime.realtime_section() if lane is Lane.REALTIME else contextlib.nullcontext()
+        )
+        try:
+            with section:
+                self.run([p.item for p in batch], trigger)
+        except Exception:  # never let the inference thread die silently
+            log.exception("batch crashed; failing its requests")
+            self.crashed(batch)
+        finally:
+            with self.lock:
+                for p in batch:
+                    self.running.pop(p.id, None)
+
+    def _wait_s(self, wake_at_s: float | None, now: float) -> float | None:
+        times = [t for t in (wake_at_s, self._delayed[0][0] if self._delayed else None) if t]
+        return max(min(times) - now, 0.0) if times else None
+
+    def _release_delayed(self, now: float) -> None:
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, pending = heapq.heappop(self._delayed)
+            self.hold(pending)
+
+
+class IdleRunner:
+    """A MAIN-lane thread in the ``SCHED_IDLE`` scheduling class that runs what the MAIN
+    lane thread hands it, one call at a time, while the MAIN thread waits.
+
+    ``idle_class`` says whether the kernel took the policy (Linux only; refused elsewhere,
+    or by a seccomp profile: the runner then runs at the MAIN thread's priority, logged).
+    ``batches`` counts the calls it ran.
+    """
+
+    def __init__(self, runtime: DeviceRuntime) -> None:
+        self.runtime = runtime
+        self.idle_class = False
+        self.batches = 0
+        self._cv = threading.Condition()
+        self._job: Callable[[], None] | None = None
+        self._done = False
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="fleet-main-idle", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=5.0)
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the idle-class thread and wait until it returned (it must not
+        raise: the lanes' ``_run`` catches everything)."""
+        with self._cv:
+            self._job, self._done = job, False
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._done or self._stop)
+
+    def _loop(self) -> None:
+        self.runtime.bind_lane(0)  # the MAIN lane's stream, arena slot and yield points
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+            self.idle_class = True
+            self.runtime.mark_idle_class()
+        except (AttributeError, OSError) as exc:
+            log.warning("main lane: SCHED_IDLE refused (%s); batches run at its priority", exc)
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._job is not None or self._stop)
+                if self._job is None:
+                    return
+                job = self._job
+            try:
+                job()
+            finally:
+                with self._cv:
+                    self._job, self._done = None, True
+                    self.batches += 1
+                    self._cv.notify_all()
+
+
+@dataclass(slots=True)
+class Work:
+    """A request held by the engine: the received request plus what the engine derived.
+
+    Attributes:
+        arrival_s: when it entered the prefetch window (monotonic seconds).
+        fault: an injected fault spec (``workers.batching.inject``), or ``None``.
+        attempts: in-place retries so far (0 on the first run).
+        started_s: when its (last) batch started (monotonic seconds; 0.0 before).
+        counted: its in-flight counter was incremented for this delivery
+        (``workers.batching.execution``).
+        suspect: an earlier delivery's worker died with it: it runs alone
+        (``workers.batching.execution``).
+        twins: more copies of this task id, held: acked (or given back) with it.
+    """
+
+    req: Any
+    env: TaskEnvelope
+    prepared: Prepared
+    arrival_s: float
+    fault: str | None = None
+    attempts: int = 0
+    started_s: float = 0.0
+    batch_id: str = ""
+    batch_size: int = 0
+    counted: bool = False
+    suspect: bool = False
+    twins: list[Any] = field(default_factory=list)
+
+    def pending(self, arrival_s: float, bucket: str | None = None) -> Pending:
+        """This request as the batcher sees it, arriving at ``arrival_s`` (monotonic s);
+        ``bucket`` overrides the prepared bucket (a suspect runs in a bucket of its own)."""
+        return Pending(
+            id=self.req.id,
+            priority=Priority.parse(self.env.priority),
+            arrival_s=arrival_s,
+            deadline_s=monotonic_deadline(self.env.deadline_ms),
+            bucket=self.prepared.bucket if bucket is None else bucket,
+            length=self.prepared.length,
+            nbytes=self.prepared.nbytes,
+            item=self,
+        )
+
+
+def monotonic_deadline(deadline_ms: float | None) -> float | None:
+    """A deadline (epoch ms on Redis' clock, ``shared.clock``) on this process's monotonic
+    clock."""
+    if deadline_ms is None:
+        return None
+    return time.monotonic() + (deadline_ms - clock.now_s() * 1000.0) / 1000.0

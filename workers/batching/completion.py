@@ -1,18 +1,50 @@
-"""Completion: the typed hand-off from the inference threads to the worker's event loop, and
-what the loop does with each item (events, the result store, acks, one log line).
+"""Completion: the typed hand-off from the inference threads to the worker's event loop, what
+the loop does with each item (events, the result store, acks, one log line), and the result
+writes themselves (:class:`ResultWriter`).
 
-Why a hand-off: kombu's channels and Celery's event dispatcher are not thread-safe, so
-events and acks happen on the loop thread, as in a stock Celery worker. An inference thread
-:meth:`Handoff.post` s items (``workers.batching.work``: Started, Progress, Retry, Done) and wakes
-the loop through a self-pipe; the loop :meth:`Handoff.drain` s them in order. Without a loop (at
-start-up, in baseline mode, while draining at shutdown) items complete inline on the
+Why a hand-off: kombu's channels and Celery's event dispatcher are not thread-safe, so events and
+acks happen on the loop thread, as in a stock Celery worker. An inference thread
+:meth:`Handoff.post` s items (:class:`Started`, :class:`Progress`, :class:`Retry`, :class:`Done`)
+and wakes the loop through a self-pipe; the loop :meth:`Handoff.drain` s them in order. Without a
+loop (at start-up, in baseline mode, while draining at shutdown) items complete inline on the
 posting thread.
 
 Settling a final outcome (:meth:`Completer.complete`): store the result (first-wins,
-``workers.batching.results``), then ack the request and its twins (``workers.consumer.lease``), then
-send ``task-succeeded``/``task-failed``, observe the metrics and log one line. What Redis refuses
-is retried with backoff for ``SETTLE_GIVE_UP_S``; a request still unsettled then is given
+below), then ack the request and its twins (``workers.consumer.lease``),
+then send ``task-succeeded``/``task-failed``, observe the metrics and log one line. What Redis
+refuses is retried with backoff for ``SETTLE_GIVE_UP_S``; a request still unsettled then is given
 back to its queue, so its prefetch slot never stays taken.
+
+Result writes ------------- :class:`ResultWriter` stores a batch's final results, the first one of
+each request winning, in one round trip. Delivery is at-least-once (a lost ack, a lapsed lease, a
+duplicate publish), so a request may run twice; what a client observes must be one final result.
+Each final write is one small Lua script (``_WRITE_FIRST``): if ``fleet:final:<id>`` is absent, the
+result's SETEX, then the marker ``SET fleet:final:<id> <write token>``, then PUBLISH, atomically. A
+later copy's write changes nothing (a SUCCESS is never overwritten by a redelivered copy's
+``DEADLINE_EXCEEDED``). The marker holds the writer's token (one per outcome, kept across its
+retries): a write that ran but whose reply was lost (Redis shut down or the connection dropped after
+executing it) is recognised as this writer's own when it is retried, and reported stored, not as a
+duplicate.
+
+A script is atomic against other clients but not all-or-nothing: Redis keeps the writes a
+script made before one of its commands was refused (an ACL rule, a full disk, a replica
+turned read-only). So the document is written before the marker: a script refused halfway
+leaves at most a document without a marker, which the retry writes again together with its
+marker, never a marker without a document (a request that would read ``PENDING`` for the
+marker's whole TTL while every copy of it is acked as a duplicate). Celery's own
+``backend.store_result`` refuses only to overwrite a SUCCESS, and with a GET before the write
+(two round trips, not atomic). A batch of N costs one pipeline. ``PROGRESS`` states are not
+final: they are plain SETEX and never overwrite a final result (``_WRITE_PROGRESS``).
+
+The stored document is Celery's result meta, so ``AsyncResult``, Flower and clients in other
+languages read it unchanged::
+
+    {"status": "SUCCESS" | "FAILURE", "result": <value or exception dict>,
+     "traceback": null, "children": [], "date_done": "<ISO 8601 UTC>", "task_id": "<id>"}
+
+A failure's ``result`` is Celery's JSON exception encoding with the fleet's code added
+(``shared.errors.error_to_wire``): ``{"exc_type": "ImageDecodeError", "exc_message":
+["<message>", "IMAGE_DECODE"], "exc_module": "shared.errors"}``.
 """
 
 from __future__ import annotations
@@ -20,32 +52,36 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Protocol
 
-from shared import clock
-from shared.errors import FleetError, InvalidMessage
+from shared import clock, keys, schema
+from shared.errors import FleetError, InvalidMessage, error_to_wire
 from shared.keys import delivery_count_key
+from shared.metrics import FleetMetrics
+from shared.tracing import Tracing
+from workers.batching.batcher import Work
 from workers.batching.refusals import REFUSALS, reason_of
-from workers.batching.results import Outcome, ResultWriter, new_token
-from workers.batching.work import (
-    Done,
-    Observers,
-    Posted,
-    Progress,
-    ProgressThrottle,
-    Retry,
-    Started,
-)
+
+if TYPE_CHECKING:
+    from shared.redis_client import Waiter
 
 __all__ = ["SETTLE_GIVE_UP_S", "Completer", "CompletionHost", "Handoff", "Loop"]
 
+
 log = logging.getLogger("fleet.engine")
 
+
 SETTLE_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # then every 2 s: Redis restarts take seconds
+
+
 SETTLE_GIVE_UP_S = 60.0  # a result or ack still refused then: the request is given back
 
 
@@ -395,3 +431,301 @@ class Handoff:
                 self._handled += len(items)
                 self._counts.notify_all()
         self.on_drain()
+
+
+_LUA = resources.files("workers.batching")
+
+
+# The final write and the progress write (``results_write_first.lua``,
+# ``results_write_progress.lua``: their KEYS, ARGV, replies and keys in their headers).
+_WRITE_FIRST = _LUA.joinpath("results_write_first.lua").read_text("utf-8")
+
+
+_WRITE_PROGRESS = _LUA.joinpath("results_write_progress.lua").read_text("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One request's final state: ``result`` on success, else ``error``."""
+
+    task_id: str
+    result: dict[str, Any] | None = None
+    error: FleetError | None = None
+    keep_existing: bool = False  # a stored document stands (Celery's REVOKED)
+
+    @property
+    def state(self) -> str:
+        return "SUCCESS" if self.error is None else "FAILURE"
+
+
+def new_token() -> str:
+    """A final write's token: random, 16 hex digits (never the ``"1"`` a producer's cancel
+    writes)."""
+    return secrets.token_hex(8)
+
+
+exception_dict = error_to_wire
+
+
+"""Celery's JSON encoding of an exception with the fleet's code (``shared.errors``)."""
+
+
+class HasBackend(Protocol):
+    """The worker's Celery app, as the writer sees it: its Redis result backend (``expires``,
+    ``serializer``, ``encode``, ``client``, ``get_key_for_task``). Typed structurally, so this
+    module imports no Celery."""
+
+    backend: Any
+
+
+class ResultWriter:
+    """Writes :class:`Outcome` lists to Celery's Redis result backend in one pipeline.
+
+    ``waiter`` (Redis behind Sentinel): the pipeline ends with ``WAIT``, so results are on a
+    replica before the caller acks their messages; a failover after the ack cannot lose a
+    result whose message is gone (``shared.redis_client.Waiter``). Their ``PUBLISH`` follows
+    once ``WAIT`` confirmed them (one more round trip): a write a failover then discards
+    (it raises ``ReplicationUncertain``, nothing is acked, the request runs again) was never
+    announced, so a subscribed client sees one final result, not two.
+    """
+
+    def __init__(self, app: HasBackend, waiter: Waiter | None = None) -> None:
+        self.waiter = waiter
+        self.backend = app.backend
+        self.expires_s = int(self.backend.expires or 0)
+        self.failure_expires_s = int(getattr(self.backend, "failure_expires", 0) or self.expires_s)
+        self._scripts: tuple[Any, Any] | None = None
+        # JSON (the fleet's result_serializer) through shared.schema: the same documents,
+        # without a batch's float reprs holding the event loop; another serializer: Celery's.
+        self.encode = schema.dumps if self.backend.serializer == "json" else self.backend.encode
+        self.duplicates = 0  # final writes refused: the request had its final result already
+
+    def _script(self, i: int) -> Any:
+        if self._scripts is None:  # registered on first use: meta() needs no Redis
+            client = self.backend.client
+            self._scripts = (
+                client.register_script(_WRITE_FIRST),
+                client.register_script(_WRITE_PROGRESS),
+            )
+        return self._scripts[i]
+
+    def meta(self, o: Outcome) -> dict[str, Any]:
+        return {
+            "status": o.state,
+            "result": o.result if o.error is None else exception_dict(o.error),
+            "traceback": None,
+            "children": [],
+            "date_done": datetime.now(UTC).isoformat(),
+            "task_id": o.task_id,
+        }
+
+    def write_progress(self, task_id: str, progress: dict[str, Any]) -> None:
+        """Store a ``PROGRESS`` state whose ``result`` is ``progress`` (e.g. done/total)."""
+        meta = {
+            "status": "PROGRESS",
+            "result": progress,
+            "traceback": None,
+            "children": [],
+            "date_done": None,
+            "task_id": task_id,
+        }
+        key = self.backend.get_key_for_task(task_id)
+        self._script(1)(
+            keys=[keys.final_key(task_id), key],
+            args=[self.encode(meta), self.expires_s or 86400],
+        )
+
+    def write(
+        self,
+        outcomes: Sequence[Outcome],
+        also_delete: Sequence[str] = (),
+        tokens: Sequence[str] | None = None,
+    ) -> list[bool]:
+        """Store every outcome whose request has no final result yet, in one round trip.
+
+        Args:
+            outcomes: the final outcomes.
+            also_delete: keys to delete in the same pipeline (the requests' in-flight
+                counters).
+            tokens: one write token per outcome (:func:`new_token`; outcomes of different
+                requests may share one), the same on every retry of that outcome's write: a
+                retry after a lost reply then finds its own write and reports it stored.
+                ``None``: one fresh token for the call (no retry to recognise).
+
+        Returns:
+            For each outcome, whether it is stored (``False``: another write's final result
+            stands and this one was dropped).
+
+        Raises:
+            redis.RedisError: the pipeline failed; nothing may be acked then.
+        """
+        if not outcomes:
+            return []
+        import redis  # here, not at import: the engine's Celery-free parts import this module
+
+        from shared.redis_client import execute_waiting
+
+        client = self.backend.client
+        publish_later = self.waiter is not None
+        if tokens is None:
+            tokens = [new_token()] * len(outcomes)
+        stored: list[tuple[str, bytes | str]] = []
+        calls: list[tuple[list[str], list[Any]]] = []
+        for o, token in zip(outcomes, tokens, strict=True):
+            key = self.backend.get_key_for_task(o.task_id)
+            value = self.encode(self.meta(o))
+            stored.append((key, value))
+            ttl = self.failure_expires_s if o.error is not None else self.expires_s
+            calls.append(
+                (
+                    [keys.final_key(o.task_id), key],
+                    [
+                        value,
+                        ttl,
+                        "1" if o.keep_existing else "0",
+                        "0" if publish_later else "1",
+                        token,
+                    ],
+                )
+            )
+        sha = self._script(0).sha
+        for attempt in (1, 2):
+            # EVALSHA straight into the pipeline: redis-py's Script objects in a pipeline
+            # first ask SCRIPT EXISTS, one more round trip for every write.
+            with client.pipeline(transaction=False) as pipe:
+                for k, a in calls:
+                    pipe.evalsha(sha, len(k), *k, *a)
+                if also_delete:
+                    pipe.delete(*also_delete)
+                try:
+                    replies = execute_waiting(client, pipe, self.waiter)
+                    break
+                except redis.exceptions.NoScriptError:
+                    # Not loaded on this server (it restarted, failed over, or flushed its
+                    # scripts): nothing ran but the deletes, which repeat harmlessly.
+                    if attempt == 2:
+                        raise
+                    client.script_load(_WRITE_FIRST)
+        written = [bool(r) for r in replies[: len(outcomes)]]
+        # A 2 (this token's earlier write, its reply lost) is announced here too when the
+        # announcement waits for a replica: the earlier attempt never got that far.
+        if publish_later and any(written):
+            # The results are stored and replicated: a lost announcement costs only
+            # subscribers a wait (Celery's result consumer reads stored results when it
+            # subscribes again), never the results: the batch is acked all the same.
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    for (key, value), w in zip(stored, written, strict=True):
+                        if w:
+                            pipe.publish(key, value)
+                    pipe.execute()
+            except redis.RedisError as exc:
+                log.warning("announcing %d stored results failed: %s", sum(written), exc)
+        self.duplicates += written.count(False)
+        return written
+
+
+PROGRESS_INTERVAL_S = 0.25  # at most this often per request: progress is for humans
+
+
+@dataclass(slots=True)
+class Started:
+    batch: list[Work]
+
+
+@dataclass(slots=True)
+class Progress:
+    work: Work
+    done: int
+    total: int
+
+
+@dataclass(slots=True)
+class Retry:
+    work: Work
+    error: FleetError
+    countdown_s: float
+
+
+@dataclass(slots=True)
+class Done:
+    """A final outcome on its way to the result store, and how far settling it got.
+
+    Attributes:
+        work: ``None`` for a request refused before it was held. priority: the metric label of a
+        request refused before it was held. stored: ``None`` not yet written; ``False`` the write
+        failed (retried). duplicate: the request had its final result already: ack it, write
+        nothing. first_failure_s: monotonic time of the first refused store or ack. attempts:
+        store/ack attempts so far. token: its final write's token
+        (``workers.batching.completion.new_token``), drawn at the first
+            store attempt (one for all the requests of that write) and kept for the
+            retries: a retry after a lost reply finds its own write (stored) rather than a
+            duplicate's.
+    """
+
+    work: Work | None
+    req: Any
+    outcome: Outcome
+    run_ms: float = 0.0
+    priority: str = "unknown"
+    stored: bool | None = None
+    duplicate: bool = False
+    acked: bool = False
+    first_failure_s: float = 0.0
+    attempts: int = 0
+    token: str = ""
+
+
+Posted = Done | Progress | Retry | Started
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """The engine's counters (``fleet_stats``); ``model_s`` in seconds, all lanes."""
+
+    received: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    expired: int = 0
+    retried: int = 0
+    acked_in_batches: int = 0  # acks that shared a Redis pipeline (workers.consumer.lease)
+    duplicates: int = 0  # copies acked without running or writing: a final result stood
+    twins: int = 0  # copies of a task id the window held already
+    revoked: int = 0
+    settle_retries: int = 0  # result writes or acks retried after Redis refused them
+    given_back: int = 0  # messages returned to their queue unrun (shutdown, unsettled)
+    model_s: float = 0.0
+    batches: int = 0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    triggers: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True, slots=True)
+class Observers:
+    """Where the parts report: the engine's counters, its metrics and its spans."""
+
+    stats: EngineStats
+    metrics: FleetMetrics
+    tracing: Tracing
+
+
+class ProgressThrottle:
+    """At most one progress report per request every ``interval_s`` (the last one always).
+
+    Written by an inference thread, forgotten on the loop thread; single dict operations
+    are atomic under the GIL.
+    """
+
+    def __init__(self, interval_s: float = PROGRESS_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._at: dict[str, float] = {}
+
+    def due(self, task_id: str, done: int, total: int, now: float) -> bool:
+        if done < total and now - self._at.get(task_id, 0.0) < self.interval_s:
+            return False
+        self._at[task_id] = now
+        return True
+
+    def forget(self, task_id: str) -> None:
+        self._at.pop(task_id, None)

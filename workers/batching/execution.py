@@ -5,7 +5,7 @@
 1. the circuit breaker (:class:`CircuitBreaker`): while it is open the batch fails fast with
    ``CIRCUIT_OPEN`` and the model is not called;
 2. the gate (the engine's: revoked members, members with a final result already, in-flight
-   counting); a :class:`~workers.batching.work.Started` item for the rest;
+   counting); a :class:`~workers.batching.completion.Started` item for the rest;
 3. ``preprocess`` per member: a member whose preprocess raises fails alone (a
    :class:`~shared.errors.FleetError` keeps its code; anything else is ``INVALID_INPUT``);
 4. ``run_batch`` with bisection: a batch that raises is split in halves until the member
@@ -17,8 +17,8 @@
    a model or device fault counts as a failure; bad input never does;
 6. retry decisions (:class:`RetryPolicy`): a retryable error (``TransientError``) within the
    modality's ``max_retries`` is scheduled to run again after ``retry_backoff_s * 2**attempt``
-   (a :class:`~workers.batching.work.Retry` item); every other outcome is final
-   (:class:`~workers.batching.work.Done`).
+   (a :class:`~workers.batching.completion.Retry` item); every other outcome is final
+   (:class:`~workers.batching.completion.Done`).
 
 Everything leaves through ``post`` (the hand-off to the loop thread,
 ``workers.batching.completion``) and retries through ``schedule`` (the engine's delay queue).
@@ -41,7 +41,7 @@ result and counts deaths. One round trip per batch (``_BEGIN``), for every membe
 
 - if ``fleet:final:<id>`` exists, the request already has its final result (a redelivered
   or duplicated copy of a finished request): it is not run, only acked
-  (``workers.batching.results`` writes that marker with the first final result);
+  (``workers.batching.completion`` writes that marker with the first final result);
 - else, on its first run in this delivery, its in-flight counter is incremented (the
   arrival's count was given back once it decoded).
 
@@ -100,19 +100,18 @@ from shared.errors import (
     WorkerLost,
 )
 from workers.batching import heap
-from workers.batching.batcher import LatencyModel, Pending, Trigger
-from workers.batching.inject import RequestInjector
-from workers.batching.results import Outcome
-from workers.batching.work import (
+from workers.batching.batcher import LatencyModel, Pending, Trigger, Work
+from workers.batching.completion import (
     Done,
     Observers,
+    Outcome,
     Posted,
     Progress,
     ProgressThrottle,
     Retry,
     Started,
-    Work,
 )
+from workers.batching.inject import RequestInjector
 from workers.models.base import ModelAdapter
 from workers.models.runtime import DeviceRuntime
 

@@ -1,5 +1,5 @@
 -- results_write_first: store a request's final result unless one is stored already: the
--- first write wins (workers.batching.results.ResultWriter; loaded there as _WRITE_FIRST).
+-- first write wins (workers.batching.completion.ResultWriter; loaded there as _WRITE_FIRST).
 --
 -- KEYS[1]  the request's final marker (fleet:final:<id>)
 -- KEYS[2]  its result document (Celery's celery-task-meta-<id>)

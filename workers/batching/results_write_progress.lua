@@ -1,6 +1,6 @@
 -- results_write_progress: store a request's progress state unless its final result is
 -- stored: a slow copy reporting late would hide the final result from pollers
--- (workers.batching.results.ResultWriter; loaded there as _WRITE_PROGRESS).
+-- (workers.batching.completion.ResultWriter; loaded there as _WRITE_PROGRESS).
 --
 -- KEYS[1]  the request's final marker (fleet:final:<id>)
 -- KEYS[2]  its result document (Celery's celery-task-meta-<id>)

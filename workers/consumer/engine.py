@@ -7,7 +7,7 @@ One concern per module; of them only this one imports Celery or kombu::
     event loop --drain--> completion.Completer: events, result store, acks, log line
 
 Also :mod:`workers.batching.execution` (delivery counts, ``WORKER_LOST``, suspects) and
-:mod:`workers.batching.work` (what the parts pass each other). The engine is the parts' host
+:mod:`workers.batching.completion` (what the parts pass each other). The engine is the parts' host
 (``execution.RunnerHost``, ``completion.CompletionHost``): it owns what is held.
 
 Threads
@@ -95,8 +95,30 @@ from shared.settings import Settings
 from shared.tracing import Tracing
 from workers.batching import refusals
 from workers.batching.admission import Admission, Refusal, Served, screen
-from workers.batching.batcher import Batcher, Pending, Policy
-from workers.batching.completion import Completer, Handoff, Loop
+from workers.batching.batcher import (
+    Batcher,
+    Lanes,
+    Pending,
+    Policy,
+    WarmQueue,
+    WarmStep,
+    Work,
+    split_plan,
+    warm_plan,
+    warming_pays,
+)
+from workers.batching.completion import (
+    Completer,
+    Done,
+    EngineStats,
+    Handoff,
+    Loop,
+    Observers,
+    Outcome,
+    Posted,
+    ProgressThrottle,
+    ResultWriter,
+)
 from workers.batching.execution import (
     MAX_DELIVERIES,
     BatchRunner,
@@ -107,10 +129,6 @@ from workers.batching.execution import (
     RetryPolicy,
 )
 from workers.batching.inject import RequestInjector
-from workers.batching.lanes import Lanes
-from workers.batching.results import Outcome, ResultWriter
-from workers.batching.warmup import WarmQueue, WarmStep, split_plan, warm_plan, warming_pays
-from workers.batching.work import Done, EngineStats, Observers, Posted, ProgressThrottle, Work
 from workers.consumer import stats
 from workers.consumer.lease import LeaseKeeper, ack_batch, give_back
 from workers.models import make_adapter
@@ -332,7 +350,7 @@ class Engine:
 
     def _warmup(self) -> None:
         """Warm the buckets the worker needs before ready; queue the rest for the idle main
-        thread (see :mod:`workers.batching.warmup`; every bucket without an inference thread)."""
+        thread (see :mod:`workers.batching.batcher`; every bucket without an inference thread)."""
         pol = self.batcher.policy
 
         def largest(bucket: str | None) -> int:

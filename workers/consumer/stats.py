@@ -14,10 +14,9 @@ from workers.consumer import channel
 
 if TYPE_CHECKING:
     from shared.metrics import FleetMetrics
-    from workers.batching.batcher import Batcher
+    from workers.batching.batcher import Batcher, Lanes
+    from workers.batching.completion import EngineStats
     from workers.batching.execution import CircuitBreaker
-    from workers.batching.lanes import Lanes
-    from workers.batching.work import EngineStats
     from workers.consumer.lease import LeaseKeeper
     from workers.models.base import ModelAdapter
     from workers.models.runtime import DeviceRuntime

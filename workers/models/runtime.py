@@ -37,14 +37,14 @@ The main lane also yields between a batch's phases (:meth:`DeviceRuntime.yield_n
 pause is bounded (``MAX_PAUSE_S``) so a stuck REALTIME batch cannot stall the main lane for
 good. On CUDA the REALTIME lane's stream also gets the higher stream priority.
 
-A model run through TorchScript (the text encoder by default) runs no Python hooks, so it
-has no yield points inside; but it runs without the GIL, so the lanes no longer contend
-for it. There, and everywhere with two lanes, the main lane's thread also runs at a higher
-nice value (``main_lane_nice``, 5), so that a core it shares with the REALTIME lane or the
-event loop goes to them first; and while REALTIME traffic flows its batches run on a
-``SCHED_IDLE`` thread instead (``workers.batching.lanes.IdleRunner``), which the kernel preempts for
-them at once, hooks or not. That thread skips the yield points
-(:meth:`DeviceRuntime.mark_idle_class`): pausing there too would only leave a core idle.
+A model run through TorchScript (the text encoder by default) runs no Python hooks, so it has no
+yield points inside; but it runs without the GIL, so the lanes no longer contend for it. There, and
+everywhere with two lanes, the main lane's thread also runs at a higher nice value
+(``main_lane_nice``, 5), so that a core it shares with the REALTIME lane or the event loop goes to
+them first; and while REALTIME traffic flows its batches run on a ``SCHED_IDLE`` thread instead
+(``workers.batching.batcher.IdleRunner``), which the kernel preempts for them at once, hooks or not.
+That thread skips the yield points (:meth:`DeviceRuntime.mark_idle_class`): pausing there too would
+only leave a core idle.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class DeviceRuntime:
             self._renice_thread(self.cfg.main_lane_nice)
 
     def mark_idle_class(self) -> None:
-        """The calling (main-lane) thread runs in ``SCHED_IDLE`` (``workers.batching.lanes``): it
+        """The calling (main-lane) thread runs in ``SCHED_IDLE`` (``workers.batching.batcher``): it
         skips the yield points, since any normal thread preempts it anyway; pausing there
         too would only leave a core idle."""
         self._local.idle_class = True

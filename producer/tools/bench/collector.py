@@ -1,7 +1,7 @@
 """Result and event collection for the bench, each on its own thread and connection.
 
 :class:`ResultCollector` subscribes to the result backend's own notifications: every result
-the fleet stores (``workers/batching/results.py``) and every result plain Celery stores
+the fleet stores (``workers/batching/completion.py``) and every result plain Celery stores
 (``RedisBackend.set``) is a ``SETEX`` plus a ``PUBLISH`` on the result key. One
 ``PSUBSCRIBE celery-task-meta-*`` therefore sees each outcome as it is stored, with no polling
 interval, and the latency itself comes from the stored ``date_done`` (the worker's clock at the
