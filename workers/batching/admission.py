@@ -128,10 +128,14 @@ class Admission:
             refusal = self.deliveries.refusal(req.id, count)
             if refusal is not None:
                 raise refusal
-            inputs, fault = self.faults.split(env.inputs)
+            inputs, fault = env.inputs, None
+            if self.faults.enabled:
+                inputs, fault = self.faults.split(inputs)
             # Its /dev/shm inputs live while it may run: renewed before prepare maps them.
-            renew_inputs(self.store, inputs, req.id)
-            self.faults.on_prepare(fault)
+            if self.adapter.tensor_inputs:
+                renew_inputs(self.store, inputs, req.id)
+            if fault is not None:
+                self.faults.on_prepare(fault)
             with self.tracing.in_request(req):
                 prepared = self.adapter.prepare(inputs)
         except Exception as exc:  # an adapter bug must not kill the consumer either

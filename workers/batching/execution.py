@@ -343,7 +343,8 @@ class BatchRunner:
             return []
         self._sink_to([w for w, _ in items])
         try:
-            self.faults.before_batch([(w.req.id, w.fault) for w, _ in items])
+            if self.faults.enabled:
+                self.faults.before_batch([(w.req.id, w.fault) for w, _ in items])
             with self.runtime.batch_context(), self.tracing.span("model.forward", n=len(items)):
                 results = self.adapter.run_batch([s for _, s in items])
             return [
@@ -374,7 +375,10 @@ class BatchRunner:
         return final
 
     def _sink_to(self, works: list[Work]) -> None:
-        """Route the adapter's progress reports (by position in ``works``) to the loop."""
+        """Route the adapter's progress reports (by position in ``works``) to the loop (only
+        for an adapter that reports progress)."""
+        if not self.adapter.reports_progress:
+            return
 
         def sink(index: int, done: int, total: int) -> None:
             w = works[index]

@@ -74,10 +74,14 @@ class ModelAdapter(ABC):
     """Base class: one model serving one modality in one worker process.
 
     ``options_type`` is the options model of the kind it serves (``shared.model_kinds``):
-    ``cfg`` is an instance of it.
+    ``cfg`` is an instance of it. ``reports_progress``: the adapter calls
+    :meth:`report_progress` (the engine routes its reports only then); ``tensor_inputs``: a
+    request's inputs may hold /dev/shm refs (the engine renews their leases only then).
     """
 
     modality: str = ""
+    reports_progress: ClassVar[bool] = False
+    tensor_inputs: ClassVar[bool] = True
     options_type: ClassVar[type[ModelOptions]]
 
     def __init__(self, cfg: ModelOptions, settings: Settings, runtime: DeviceRuntime) -> None:

@@ -44,6 +44,7 @@ class TextAdapter(ModelAdapter):
     """
 
     modality = "text"
+    tensor_inputs = False  # {"text": str} only
     options_type = TextOptions
 
     def load(self) -> None:

@@ -156,6 +156,7 @@ class VideoAdapter(ImageAdapter):
     """
 
     modality = "video"
+    reports_progress = True
     options_type = VideoOptions
 
     def __init__(self, cfg: VideoOptions, settings: Settings, runtime: DeviceRuntime) -> None:
