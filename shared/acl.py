@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from shared import keys
+from shared import schema
 from shared.settings import MODALITIES
 
 __all__ = [
@@ -77,10 +77,10 @@ def producer_keys() -> list[str]:
     return [
         *queues,
         "_kombu.binding*",  # kombu 5.7 also keeps _kombu.binding_permanent.<exchange>
-        f"{keys.RESULT_KEY_PREFIX}*",
-        f"{keys.FINAL_KEY_PREFIX}*",
-        f"{keys.JOB_KEY_PREFIX}*",
-        f"{keys.LIVE_PREFIX}*",
+        f"{schema.RESULT_KEY_PREFIX}*",
+        f"{schema.FINAL_KEY_PREFIX}*",
+        f"{schema.JOB_KEY_PREFIX}*",
+        f"{schema.LIVE_PREFIX}*",
     ]
 
 

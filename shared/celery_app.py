@@ -23,7 +23,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from shared import keys
+from shared import schema
 from shared.settings import MODALITIES, Settings
 
 __all__ = ["make_app", "sentinel_options", "wait_options"]
@@ -51,7 +51,7 @@ def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
         task_acks_on_failure_or_timeout=True,
         broker_transport_options={
             "visibility_timeout": settings.redis.visibility_timeout_s,
-            "priority_steps": keys.PRIORITY_STEPS,
+            "priority_steps": schema.PRIORITY_STEPS,
             "queue_order_strategy": "priority",
             # Messages of a crashed worker return once visibility_timeout has passed; scan
             # for them every restore_scan_interval_s (kombu's default scans every 100 s).
@@ -68,10 +68,10 @@ def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
         result_extended=False,
         worker_send_task_events=True,
         task_send_sent_event=True,
-        task_queues=[Queue(keys.queue_name(m)) for m in MODALITIES]
-        + [Queue(keys.realtime_queue_name(m)) for m in MODALITIES],
-        task_routes={keys.task_name(m): {"queue": keys.queue_name(m)} for m in MODALITIES},
-        task_default_queue=keys.queue_name("text"),
+        task_queues=[Queue(schema.queue_name(m)) for m in MODALITIES]
+        + [Queue(schema.realtime_queue_name(m)) for m in MODALITIES],
+        task_routes={schema.task_name(m): {"queue": schema.queue_name(m)} for m in MODALITIES},
+        task_default_queue=schema.queue_name("text"),
         task_default_priority=settings.priorities["normal"].celery_priority,
         task_inherit_parent_priority=True,
         broker_connection_retry_on_startup=True,

@@ -2,7 +2,7 @@
 
 A queue's requests are in one of two places until they finish:
 
-- **waiting**: in one of the queue's priority lists (``shared.keys.priority_list_key``);
+- **waiting**: in one of the queue's priority lists (``shared.schema.priority_list_key``);
   ``LLEN`` of one list (what Celery's tools chart) misses the other nine.
 - **reserved**: delivered to a worker and recorded in kombu's ``unacked`` hash until the
   worker acks it, which a batching worker does only after the result is stored. That covers
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from shared import clock, keys
+from shared import clock, schema
 
 __all__ = [
     "FLEET_HEADER_FIELDS",
@@ -96,7 +96,7 @@ def parse_rows(queues: Sequence[str], rows: Sequence[Any]) -> tuple[list[QueueSt
     Raises:
         ValueError: a reply of the wrong shape (a script of another version).
     """
-    steps = keys.PRIORITY_STEPS
+    steps = schema.PRIORITY_STEPS
     if len(rows) != len(queues) + 1:
         raise ValueError(f"queue stats: {len(rows)} rows for {len(queues)} queues")
     out = []
@@ -120,14 +120,14 @@ class QueueReader:
 
     Args:
         client: a ``redis.Redis`` (the ``operator`` role may run it: reads and ``EVALSHA``).
-        queues: queue names (``shared.keys.queue_name`` / ``realtime_queue_name``).
+        queues: queue names (``shared.schema.queue_name`` / ``realtime_queue_name``).
     """
 
     def __init__(self, client: Any, queues: Sequence[str]) -> None:
         self.queues = list(queues)
         self._keys = [
-            keys.priority_list_key(q, s) for q in self.queues for s in keys.PRIORITY_STEPS
-        ] + [keys.UNACKED_KEY]
+            schema.priority_list_key(q, s) for q in self.queues for s in schema.PRIORITY_STEPS
+        ] + [schema.UNACKED_KEY]
         self._script = client.register_script(_SCRIPT)
 
     def read(self) -> tuple[list[QueueStats], int]:
@@ -136,5 +136,5 @@ class QueueReader:
         Raises:
             redis.RedisError: Redis is unreachable or refused the script.
         """
-        args = [len(self.queues), len(keys.PRIORITY_STEPS), *self.queues]
+        args = [len(self.queues), len(schema.PRIORITY_STEPS), *self.queues]
         return parse_rows(self.queues, self._script(keys=self._keys, args=args))

@@ -17,7 +17,7 @@ from typing import Any
 
 from producer.client import FleetClient, image_inputs, video_inputs, xmodal_inputs
 from producer.client.wire import fresh_ids
-from shared import keys
+from shared import schema
 from shared.schema import Priority
 from shared.settings import MODALITIES
 
@@ -169,4 +169,4 @@ def every_kind(client: FleetClient, size: int = 64) -> list[Built]:
 
 def queues() -> list[str]:
     """Every queue of the fleet."""
-    return [q for m in MODALITIES for q in (keys.queue_name(m), keys.realtime_queue_name(m))]
+    return [q for m in MODALITIES for q in (schema.queue_name(m), schema.realtime_queue_name(m))]

@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys
+from shared import schema
 from shared.settings import MODALITIES
 
 QUEUED = "queued"
@@ -78,7 +78,7 @@ class Location:
 
 def all_queues() -> list[str]:
     """Every queue of the fleet: each modality's and its REALTIME one."""
-    return [q for m in MODALITIES for q in (keys.queue_name(m), keys.realtime_queue_name(m))]
+    return [q for m in MODALITIES for q in (schema.queue_name(m), schema.realtime_queue_name(m))]
 
 
 def message_id(payload: Any) -> str | None:
@@ -117,8 +117,8 @@ def list_lengths(client: Any, queues: list[str]) -> list[int]:
     trip)."""
     with client.pipeline(transaction=False) as pipe:
         for q in queues:
-            for step in keys.PRIORITY_STEPS:
-                pipe.llen(keys.priority_list_key(q, step))
+            for step in schema.PRIORITY_STEPS:
+                pipe.llen(schema.priority_list_key(q, step))
         return [int(c) for c in pipe.execute()]
 
 
@@ -127,13 +127,13 @@ def find_in_lists(client: Any, task_id: str) -> Location | None:
     needle = task_id.encode()
     queues = all_queues()
     counts = list_lengths(client, queues)
-    n = len(keys.PRIORITY_STEPS)
+    n = len(schema.PRIORITY_STEPS)
     for qi, q in enumerate(queues):
         lengths = counts[qi * n : (qi + 1) * n]
         for step, length in enumerate(lengths):
             if not length:
                 continue
-            key = keys.priority_list_key(q, step)
+            key = schema.priority_list_key(q, step)
             start = 0
             while True:
                 chunk = client.lrange(key, start, start + CHUNK - 1)
@@ -150,7 +150,7 @@ def find_in_lists(client: Any, task_id: str) -> Location | None:
 
 def find_in_unacked(client: Any, task_id: str) -> Location | None:
     """Look for ``task_id`` among the messages workers hold (kombu's unacked hash)."""
-    for _tag, entry in client.hscan_iter(keys.UNACKED_KEY, count=CHUNK):
+    for _tag, entry in client.hscan_iter(schema.UNACKED_KEY, count=CHUNK):
         queue = unacked_entry_match(entry, task_id)
         if queue is not None:
             return Location(HELD, queue)
@@ -161,8 +161,8 @@ def trace(client: Any, task_id: str) -> Location | None:
     """``FINAL`` when a final marker or a result document exists, ``SUBMITTED`` when only the
     gateway's job document does (one round trip); else ``None``."""
     with client.pipeline(transaction=False) as pipe:
-        pipe.exists(keys.final_key(task_id), keys.result_key(task_id))
-        pipe.exists(keys.job_key(task_id))
+        pipe.exists(schema.final_key(task_id), schema.result_key(task_id))
+        pipe.exists(schema.job_key(task_id))
         final, job = pipe.execute()
     if final:
         return Location(FINAL)

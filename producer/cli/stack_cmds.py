@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from producer.cli.base import MODEL_ENV, CliProblem, ExitCode, app, cli_settings, emit
-from shared.keys import realtime_queue_name
+from shared.schema import realtime_queue_name
 from shared.settings import MODALITIES
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ from celery import Celery
 
 from producer.client.results import ResultHandle, ResultReading, resolve_tensors, tensor_wires
 from producer.client.wire import DepthCheck, Outgoing, PayloadBuilder, Pusher, fresh_ids
-from shared import keys, schema, tracing
+from shared import schema, tracing
 from shared.celery_app import make_app
 from shared.clock import RedisClock
 from shared.errors import FleetError, InvalidInput, PayloadTooLarge, UnsupportedModality
@@ -133,13 +133,13 @@ class Publishing:
         Args:
             producer: a kombu producer from ``app.producer_or_acquire()``.
             env: the validated request; travels as the task's kwargs.
-            queue: a queue name from :mod:`shared.keys`; celery_priority: 0 (first) .. 9.
+            queue: a queue name from :mod:`shared.schema`; celery_priority: 0 (first) .. 9.
 
         Raises:
             kombu/redis connection errors, as ``send_task``.
         """
         amqp = self.app.amqp
-        name = keys.task_name(env.modality)
+        name = schema.task_name(env.modality)
         message = amqp.create_task_message(
             task_id,
             name,
@@ -189,7 +189,7 @@ class Publishing:
         if cached is None or cached[0] is not self.settings:
             prios = {p.label: p.celery_priority(self.settings) for p in Priority}
             table = {
-                (modality, label): (keys.queue_for(modality, label), prio)
+                (modality, label): (schema.queue_for(modality, label), prio)
                 for modality in MODALITIES
                 for label, prio in prios.items()
             }
@@ -262,8 +262,8 @@ class Publishing:
                 client = conn.default_channel.client
                 with client.pipeline(transaction=False) as pipe:
                     for name, p in zip(names, prios, strict=True):
-                        queue = keys.queue_for(modality, name)
-                        pipe.llen(keys.priority_list_key(queue, p))
+                        queue = schema.queue_for(modality, name)
+                        pipe.llen(schema.priority_list_key(queue, p))
                     counts = pipe.execute()
         except BROKER_FAULTS as exc:
             if reason_of(exc) is None:
@@ -285,7 +285,7 @@ class Publishing:
         try:
             with self.app.pool.acquire(block=True) as conn:
                 client = conn.default_channel.client
-                nodes = client.zrangebyscore(keys.live_key(modality), since, "+inf")
+                nodes = client.zrangebyscore(schema.live_key(modality), since, "+inf")
         except BROKER_FAULTS as exc:
             if reason_of(exc) is None:
                 raise
@@ -304,7 +304,7 @@ class Publishing:
             return None
         prios = {p.label: p.celery_priority(self.settings) for p in Priority}
         rows = [
-            (modality, label, keys.priority_list_key(keys.queue_for(modality, label), step))
+            (modality, label, schema.priority_list_key(schema.queue_for(modality, label), step))
             for modality in sorted(limited)
             for label, step in prios.items()
         ]

@@ -27,7 +27,7 @@ from celery import Celery
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
-from shared import keys, schema
+from shared import schema
 from shared.errors import (
     FleetError,
     error_from_code,
@@ -301,7 +301,7 @@ class ResultReading:
             "task_id": task_id,
         }
         value = backend.encode(meta)
-        key, final = backend.get_key_for_task(task_id), keys.final_key(task_id)
+        key, final = backend.get_key_for_task(task_id), schema.final_key(task_id)
         try:
             with backend.client.pipeline(transaction=True) as pipe:
                 while True:

@@ -2,7 +2,7 @@
 
 A fleet request on Redis is one kombu message (JSON) in one list, the one kombu's Redis
 transport would ``LPUSH`` for ``app.send_task``: ``<queue>`` for Celery priority 0, else
-``<queue>\x06\x16<priority>`` (``shared.keys.priority_list_key``)::
+``<queue>\x06\x16<priority>`` (``shared.schema.priority_list_key``)::
 
     {"body": base64(JSON [args, kwargs, embed]),
      "content-encoding": "utf-8", "content-type": "application/json",
@@ -63,7 +63,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.time import utcoffset
 from kombu.utils.json import dumps
 
-from shared import keys, schema, tracing
+from shared import schema, tracing
 from shared.errors import QueueFull
 from shared.ha import WaitingPut
 from shared.queue_stats import FLEET_HEADER_FIELDS
@@ -186,7 +186,7 @@ class PayloadBuilder:
         if found is not None:
             return found
         m = self.app.amqp.create_task_message(
-            "@@id@@", keys.task_name(modality), (), {}, reply_to=reply_to, argsrepr="()"
+            "@@id@@", schema.task_name(modality), (), {}, reply_to=reply_to, argsrepr="()"
         )
         fleet = {k: f"@@{k}@@" for k in FLEET_HEADER_FIELDS}
         headers = {**m.headers, "kwargsrepr": "@@kwargsrepr@@", **fleet}
@@ -205,7 +205,7 @@ class PayloadBuilder:
                 "delivery_tag": "@@tag@@",
             },
         }
-        list_key = keys.priority_list_key(queue, prio)
+        list_key = schema.priority_list_key(queue, prio)
         text = _Format(_compact(message), (*_MESSAGE_SLOTS, *FLEET_HEADER_FIELDS))
         found = _Kind(list_key, text, dumps(m.body[2]).encode())
         self._kinds[key] = found
@@ -219,7 +219,7 @@ class PayloadBuilder:
 
         Args:
             env: the validated request (``FleetClient.envelope``); travels as the task's
-                kwargs. task_id: the task id; queue: a queue name from :mod:`shared.keys`;
+                kwargs. task_id: the task id; queue: a queue name from :mod:`shared.schema`;
             celery_priority: 0 (first) .. 9; reply_to: the producer's reply address (any
                 string; the fleet does not reply through it).
 
@@ -370,7 +370,7 @@ class PayloadBuilder:
             "uuid": "@@id@@",
             "root_id": "@@id@@",
             "parent_id": None,
-            "name": keys.task_name(modality),
+            "name": schema.task_name(modality),
             "args": "()",
             "kwargs": "@@kwargs@@",
             "retries": 0,

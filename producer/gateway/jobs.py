@@ -43,7 +43,7 @@ from producer.gateway.admission import (
 from producer.gateway.commit import Attempt, commit, commit_waiting
 from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
-from shared import keys
+from shared import schema
 from shared.errors import (
     DeadlineUnreachable,
     FleetError,
@@ -207,7 +207,7 @@ class JobService:
                     reply = await self.redis.time()
                     clock.observe(reply, sent, time.monotonic())
                 since = clock.peek() - self.settings.redis.lease_s
-                raw = await self.redis.zrangebyscore(keys.live_key(modality), since, "+inf")
+                raw = await self.redis.zrangebyscore(schema.live_key(modality), since, "+inf")
             except BROKER_FAULTS as exc:
                 raise broker_unavailable(exc, "cannot read worker liveness") from None
             nodes = sorted(n.decode() if isinstance(n, bytes) else str(n) for n in raw)
@@ -222,7 +222,7 @@ class JobService:
         names = [p.label for p in Priority]
         for name in names:
             prio = Priority.parse(name).celery_priority(self.settings)
-            pipe.llen(keys.priority_list_key(keys.queue_for(modality, name), prio))
+            pipe.llen(schema.priority_list_key(schema.queue_for(modality, name), prio))
         return names
 
     def _observe(self, modality: str, names: list[str], counts: list[Any]) -> dict[str, int]:
@@ -290,7 +290,7 @@ class JobService:
 
     # -- submitting -----------------------------------------------------------------------
     async def get_job(self, task_id: str) -> Job | None:
-        raw = await self.redis.get(keys.job_key(task_id))
+        raw = await self.redis.get(schema.job_key(task_id))
         return None if raw is None else Job.from_json(raw)
 
     async def submit(
@@ -336,7 +336,7 @@ class JobService:
             )
             ttl = int(self.settings.redis.result_expires_s)
             message = self._message(env, task_id)
-            attempt = Attempt(task_id, keys.job_key(task_id), job.to_json(), ttl, message)
+            attempt = Attempt(task_id, schema.job_key(task_id), job.to_json(), ttl, message)
 
             async def admit() -> None:
                 self._admit(spec, env.priority, timeout_s, await self._depth_now(job.modality))
@@ -404,7 +404,7 @@ class JobService:
         key, payload = self.client.payloads().payload(
             env,
             task_id,
-            keys.queue_for(env.modality, env.priority),
+            schema.queue_for(env.modality, env.priority),
             prio.celery_priority(self.settings),
             self.reply_to,
         )
@@ -447,7 +447,9 @@ class JobService:
     # -- watching -------------------------------------------------------------------------
     async def snapshot(self, task_id: str) -> Snapshot | None:
         """The job and its result document (one MGET); ``None``: no such job."""
-        raw_job, raw_meta = await self.redis.mget([keys.job_key(task_id), keys.result_key(task_id)])
+        raw_job, raw_meta = await self.redis.mget(
+            [schema.job_key(task_id), schema.result_key(task_id)]
+        )
         job = None if raw_job is None else Job.from_json(raw_job)
         if job is None:
             return None

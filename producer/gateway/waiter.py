@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shared import keys, schema
+from shared import schema
 
 log = logging.getLogger("fleet.gateway")
 FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
@@ -80,7 +80,7 @@ class ResultWaiter:
         Raises:
             redis errors: the GET failed (Redis away).
         """
-        channel = keys.result_key(task_id)
+        channel = schema.result_key(task_id)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         waiters = self._futures.setdefault(channel, [])
@@ -125,7 +125,7 @@ class ResultWaiter:
                 f.set_result(meta)
                 delivered = True
         if delivered and self.on_final is not None:
-            task_id = channel[len(keys.RESULT_KEY_PREFIX) :]
+            task_id = channel[len(schema.RESULT_KEY_PREFIX) :]
             try:
                 self.on_final(task_id, meta)
             except Exception:

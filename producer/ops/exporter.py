@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shared import keys
+from shared import schema
 from shared.clock import RedisClock
 from shared.metrics.series import of
 from shared.queue_stats import QueueReader, QueueStats
@@ -55,13 +55,13 @@ _QUEUE_FAMILIES = ("queue_length", "queue_waiting", "queue_reserved", "queue_dem
 
 def all_queues() -> list[str]:
     """Every queue of the fleet: each modality's and its REALTIME queue."""
-    return [q for m in MODALITIES for q in (keys.queue_name(m), keys.realtime_queue_name(m))]
+    return [q for m in MODALITIES for q in (schema.queue_name(m), schema.realtime_queue_name(m))]
 
 
 def step_labels(settings: Settings) -> dict[int, str]:
     """Celery priority step -> the priority class label that uses it (``other`` if none)."""
     by_step = {p.celery_priority: label for label, p in sorted(settings.priorities.items())}
-    return {s: by_step.get(s, "other") for s in keys.PRIORITY_STEPS}
+    return {s: by_step.get(s, "other") for s in schema.PRIORITY_STEPS}
 
 
 def family(attr: str) -> GaugeMetricFamily:
@@ -157,7 +157,7 @@ class QueueCollector(Collector):
         since = self.clock.now() - self.settings.redis.lease_s
         with self.client.pipeline(transaction=False) as pipe:
             for m in MODALITIES:
-                pipe.zcount(keys.live_key(m), since, "+inf")
+                pipe.zcount(schema.live_key(m), since, "+inf")
             counts = pipe.execute()
         return {m: int(n) for m, n in zip(MODALITIES, counts, strict=True)}
 

@@ -47,7 +47,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from shared import keys
+from shared import schema
 from shared.errors import ERROR_CLASSES
 from shared.metrics.null import NULL_METRIC, NullEcosystemMetrics
 from shared.metrics.series import OTHER_QUEUE, REVOKED, TASK_EVENTS, make, of
@@ -157,8 +157,8 @@ class EcosystemMetrics:
         self, registry: CollectorRegistry, modality: str, model: str, hostname: str
     ) -> None:
         self.modality, self.model, self.hostname = modality, model, hostname
-        self.task = keys.task_name(modality)
-        self.queues = {keys.queue_name(modality), keys.realtime_queue_name(modality)}
+        self.task = schema.task_name(modality)
+        self.queues = {schema.queue_name(modality), schema.realtime_queue_name(modality)}
         for attr, series in of("ecosystem").items():
             setattr(self, attr, make(series, registry))
         self._task_counters = {event: getattr(self, f"task_{event}") for event in TASK_EVENTS}

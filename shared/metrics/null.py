@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shared import keys
+from shared import schema
 from shared.metrics.series import OTHER_QUEUE, of
 
 __all__ = ["NULL_METRIC", "NullEcosystemMetrics", "NullMetric"]
@@ -56,8 +56,8 @@ class NullEcosystemMetrics:
 
     def __init__(self, modality: str, model: str, hostname: str) -> None:
         self.modality, self.model, self.hostname = modality, model, hostname
-        self.task = keys.task_name(modality)
-        self.queues = {keys.queue_name(modality), keys.realtime_queue_name(modality)}
+        self.task = schema.task_name(modality)
+        self.queues = {schema.queue_name(modality), schema.realtime_queue_name(modality)}
         for attr in of("ecosystem"):  # the series of shared.metrics.series, recording nothing
             setattr(self, attr, NULL_METRIC)
 

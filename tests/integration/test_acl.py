@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from producer.client import FleetClient, image_inputs
-from shared import keys
+from shared import schema
 from shared.acl import ADMIN, ROLES
 
 pytestmark = pytest.mark.integration
@@ -58,9 +58,9 @@ def test_the_producer_cannot_administer_script_or_read_fleet_internals(stack: An
         ("KEYS", "*"),
         ("DEBUG", "SLEEP", "0"),
         ("ACL", "LIST"),
-        ("HGETALL", keys.UNACKED_KEY),  # other requests' payloads
-        ("DEL", keys.UNACKED_INDEX_KEY),
-        ("GET", keys.delivery_count_key("x")),
+        ("HGETALL", schema.UNACKED_KEY),  # other requests' payloads
+        ("DEL", schema.UNACKED_INDEX_KEY),
+        ("GET", schema.delivery_count_key("x")),
         ("SUBSCRIBE", "__keyspace@0__:text"),
         ("PUBLISH", "/0.celery.pidbox", "{}"),  # control broadcasts (shutdown) are not its
     ):

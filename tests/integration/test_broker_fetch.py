@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from shared import keys
+from shared import schema
 
 pytestmark = pytest.mark.integration
 
 QUEUE = "fetch-test"
-OPTIONS = {"priority_steps": keys.PRIORITY_STEPS, "queue_order_strategy": "priority"}
+OPTIONS = {"priority_steps": schema.PRIORITY_STEPS, "queue_order_strategy": "priority"}
 
 
 @pytest.fixture()
@@ -147,13 +147,13 @@ def test_unacked_entries_restore_the_messages_intact(conn: Connection, fleet_set
 def test_an_unreadable_message_stays_where_it_was(conn: Connection) -> None:
     _publish(conn, [6] * 2)
     # behind the two valid ones, in their priority's list
-    conn.default_channel.client.lpush(keys.priority_list_key(QUEUE, 6), b"not json")
+    conn.default_channel.client.lpush(schema.priority_list_key(QUEUE, 6), b"not json")
     _publish(conn, [6])
     seen: list[int] = []
     consumer = _consume(conn, 10, lambda m: (seen.append(m.payload["i"]), m.ack()), rounds=1)
     # the two before it were taken; the walk stopped there and left it next in line
     assert seen == [0, 1]
-    assert conn.default_channel.client.lrange(keys.priority_list_key(QUEUE, 6), -1, -1) == [
+    assert conn.default_channel.client.lrange(schema.priority_list_key(QUEUE, 6), -1, -1) == [
         b"not json"
     ]
     assert consumer._size(QUEUE) == 2
@@ -190,7 +190,7 @@ def test_a_message_whose_properties_are_not_last_is_still_recorded(conn: Connect
     # decoded payload (it is small) and records it as kombu would.
     _publish(conn, [6])
     redis = conn.default_channel.client
-    key = keys.priority_list_key(QUEUE, 6)
+    key = schema.priority_list_key(QUEUE, 6)
     original = json.loads(redis.rpop(key))
     reordered = {"properties": original.pop("properties"), **original}
     redis.lpush(key, json.dumps(reordered, separators=(",", ":")))

@@ -19,7 +19,7 @@ import redis
 
 from producer.client import FleetClient, ResultHandle, SubmitRequest
 from producer.client.fleet import CHUNK
-from shared import keys
+from shared import schema
 from shared.errors import BrokerUnavailable
 from tests.conftest import REPO, own_text_stack
 
@@ -71,9 +71,9 @@ def queued(st: Any) -> int:
     """Messages waiting in the text queues."""
     r = admin_of(st)
     return sum(
-        r.llen(keys.priority_list_key(q, p))
-        for q in (keys.queue_name("text"), keys.realtime_queue_name("text"))
-        for p in keys.PRIORITY_STEPS
+        r.llen(schema.priority_list_key(q, p))
+        for q in (schema.queue_name("text"), schema.realtime_queue_name("text"))
+        for p in schema.PRIORITY_STEPS
     )
 
 
@@ -81,13 +81,13 @@ def taken(st: Any, task_ids: list[str]) -> int:
     """At least how many of ``task_ids`` Redis has (queued, fetched or done: the test's
     stack settles between tests, so what is queued or fetched is theirs)."""
     r = admin_of(st)
-    done = r.exists(*(keys.result_key(t) for t in task_ids))
-    return queued(st) + int(r.hlen(keys.UNACKED_KEY)) + int(done)
+    done = r.exists(*(schema.result_key(t) for t in task_ids))
+    return queued(st) + int(r.hlen(schema.UNACKED_KEY)) + int(done)
 
 
 def settled(st: Any) -> bool:
     """Nothing left in the text queues or in kombu's unacked hash."""
-    return queued(st) == 0 and admin_of(st).hlen(keys.UNACKED_KEY) == 0
+    return queued(st) == 0 and admin_of(st).hlen(schema.UNACKED_KEY) == 0
 
 
 def kill_producer_connections(st: Any) -> int:

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from producer.stack.local import Stack, free_port
-from shared import keys
+from shared import schema
 from shared.procs import running
 from shared.redis_client import redis_client
 from tests.conftest import own_text_stack
@@ -171,7 +171,7 @@ def test_a_gateway_killed_at_each_point_leaves_a_job_its_retry_finishes_once(
             m
             for q in (modality, f"{modality}.realtime")
             for p in range(10)
-            for m in admin.lrange(keys.priority_list_key(q, p), 0, -1)
+            for m in admin.lrange(schema.priority_list_key(q, p), 0, -1)
         ]
         assert not [m for m in queued if task_id.encode() in m]
     finally:
@@ -210,7 +210,7 @@ def test_behind_sentinel_a_killed_gateways_job_is_queued_once_after_its_retry(
 ) -> None:
     admin = redis_client(ha_fleet.st.s, role="admin")
     replica = replica_client(ha_fleet)
-    admin.zadd(keys.live_key("text"), {"text@heartbeat-by-hand": time.time() + 3600})
+    admin.zadd(schema.live_key("text"), {"text@heartbeat-by-hand": time.time() + 3600})
     task_id = f"crash-ha-{point}-{uuid.uuid4().hex[:8]}"
     model, payload = body("text")
     headers = {"Authorization": f"Bearer {ha_fleet.token}", "Idempotency-Key": task_id}
@@ -238,11 +238,11 @@ def test_behind_sentinel_a_killed_gateways_job_is_queued_once_after_its_retry(
                 m
                 for node in (admin, replica)
                 for p in range(10)
-                for m in node.lrange(keys.priority_list_key("text", p), 0, -1)
+                for m in node.lrange(schema.priority_list_key("text", p), 0, -1)
                 if task_id.encode() in m
             ]
             assert len(copies) == 2  # one on the primary, the same one on its replica
-            assert replica.get(keys.job_key(task_id)) is not None
+            assert replica.get(schema.job_key(task_id)) is not None
     finally:
         admin.close()
         replica.close()

@@ -19,13 +19,13 @@ from producer.client.fleet import CHUNK
 from producer.stack.local import Stack
 from producer.stack.sentinel import node_port, start_node
 from producer.tools.chaos.ha import _ports
-from shared import keys
+from shared import schema
 from shared.redis_client import node_client
 from tests.conftest import own_redis
 
 pytestmark = pytest.mark.integration
 
-BULK_LIST = keys.priority_list_key("text", 9)
+BULK_LIST = schema.priority_list_key("text", 9)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_the_gateways_push_is_on_the_replica_when_it_returns(ha_stack: Stack) ->
         try:
             env = client.envelope("text", {"text": "through the gateway"}, "bulk", None)
             message = jobs._message(env, task_id)
-            attempt = Attempt(task_id, keys.job_key(task_id), '{"id": 1}', 60, message)
+            attempt = Attempt(task_id, schema.job_key(task_id), '{"id": 1}', 60, message)
             return await jobs._create(attempt, admitted)
         finally:
             jobs.pool.shutdown(wait=True)
@@ -152,9 +152,9 @@ def test_the_gateways_push_is_on_the_replica_when_it_returns(ha_stack: Stack) ->
         assert waits(ha_stack) - before == 1
         on_replica = [json.loads(m)["headers"]["id"] for m in replica.lrange(BULK_LIST, 0, -1)]
         assert on_replica == ["gw-1", *reversed(warm)]  # newest first
-        assert replica.get(keys.job_key("gw-1")) == b'{"id": 1}'
+        assert replica.get(schema.job_key("gw-1")) == b'{"id": 1}'
         assert asyncio.run(push("gw-1")) == b'{"id": 1}'  # the same id again: nothing sent
         assert primary.llen(BULK_LIST) == len(warm) + 1
     finally:
-        primary.delete(BULK_LIST, *(keys.job_key(i) for i in ["gw-1", *warm]))
+        primary.delete(BULK_LIST, *(schema.job_key(i) for i in ["gw-1", *warm]))
         client.close()

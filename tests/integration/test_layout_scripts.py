@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from producer.client import FleetClient
-from shared import keys
+from shared import schema
 from shared.queue_stats import QueueReader
 from shared.settings import MODALITIES
 from tests.conftest import own_redis
@@ -48,10 +48,10 @@ def test_taken_messages_are_unacked_entries_the_exporter_reads(redis_only: Any) 
         assert {s.queue: s.oldest_submitted_ms for s in waiting} == oldest
 
         # every list, priority step first (as a channel's BRPOP names them), then kombu's
-        lists = [keys.priority_list_key(q, p) for p in keys.PRIORITY_STEPS for q in queues()]
+        lists = [schema.priority_list_key(q, p) for p in schema.PRIORITY_STEPS for q in queues()]
         take = admin.register_script(TAKE_MANY)
         flat = take(
-            keys=[*lists, keys.UNACKED_KEY, keys.UNACKED_INDEX_KEY],
+            keys=[*lists, schema.UNACKED_KEY, schema.UNACKED_INDEX_KEY],
             args=[len(built) + 1, "1234.5", 0],
         )
         taken = dict(zip(flat[1::2], flat[0::2], strict=True))  # message -> its list
@@ -59,10 +59,10 @@ def test_taken_messages_are_unacked_entries_the_exporter_reads(redis_only: Any) 
         for b in built:
             assert taken[b.payload] == b.list_key.encode()  # byte for byte, from its list
             tag = json.loads(b.payload)["properties"]["delivery_tag"]
-            entry = admin.hget(keys.UNACKED_KEY, tag)
+            entry = admin.hget(schema.UNACKED_KEY, tag)
             assert entry == b"[" + b.payload + b',"","' + _queue(b).encode() + b'"]'
             assert json.loads(entry)[2] == _queue(b)  # the entry's last JSON string
-            assert admin.zscore(keys.UNACKED_INDEX_KEY, tag) == 1234.5
+            assert admin.zscore(schema.UNACKED_INDEX_KEY, tag) == 1234.5
 
         reserved, other = reader.read()
         assert other == 0

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from producer.client import FleetClient
-from shared import keys
+from shared import schema
 from tests.conftest import own_redis
 from tests.netfaults import ReplyDropper
 from workers.batching.completion import _WRITE_FIRST
@@ -55,7 +55,7 @@ def test_a_result_write_whose_reply_is_lost_ends_as_one_success(
             assert lines(st, handle.id, "DUPLICATE") == 0
             log = (st.logs / "worker-text.log").read_text(errors="replace")
             assert "storing 1 results failed" in log  # the lost reply was retried
-            assert admin.hlen(keys.UNACKED_KEY) == 0  # and acked
+            assert admin.hlen(schema.UNACKED_KEY) == 0  # and acked
             client.close()
         finally:
             proxy.close()

@@ -19,7 +19,7 @@ import pytest
 
 from producer.client import FleetClient
 from producer.stack.local import Stack, free_port
-from shared import keys
+from shared import schema
 from shared.errors import BrokerUnavailable
 from shared.redis_client import redis_client
 from tests.conftest import own_redis
@@ -86,7 +86,7 @@ def submit_refused(client: FleetClient) -> tuple[BrokerUnavailable, float]:
 @pytest.mark.parametrize("reason", REASONS)
 def test_a_refusal_is_coded_with_its_reason_at_once(st: Stack, reason: str) -> None:
     admin = redis_client(st.s, "admin")
-    admin.zadd(keys.live_key("text"), {"text@heartbeat-by-hand": time.time() + 3600})
+    admin.zadd(schema.live_key("text"), {"text@heartbeat-by-hand": time.time() + 3600})
     warm = FleetClient(st.s)
     warm.submit("text", {"text": "before"}, "bulk")  # its connection is up
     url = f"http://{st.s.gateway.host}:{st.s.gateway.port}/v2/models/minilm/infer"

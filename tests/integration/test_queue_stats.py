@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys
+from shared import schema
 from shared.queue_stats import SUBMITTED_HEADER, QueueReader
 
 pytestmark = pytest.mark.integration
@@ -49,10 +49,10 @@ def _payload(queue: str, sent_ms: float | None, text: str = "") -> dict[str, Any
 
 def test_waiting_reserved_and_oldest_per_queue(r: redis.Redis) -> None:
     # Waiting: text at steps 0 and 6 (oldest at the tail: LPUSH, served from the right).
-    r.lpush(keys.priority_list_key("text", 6), json.dumps(_payload("text", 5000.0)))
-    r.lpush(keys.priority_list_key("text", 6), json.dumps(_payload("text", 6000.0)))
-    r.lpush(keys.priority_list_key("text", 0), json.dumps(_payload("text", 7000.0)))
-    r.lpush(keys.priority_list_key("text.realtime", 0), json.dumps(_payload("x", None)))
+    r.lpush(schema.priority_list_key("text", 6), json.dumps(_payload("text", 5000.0)))
+    r.lpush(schema.priority_list_key("text", 6), json.dumps(_payload("text", 6000.0)))
+    r.lpush(schema.priority_list_key("text", 0), json.dumps(_payload("text", 7000.0)))
+    r.lpush(schema.priority_list_key("text.realtime", 0), json.dumps(_payload("x", None)))
     # Reserved, as kombu's QoS.append writes an entry (", " separators) ...
     kombu_entry = json.dumps([_payload("text", 4000.0), "", "text"])
     # ... and as the fetch script writes one (no spaces); a text that quotes the header
@@ -61,10 +61,10 @@ def test_waiting_reserved_and_oldest_per_queue(r: redis.Redis) -> None:
     take_entry = (
         "[" + json.dumps(_payload("image", 9000.0, quoted), separators=(",", ":")) + ',"","image"]'
     )
-    r.hset(keys.UNACKED_KEY, "a", kombu_entry)
-    r.hset(keys.UNACKED_KEY, "b", take_entry)
-    r.hset(keys.UNACKED_KEY, "c", json.dumps([_payload("text", None), "", "text"]))
-    r.hset(keys.UNACKED_KEY, "d", json.dumps([_payload("video", 1.0), "", "video"]))
+    r.hset(schema.UNACKED_KEY, "a", kombu_entry)
+    r.hset(schema.UNACKED_KEY, "b", take_entry)
+    r.hset(schema.UNACKED_KEY, "c", json.dumps([_payload("text", None), "", "text"]))
+    r.hset(schema.UNACKED_KEY, "d", json.dumps([_payload("video", 1.0), "", "video"]))
 
     stats, other = QueueReader(r, QUEUES).read()
     by = {s.queue: s for s in stats}

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from producer.client import FleetClient, SubmitRequest, outcome_from_meta
-from shared import keys
+from shared import schema
 from shared.celery_app import make_app
 from tests.conftest import REPO, own_text_stack
 
@@ -96,11 +96,11 @@ def settled(st: Any) -> bool:
     """Nothing left in the text queues or in kombu's unacked hash."""
     r = redis_of(st)
     queued = sum(
-        r.llen(keys.priority_list_key(q, p))
-        for q in (keys.queue_name("text"), keys.realtime_queue_name("text"))
-        for p in keys.PRIORITY_STEPS
+        r.llen(schema.priority_list_key(q, p))
+        for q in (schema.queue_name("text"), schema.realtime_queue_name("text"))
+        for p in schema.PRIORITY_STEPS
     )
-    return queued == 0 and r.hlen(keys.UNACKED_KEY) == 0
+    return queued == 0 and r.hlen(schema.UNACKED_KEY) == 0
 
 
 def worker_pid(st: Any) -> int:
@@ -120,7 +120,7 @@ def republish(client: FleetClient, handle: Any) -> None:
     """Publish another message with the same task id and envelope (a duplicate delivery)."""
     env = handle.envelope
     with client.app.producer_or_acquire() as producer:
-        client.publish(producer, env, handle.id, keys.queue_for(env.modality, env.priority), 9)
+        client.publish(producer, env, handle.id, schema.queue_for(env.modality, env.priority), 9)
 
 
 # -- leases --------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_a_killed_workers_messages_come_back_and_all_finish(
         [SubmitRequest("text", {"text": words(i)}, "bulk") for i in range(30)]
     )
     r = redis_of(worker)
-    wait_for(lambda: r.hlen(keys.UNACKED_KEY) >= 31, "the worker to hold all 31")
+    wait_for(lambda: r.hlen(schema.UNACKED_KEY) >= 31, "the worker to hold all 31")
     os.killpg(worker_pid(worker), signal.SIGKILL)
     killed = time.monotonic()
     worker.stop("worker-text", timeout_s=1)
@@ -184,14 +184,14 @@ def test_a_stopped_worker_loses_its_lease_and_a_live_one_finishes_its_work(
         [SubmitRequest("text", {"text": words(i)}, "bulk") for i in range(10)]
     )
     r = redis_of(worker)
-    wait_for(lambda: r.hlen(keys.UNACKED_KEY) >= 11, "the worker to hold all 11")
+    wait_for(lambda: r.hlen(schema.UNACKED_KEY) >= 11, "the worker to hold all 11")
     pid = worker_pid(worker)
     os.killpg(pid, signal.SIGSTOP)
     try:
         # Lapsed and returned by nobody yet (no live worker scans): entries age past the lease.
         time.sleep(LEASE_S + 1)
         ages = [
-            time.time() - s for _, s in r.zrange(keys.UNACKED_INDEX_KEY, 0, -1, withscores=True)
+            time.time() - s for _, s in r.zrange(schema.UNACKED_INDEX_KEY, 0, -1, withscores=True)
         ]
         assert ages and min(ages) > worker.s.redis.lease_expiry_s
     finally:
@@ -242,8 +242,8 @@ def test_a_malformed_body_fails_coded_and_the_worker_keeps_serving(
         producer.publish(
             body,
             exchange="",
-            routing_key=keys.queue_name("text"),
-            headers={"id": task_id, "task": keys.task_name("text"), "lang": "py"},
+            routing_key=schema.queue_name("text"),
+            headers={"id": task_id, "task": schema.task_name("text"), "lang": "py"},
             serializer="json",
         )
     assert outcome_of(rclient, task_id)["error"]["code"] == "INVALID_MESSAGE"
@@ -263,7 +263,7 @@ def test_retries_then_a_sigterm_are_not_deaths(rclient: FleetClient, worker: Any
     print(f"graceful shutdown took {time.monotonic() - t0:.1f} s")
     out = h.outcome(5)
     assert "result" in out, out
-    assert not redis_of(worker).exists(keys.delivery_count_key(h.id))
+    assert not redis_of(worker).exists(schema.delivery_count_key(h.id))
     worker.start_worker("text")
 
 
@@ -273,7 +273,7 @@ def test_sigterm_finishes_what_the_window_holds(rclient: FleetClient, worker: An
         [SubmitRequest("text", {"text": words(i)}, "bulk") for i in range(20)]
     )
     r = redis_of(worker)
-    wait_for(lambda: r.hlen(keys.UNACKED_KEY) >= 21, "the worker to hold all 21")
+    wait_for(lambda: r.hlen(schema.UNACKED_KEY) >= 21, "the worker to hold all 21")
     worker.stop("worker-text", timeout_s=40)
     polled = rclient.poll([blocker, *held])  # final before any other worker started
     assert all(o is not None and "result" in o for o in polled), polled
@@ -291,7 +291,7 @@ def test_a_revoked_request_in_the_window_never_runs(rclient: FleetClient, worker
         ]
     )
     r = redis_of(worker)
-    wait_for(lambda: r.hlen(keys.UNACKED_KEY) >= 3, "the worker to hold all three")
+    wait_for(lambda: r.hlen(schema.UNACKED_KEY) >= 3, "the worker to hold all three")
     # Celery's revoke is a control broadcast: an operator's (Flower's) act, not a producer's
     operator = make_app(worker.s, name="test-operator", role="operator")
     try:
@@ -307,7 +307,10 @@ def test_a_revoked_request_in_the_window_never_runs(rclient: FleetClient, worker
 def test_an_eta_message_gets_a_coded_failure(rclient: FleetClient, worker: Any) -> None:
     env = rclient.envelope("text", {"text": words(13)}, "bulk")
     res = rclient.app.send_task(
-        keys.task_name("text"), kwargs=env.to_kwargs(), countdown=1, queue=keys.queue_name("text")
+        schema.task_name("text"),
+        kwargs=env.to_kwargs(),
+        countdown=1,
+        queue=schema.queue_name("text"),
     )
     assert outcome_of(rclient, res.id)["error"]["code"] == "ETA_NOT_SUPPORTED"
 
@@ -332,7 +335,7 @@ def test_a_redis_restart_under_load_is_survived_and_nothing_is_lost(
         [SubmitRequest("text", {"text": words(i)}, "bulk") for i in range(300)]
     )
     r = redis_of(worker)
-    wait_for(lambda: r.hlen(keys.UNACKED_KEY) >= 50, "the worker to hold a window")
+    wait_for(lambda: r.hlen(schema.UNACKED_KEY) >= 50, "the worker to hold a window")
     down_s = kill_redis_and_restart(worker)
     outs = rclient.wait_all(hs, timeout_s=120)
     assert worker.alive("worker-text") and worker_pid(worker) == pid, worker.log_tail("worker-text")
@@ -353,7 +356,7 @@ def test_killed_worker_connections_do_not_rerun_what_the_engine_holds(
     blocker = rclient.submit("text", {"text": words(14), "_inject": "slow:2"}, "bulk")
     hs = rclient.submit_many([SubmitRequest("text", {"text": words(i)}, "bulk") for i in range(60)])
     r = redis_of(worker)
-    wait_for(lambda: r.hlen(keys.UNACKED_KEY) >= 61, "the worker to hold all 61")
+    wait_for(lambda: r.hlen(schema.UNACKED_KEY) >= 61, "the worker to hold all 61")
     me = r.client_id()
     killed = 0
     for c in r.client_list():
@@ -424,12 +427,12 @@ def in_redis(r: redis.Redis, task_id: str) -> bool:
     """Whether a message of ``task_id`` is in Redis: queued, or in kombu's unacked hash."""
     needle = task_id.encode()
     lists = [
-        keys.priority_list_key(q, p)
-        for q in (keys.queue_name("text"), keys.realtime_queue_name("text"))
-        for p in keys.PRIORITY_STEPS
+        schema.priority_list_key(q, p)
+        for q in (schema.queue_name("text"), schema.realtime_queue_name("text"))
+        for p in schema.PRIORITY_STEPS
     ]
     queued = any(needle in item for k in lists for item in r.lrange(k, 0, -1))
-    return queued or any(needle in e for e in r.hvals(keys.UNACKED_KEY))
+    return queued or any(needle in e for e in r.hvals(schema.UNACKED_KEY))
 
 
 def test_a_message_is_never_only_in_a_killed_workers_socket(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys, schema
+from shared import schema
 from shared.celery_app import make_app
 from shared.errors import BrokerUnavailable, DeadlineExceeded
 from tests.conftest import own_redis as own_redis_stack
@@ -139,14 +139,14 @@ def test_a_write_refused_halfway_leaves_no_marker_and_its_retry_stores_the_resul
     try:
         with pytest.raises(redis.ResponseError):
             writer.write(outcomes, tokens=tokens)
-        assert [admin.exists(keys.final_key(i)) for i in ids] == [0] * 4
+        assert [admin.exists(schema.final_key(i)) for i in ids] == [0] * 4
         assert [admin.exists(app.backend.get_key_for_task(i)) for i in ids] == [0] * 4
     finally:
         admin.execute_command("ACL", "SETUSER", user, "+setex")
 
     assert writer.write(outcomes, tokens=tokens) == [True] * 4
     assert [_stored(admin, app, i)["result"] for i in ids] == [{"i": i} for i in ids]
-    assert [admin.get(keys.final_key(i)).decode() for i in ids] == tokens
+    assert [admin.get(schema.final_key(i)).decode() for i in ids] == tokens
     late = [Outcome(i, error=DeadlineExceeded("another copy")) for i in ids]
     assert writer.write(late, tokens=[new_token() for _ in ids]) == [False] * 4
     assert [_stored(admin, app, i)["status"] for i in ids] == ["SUCCESS"] * 4
@@ -173,7 +173,7 @@ def test_a_cancel_refused_halfway_leaves_no_marker_and_a_worker_result_then_wins
             with pytest.raises(BrokerUnavailable) as refused:
                 client.cancel("cancel-halfway")
             assert refused.value.reason == "NOPERM"
-            assert admin.exists(keys.final_key("cancel-halfway")) == 0
+            assert admin.exists(schema.final_key("cancel-halfway")) == 0
         finally:
             admin.execute_command("ACL", "SETUSER", user, "+setex")
 
@@ -183,7 +183,7 @@ def test_a_cancel_refused_halfway_leaves_no_marker_and_a_worker_result_then_wins
 
         assert client.cancel("cancel-fresh") is True
         assert _stored(admin, app, "cancel-fresh")["status"] == "REVOKED"
-        assert admin.get(keys.final_key("cancel-fresh")) == b"1"
+        assert admin.get(schema.final_key("cancel-fresh")) == b"1"
         assert ResultWriter(app).write([Outcome("cancel-fresh", result={"late": 1})]) == [False]
     finally:
         client.close()

@@ -29,7 +29,7 @@ import pytest
 import redis
 
 from producer.client import FleetClient, SubmitRequest
-from shared import keys
+from shared import schema
 from shared.metrics import metrics_port
 from tests.conftest import REPO, free_port_block, own_text_stack
 
@@ -122,11 +122,11 @@ def test_sigterm_with_a_full_window_a_running_batch_and_a_backlog_loses_nothing(
     )
     handles = [blocker, *rest]
     deadline = time.monotonic() + 30
-    while r.hlen(keys.UNACKED_KEY) < WINDOW:  # kombu's record of what the window holds
+    while r.hlen(schema.UNACKED_KEY) < WINDOW:  # kombu's record of what the window holds
         assert time.monotonic() < deadline, "the window never filled"
         time.sleep(0.02)
     time.sleep(0.5)  # the blocker's batch is running (it sleeps 6 s inside)
-    queued = sum(r.llen(keys.priority_list_key("text", p)) for p in keys.PRIORITY_STEPS)
+    queued = sum(r.llen(schema.priority_list_key("text", p)) for p in schema.PRIORITY_STEPS)
     assert queued >= BACKLOG + 1 - WINDOW - 8, "no backlog left in Redis"
     pid = worker_pid(kstack)
     t0 = time.monotonic()
@@ -152,6 +152,6 @@ def test_sigterm_with_a_full_window_a_running_batch_and_a_backlog_loses_nothing(
     runs = {h.id: finished(kstack, h.id) for h in handles}
     assert all(n == 1 for n in runs.values()), {k: v for k, v in runs.items() if v != 1}
     deadline = time.monotonic() + 30
-    while r.hlen(keys.UNACKED_KEY) or r.llen(keys.priority_list_key("text", 9)):
+    while r.hlen(schema.UNACKED_KEY) or r.llen(schema.priority_list_key("text", 9)):
         assert time.monotonic() < deadline, "messages left unacked or queued"
         time.sleep(0.05)

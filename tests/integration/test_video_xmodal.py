@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from producer.client import FleetClient, SubmitRequest, xmodal_inputs
-from shared import keys
+from shared import schema
 from shared.errors import FleetError
 from shared.schema import Priority
 from tests.conftest import ops_app
@@ -109,7 +109,7 @@ def test_video_through_shm_with_progress_in_flower(
         time.sleep(1.2)  # a BRPOP issued before the cancel times out after 1 s
         handle = client.submit("video", inputs)
         prio = Priority.parse("normal").celery_priority(client.settings)
-        key = keys.priority_list_key("video", prio)
+        key = schema.priority_list_key("video", prio)
         with ops_app(client.settings).connection_for_write() as conn:
             queued = conn.default_channel.client.lrange(key, 0, -1)
         raw = [m for m in queued if handle.id.encode() in m]

@@ -19,7 +19,7 @@ from celery.events.receiver import EventReceiver
 from producer.client import FleetClient, SubmitRequest
 from producer.client.fleet import CHUNK
 from producer.client.wire import envelope_json, kwargs_summary
-from shared import keys
+from shared import schema
 from shared.celery_app import make_app
 from shared.errors import QueueFull
 from shared.schema import Priority
@@ -55,8 +55,8 @@ def test_the_payload_equals_kombus_but_for_ids_and_the_summary(redis_only: Any, 
     admin = redis.Redis.from_url(redis_only.s.redis_url("admin"))
     env = client.envelope(*case)
     prio = Priority.parse(env.priority).celery_priority(client.settings)
-    queue = keys.queue_for(env.modality, env.priority)
-    key = keys.priority_list_key(queue, prio)
+    queue = schema.queue_for(env.modality, env.priority)
+    key = schema.priority_list_key(queue, prio)
     try:
         with client.app.producer_or_acquire() as producer:
             client.publish(producer, env, "id-kombu", queue, prio)
@@ -107,8 +107,8 @@ def _lists(admin: redis.Redis) -> dict[str, list[bytes]]:
     """Every text priority list that holds messages, oldest message first."""
     out = {}
     for q in ("text", "text.realtime"):
-        for p in keys.PRIORITY_STEPS:
-            key = keys.priority_list_key(q, p)
+        for p in schema.PRIORITY_STEPS:
+            key = schema.priority_list_key(q, p)
             if items := admin.lrange(key, 0, -1):
                 out[key] = items[::-1]  # LPUSH: newest first; the consumer takes the oldest
     return out
@@ -131,18 +131,18 @@ def test_submit_many_sends_chunks_whole_and_in_order_per_priority(redis_only: An
             want = [
                 h.id
                 for h in handles
-                if keys.priority_list_key(
-                    keys.queue_for("text", h.envelope.priority),
+                if schema.priority_list_key(
+                    schema.queue_for("text", h.envelope.priority),
                     Priority.parse(h.envelope.priority).celery_priority(client.settings),
                 )
                 == key
             ]
             assert got == want, key
         # the bytes are the builder's (what the gateway pushes), the delivery tag apart
-        first = json.loads(lists[keys.priority_list_key("text", 9)][0])
+        first = json.loads(lists[schema.priority_list_key("text", 9)][0])
         h = handles[0]
         ref = client.payloads().payload(h.envelope, h.id, "text", 9, str(client.app.thread_oid))
-        raw = lists[keys.priority_list_key("text", 9)][0]
+        raw = lists[schema.priority_list_key("text", 9)][0]
         assert first["headers"]["id"] == h.id and _untagged(raw) == _untagged(ref[1])
     finally:
         admin.delete(*_lists(admin))
@@ -263,7 +263,7 @@ def test_the_message_from_the_validated_inputs_json_equals_the_one_built_from_th
         builder = client.payloads()
         fast = builder.build_many([(env, "tid", data)], route, "r", True)[0]
         slow = builder.build_many([(env, "tid", None)], route, "r", True)[0]
-        assert fast.key == slow.key == keys.priority_list_key("q", 3)
+        assert fast.key == slow.key == schema.priority_list_key("q", 3)
         a, b = _decoded(fast.payload), _decoded(slow.payload)
         assert a["properties"].pop("delivery_tag") != b["properties"].pop("delivery_tag")
         assert a == b and a["body"][1] == {"request": env.model_dump(mode="json")}
@@ -299,7 +299,7 @@ def test_a_chunk_sent_before_its_successor_fails_to_build_is_counted_then_the_er
         with pytest.raises(RuntimeError, match="21st"):
             next(sent)
         lists = _lists(admin)
-        got = [json.loads(m)["headers"]["id"] for m in lists[keys.priority_list_key("text", 9)]]
+        got = [json.loads(m)["headers"]["id"] for m in lists[schema.priority_list_key("text", 9)]]
         assert got == ids[:20]
     finally:
         admin.delete(*_lists(admin))

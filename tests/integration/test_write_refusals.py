@@ -34,7 +34,7 @@ import redis
 from producer.client import FleetClient, ResultHandle, SubmitRequest
 from producer.stack.local import free_port
 from producer.tools.chaos.aof_tmpfs import AofOnTmpfs, MountRefused
-from shared import keys
+from shared import schema
 from shared.procs import running
 from tests.conftest import REPO, free_port_block, own_text_stack
 
@@ -72,7 +72,7 @@ def _worker_write_refused(st: Any) -> bool:
     is not there: it changes nothing when accepted)."""
     r = redis.Redis.from_url(st.s.redis_url("worker"), socket_timeout=5)
     try:
-        r.zadd(keys.UNACKED_INDEX_KEY, {"refusal-probe": 0}, xx=True)
+        r.zadd(schema.UNACKED_INDEX_KEY, {"refusal-probe": 0}, xx=True)
     except redis.ResponseError:
         return True
     finally:
@@ -224,7 +224,7 @@ def test_a_worker_lives_through_redis_refusing_writes(refusal_stack: Any, reason
         )
         for i in range(40)
     )
-    _wait(lambda: admin.hlen(keys.UNACKED_KEY) >= 30, "the worker holds the requests")
+    _wait(lambda: admin.hlen(schema.UNACKED_KEY) >= 30, "the worker holds the requests")
     try:
         with Submitter(client) as during:
             with FAULTS[reason](st):
@@ -260,7 +260,7 @@ def test_a_worker_lives_through_redis_refusing_writes(refusal_stack: Any, reason
         assert st.alive("worker-text") and st._read_pid(st.pids / "worker-text.pid") == pid
         assert st.alive(SECOND)
         assert "Unrecoverable error" not in logs
-        assert admin.hlen(keys.UNACKED_KEY) == 0
+        assert admin.hlen(schema.UNACKED_KEY) == 0
         # What the operator sees: the log lines and the metric, during and after.
         assert f"Redis refuses writes ({reason}" in since("worker-text")
         assert "Redis accepts writes again" in since("worker-text")

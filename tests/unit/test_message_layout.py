@@ -21,7 +21,7 @@ import pytest
 
 from producer.client import FleetClient
 from producer.client.wire import kwargs_summary
-from shared import keys, tracing
+from shared import schema, tracing
 from shared.schema import Priority
 from shared.settings import MODALITIES, load_settings
 from tests.message_layout import (
@@ -132,7 +132,7 @@ def check_body(rule: Rule, msgs: list[Built], app: Any) -> None:
 
 def _celery_headers(app: Any, modality: str) -> list[str]:
     m = app.amqp.create_task_message(
-        "id", keys.task_name(modality), (), {}, reply_to="r", argsrepr="()"
+        "id", schema.task_name(modality), (), {}, reply_to="r", argsrepr="()"
     )
     return list(m.headers)
 
@@ -270,6 +270,8 @@ def test_the_placement_table_is_the_shipped_settings(client: FleetClient) -> Non
         prio = Priority.parse(row.cls)
         assert prio.celery_priority(client.settings) == row.celery_priority
         for m in MODALITIES:
-            assert keys.queue_for(m, row.cls) == row.queue_for(m)
-            assert keys.priority_list_key(row.queue_for(m), row.celery_priority) == row.list_for(m)
+            assert schema.queue_for(m, row.cls) == row.queue_for(m)
+            assert schema.priority_list_key(row.queue_for(m), row.celery_priority) == row.list_for(
+                m
+            )
     assert rows[-1].list_for("text") == "text\x06\x169"  # the page's escape read as bytes

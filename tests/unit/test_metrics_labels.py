@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from producer.ops.exporter import all_queues, step_labels
-from shared import keys
+from shared import schema
 from shared.metrics import FleetMetrics
 from shared.queue_stats import parse_rows
 from shared.settings import load_settings
@@ -45,7 +45,7 @@ def test_the_node_name_relabels_the_worker_series() -> None:
 
 def test_every_celery_step_has_one_priority_label() -> None:
     labels = step_labels(load_settings())
-    assert set(labels) == set(keys.PRIORITY_STEPS)
+    assert set(labels) == set(schema.PRIORITY_STEPS)
     assert {"realtime", "high", "normal", "bulk"} <= set(labels.values())
     assert set(labels.values()) <= {"realtime", "high", "normal", "bulk", "other"}
 

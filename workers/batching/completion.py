@@ -62,10 +62,10 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shared import clock, keys, schema
+from shared import clock, schema
 from shared.errors import FleetError, InvalidMessage, error_to_wire
-from shared.keys import delivery_count_key
 from shared.metrics import FleetMetrics
+from shared.schema import delivery_count_key
 from shared.tracing import Tracing
 from workers.batching.batcher import Work
 from workers.batching.refusals import REFUSALS, reason_of
@@ -531,7 +531,7 @@ class ResultWriter:
         }
         key = self.backend.get_key_for_task(task_id)
         self._script(1)(
-            keys=[keys.final_key(task_id), key],
+            keys=[schema.final_key(task_id), key],
             args=[self.encode(meta), self.expires_s or 86400],
         )
 
@@ -578,7 +578,7 @@ class ResultWriter:
             ttl = self.failure_expires_s if o.error is not None else self.expires_s
             calls.append(
                 (
-                    [keys.final_key(o.task_id), key],
+                    [schema.final_key(o.task_id), key],
                     [
                         value,
                         ttl,

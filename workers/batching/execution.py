@@ -89,7 +89,7 @@ from enum import StrEnum
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shared import keys
+from shared import schema
 from shared.errors import (
     CircuitOpen,
     DeviceError,
@@ -470,14 +470,14 @@ class InFlight:
             return []
         ks: list[str] = []
         for tid in task_ids:
-            ks += [keys.final_key(tid), keys.delivery_count_key(tid)]
+            ks += [schema.final_key(tid), schema.delivery_count_key(tid)]
         args = [self.ttl_s, *("1" if c else "0" for c in count)]
         states = [int(x) for x in self._begin(keys=ks, args=args)]
         if self.waiter is not None and FINAL in states:
             finals = [i for i, st in enumerate(states) if st == FINAL]
             with self.client.pipeline(transaction=False) as pipe:
                 for i in finals:
-                    pipe.exists(keys.final_key(task_ids[i]))
+                    pipe.exists(schema.final_key(task_ids[i]))
                 # ReplicationUncertain: the caller runs the batch (writes are first-wins)
                 from shared.redis_client import execute_waiting
 
@@ -497,8 +497,8 @@ class InFlight:
             return []
         with self.client.pipeline(transaction=False) as pipe:
             for tid in task_ids:
-                pipe.incr(keys.delivery_count_key(tid))
-                pipe.expire(keys.delivery_count_key(tid), self.ttl_s)
+                pipe.incr(schema.delivery_count_key(tid))
+                pipe.expire(schema.delivery_count_key(tid), self.ttl_s)
             replies = pipe.execute()
         return [int(x) for x in replies[0::2]]
 
@@ -508,7 +508,7 @@ class InFlight:
             return
         with self.client.pipeline(transaction=False) as pipe:
             for tid in task_ids:
-                pipe.decr(keys.delivery_count_key(tid))
+                pipe.decr(schema.delivery_count_key(tid))
             pipe.execute()
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared import keys
+from shared import schema
 from shared.errors import FleetError
 from shared.tensor_wire import SHM, find_wires
 from shared.transport import lifetime
@@ -88,7 +88,7 @@ class SegmentRenewer:
         try:
             with self.client().pipeline(transaction=False) as pipe:
                 for r in requests:
-                    pipe.exists(keys.final_key(r))
+                    pipe.exists(schema.final_key(r))
                 found = pipe.execute()
         except Exception as exc:  # any failure: renew rather than lose the request's input
             self.unknown += len(requests)

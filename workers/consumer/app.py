@@ -27,8 +27,8 @@ from celery.worker.control import inspect_command
 from shared import metrics
 from shared.celery_app import make_app
 from shared.errors import FleetError
-from shared.keys import task_name
 from shared.metrics import metrics_port, serve
+from shared.schema import task_name
 from shared.settings import MODALITIES, load_settings
 from workers.batching import heap
 from workers.consumer import clock_watch

@@ -66,7 +66,7 @@ from kombu.utils.json import loads
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError as RedisResponseError
 
-from shared import clock, keys
+from shared import clock, schema
 from workers.batching import refusals
 from workers.batching.refusals import REFUSALS
 from workers.consumer import lease
@@ -200,7 +200,7 @@ class Channel(kombu_redis.Channel):
         worker's ACL user may not run it; managed Redis services often refuse it). ``None``:
         Redis refuses writes (the push), so it cannot tell yet; asked again after a backoff,
         not answered "no" for good (that would fetch with BRPOP for the worker's life)."""
-        probe = f"{keys.NOTIFY_PROBE_PREFIX}{uuid.uuid4().hex}"
+        probe = f"{schema.NOTIFY_PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             with self.conn_or_acquire() as client:
                 db = client.connection_pool.connection_kwargs.get("db", 0)

@@ -18,7 +18,7 @@ closes it while the engine still runs what it delivered): ``ack`` removes the en
 (kombu's ``ZREM`` + ``HDEL``), ``give_back`` back-dates them so the next scan, by any
 worker, returns them at once.
 
-Keys: ``shared.keys.UNACKED_KEY`` and ``UNACKED_INDEX_KEY`` (kombu's defaults; the fleet
+Keys: ``shared.schema.UNACKED_KEY`` and ``UNACKED_INDEX_KEY`` (kombu's defaults; the fleet
 sets no ``global_keyprefix``).
 
 Acks: a batch's messages in one Redis round trip, whatever channel delivered them. kombu's Redis
@@ -54,7 +54,7 @@ from celery.worker import state as worker_state
 from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual import QoS as VirtualQoS
 
-from shared import keys
+from shared import schema
 from shared.clock import RedisClock
 from shared.settings import Settings
 from workers.batching.refusals import REFUSALS, reason_of
@@ -137,7 +137,7 @@ class LeaseKeeper:
             for i in range(0, len(tags), _RENEW_CHUNK):
                 chunk = tags[i : i + _RENEW_CHUNK]
                 # XX: never re-create an entry acked or restored meanwhile; CH counts changes.
-                pipe.zadd(keys.UNACKED_INDEX_KEY, dict.fromkeys(chunk, now), xx=True, ch=True)
+                pipe.zadd(schema.UNACKED_INDEX_KEY, dict.fromkeys(chunk, now), xx=True, ch=True)
             kept = sum(int(n) for n in pipe.execute())
         self.last_renew_ms = (time.perf_counter() - t0) * 1000.0
         self.renewals += 1
@@ -153,8 +153,8 @@ class LeaseKeeper:
         if not tags:
             return
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.zrem(keys.UNACKED_INDEX_KEY, *tags)
-            pipe.hdel(keys.UNACKED_KEY, *tags)
+            pipe.zrem(schema.UNACKED_INDEX_KEY, *tags)
+            pipe.hdel(schema.UNACKED_KEY, *tags)
             pipe.execute()
         self.release(tags)
 
@@ -169,7 +169,7 @@ class LeaseKeeper:
         if not tags:
             return
         try:
-            self.client.zadd(keys.UNACKED_INDEX_KEY, dict.fromkeys(tags, 0), xx=True)
+            self.client.zadd(schema.UNACKED_INDEX_KEY, dict.fromkeys(tags, 0), xx=True)
         except redis.RedisError:
             log.warning("could not give back %d messages; their leases lapse", len(tags))
         self.release(tags)
@@ -178,7 +178,7 @@ class LeaseKeeper:
     def announce(self, modality: str, node: str) -> None:
         """Report ``node`` live for ``modality`` with every renewal, from now on (call it once
         the worker is ready: producers take a live worker to mean requests will run)."""
-        self._live = (keys.live_key(modality), node)
+        self._live = (schema.live_key(modality), node)
         self.heartbeat()
 
     def heartbeat(self) -> None:
@@ -194,7 +194,7 @@ class LeaseKeeper:
         now = self.clock.now()  # Redis' time: producers compare it with Redis' time
         with self.client.pipeline(transaction=False) as pipe:
             pipe.zadd(key, {node: now})
-            pipe.zremrangebyscore(key, "-inf", now - keys.LIVE_FORGET_S)
+            pipe.zremrangebyscore(key, "-inf", now - schema.LIVE_FORGET_S)
             pipe.execute()
 
     def _withdraw(self) -> None:

@@ -3,7 +3,7 @@
 A worker's main consumer holds up to ``prefetch_multiplier`` reserved messages; behind a
 backlog that window is full of BULK work, and a REALTIME message waiting in Redis cannot
 even be fetched until a batch finishes and frees a slot. REALTIME requests therefore travel on
-a queue of their own (``<modality>.realtime``, see ``shared.keys``) that this consumer step
+a queue of their own (``<modality>.realtime``, see ``shared.schema``) that this consumer step
 reads on a separate channel, so its window is never occupied by lower-priority messages.
 Messages go through Celery's own task handler (decoding, JSON-only accept, unknown tasks,
 the task's strategy), so a REALTIME request is a task like any other; the engine's REALTIME
@@ -21,7 +21,7 @@ from celery import bootsteps
 from kombu import Consumer, Queue
 from kombu.common import ignore_errors
 
-from shared import keys
+from shared import schema
 
 
 def realtime_consumer_step(modality: str, prefetch: int) -> type[bootsteps.ConsumerStep]:
@@ -38,7 +38,7 @@ def realtime_consumer_step(modality: str, prefetch: int) -> type[bootsteps.Consu
             return [
                 Consumer(
                     channel,
-                    queues=[Queue(keys.realtime_queue_name(modality))],
+                    queues=[Queue(schema.realtime_queue_name(modality))],
                     on_message=c.create_task_handler(),
                     on_decode_error=c.on_decode_error,
                     accept=["json"],

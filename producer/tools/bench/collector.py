@@ -28,7 +28,7 @@ from celery.events.receiver import EventReceiver
 
 from producer.client import outcome_from_meta
 from producer.tools.bench.records import RecordTable
-from shared import keys, schema
+from shared import schema
 
 log = logging.getLogger("fleet.bench")
 _READY = {"SUCCESS", "FAILURE", "REVOKED"}
@@ -72,8 +72,8 @@ class ResultCollector(threading.Thread):
         self.table = table  # swapped by the runner between repetitions
         self._stop_flag = threading.Event()
         self._pubsub = self.backend.client.pubsub(ignore_subscribe_messages=True)
-        self._pubsub.psubscribe(f"{keys.RESULT_KEY_PREFIX}*")
-        self._prefix = len(keys.RESULT_KEY_PREFIX)
+        self._pubsub.psubscribe(f"{schema.RESULT_KEY_PREFIX}*")
+        self._prefix = len(schema.RESULT_KEY_PREFIX)
 
     def run(self) -> None:
         while not self._stop_flag.is_set():

@@ -199,12 +199,12 @@ def _count_results(settings) -> tuple[list[int], threading.Condition, threading.
     returns ``(done, cond, stop)``: ``cond`` is notified on each result, ``stop`` ends it."""
     import redis
 
-    from shared import keys
+    from shared import schema
     from shared.redis_client import redis_client
 
     r = redis_client(settings)
     sub = r.pubsub(ignore_subscribe_messages=True)
-    sub.psubscribe(f"{keys.RESULT_KEY_PREFIX}*")
+    sub.psubscribe(f"{schema.RESULT_KEY_PREFIX}*")
     done = [0]
     cond = threading.Condition()
     stop = threading.Event()
@@ -358,7 +358,7 @@ def _texts() -> list[str]:
 
 def drive(a, settings, stack, spawned_pid: int) -> int:
     from producer.client import FleetClient
-    from shared import keys
+    from shared import schema
     from shared.schema import Priority
 
     pid = spawned_pid
@@ -368,7 +368,7 @@ def drive(a, settings, stack, spawned_pid: int) -> int:
     texts = _texts()
     client = FleetClient(settings, role="admin")
     done, cond, stop = _count_results(settings)
-    queue = keys.queue_for("text", "bulk")
+    queue = schema.queue_for("text", "bulk")
     prio = Priority.parse("bulk").celery_priority(settings)
     sent = 0
     i = 0

@@ -34,7 +34,7 @@ from producer.client.wire import Outgoing, PayloadBuilder
 from producer.tools.bench.records import SEND_FAILED, Record, RecordTable, Timebase
 from producer.tools.bench.schedule import ClosedPicker, Planned
 from producer.tools.bench.sources import InputCatalog
-from shared import keys
+from shared import schema
 from shared.errors import FleetError
 from shared.schema import Priority
 
@@ -142,9 +142,9 @@ class Sender:
         # The fleet routes as FleetClient does (REALTIME to <modality>.realtime); the
         # baseline is plain Celery: one FIFO queue; celery-batches: one priority queue.
         queue = (
-            keys.queue_name(env.modality)
+            schema.queue_name(env.modality)
             if self.one_queue
-            else keys.queue_for(env.modality, env.priority)
+            else schema.queue_for(env.modality, env.priority)
         )
         key, payload, event = self._builder.build(
             env, rec.id, queue, celery_prio, self._reply_to, self._events

@@ -45,7 +45,7 @@ import redis
 
 from producer.client import FleetClient, SubmitRequest
 from producer.stack.local import Stack, isolated_environment
-from shared import keys
+from shared import schema
 from shared.redis_client import redis_client
 
 REPO = Path(__file__).resolve().parents[3]
@@ -95,7 +95,9 @@ def _wait_drained(r: redis.Redis, timeout_s: float, interval_s: float = 0.5) -> 
         TimeoutError: not drained within ``timeout_s``.
     """
     lists = [
-        keys.priority_list_key(q, p) for q in ("text", "text.realtime") for p in keys.PRIORITY_STEPS
+        schema.priority_list_key(q, p)
+        for q in ("text", "text.realtime")
+        for p in schema.PRIORITY_STEPS
     ]
     sent = {"llen": 0, "hlen": 0}
     deadline = time.monotonic() + timeout_s
@@ -103,7 +105,7 @@ def _wait_drained(r: redis.Redis, timeout_s: float, interval_s: float = 0.5) -> 
         pipe = r.pipeline(transaction=False)
         for key in lists:
             pipe.llen(key)
-        pipe.hlen(keys.UNACKED_KEY)
+        pipe.hlen(schema.UNACKED_KEY)
         counts = pipe.execute()
         sent["llen"] += len(lists)
         sent["hlen"] += 1

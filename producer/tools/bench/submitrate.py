@@ -56,7 +56,7 @@ from producer.tools.bench.submitrate_report import (
     verdict,
 )
 from producer.tools.bench.workload import REPO, Workload
-from shared import keys
+from shared import schema
 from shared.settings import PRIORITY_NAMES, Settings
 
 CHUNK = 100  # requests per submit_many call and LPUSHes per raw pipeline
@@ -74,8 +74,8 @@ def is_submit_rate(w: Workload) -> bool:
 
 def list_keys(modalities: list[str]) -> list[str]:
     """Every priority list a request of these modalities can be pushed to."""
-    queues = sorted({keys.queue_for(m, p) for m in modalities for p in PRIORITY_NAMES})
-    return [keys.priority_list_key(q, step) for q in queues for step in keys.PRIORITY_STEPS]
+    queues = sorted({schema.queue_for(m, p) for m in modalities for p in PRIORITY_NAMES})
+    return [schema.priority_list_key(q, step) for q in queues for step in schema.PRIORITY_STEPS]
 
 
 def _calls(admin: Any) -> dict[str, int]:

@@ -50,7 +50,7 @@ from producer.tools.chaos.faketime import skewed_env
 from producer.tools.chaos.gateway_load import GatewayLoad
 from producer.tools.chaos.load import Load, texts
 from producer.tools.chaos.tally import Seen
-from shared import keys
+from shared import schema
 from shared.redis_client import sentinel_node
 
 Drill = Literal["chaos", "ha"]
@@ -134,7 +134,7 @@ def wait_holding(ctx: ChaosCtx, queue: str, timeout_s: float = 20.0) -> bool:
     """Wait until some worker holds a message of ``queue`` (its unacked entry exists)."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        for raw in ctx.r.hvals(keys.UNACKED_KEY):
+        for raw in ctx.r.hvals(schema.UNACKED_KEY):
             if f'"routing_key": "{queue}"'.encode() in raw or f'"{queue}"]'.encode() in raw:
                 return True
         time.sleep(0.05)
@@ -167,7 +167,7 @@ def sigterm(ctx: ChaosCtx) -> None:
     """A deploy while a long video runs: SIGTERM, wait for the graceful exit, restart."""
     for _ in range(2):
         ctx.load.video()
-    wait_holding(ctx, keys.queue_name(ctx.sc.modality))
+    wait_holding(ctx, schema.queue_name(ctx.sc.modality))
     time.sleep(0.5)
     ctx.targeted.add(ctx.sc.target)
     ctx.stack.stop(ctx.sc.target, timeout_s=60)
@@ -179,7 +179,7 @@ def video_sigkill(ctx: ChaosCtx) -> None:
     """Kill the video worker while it holds videos whose inputs live in /dev/shm."""
     for _ in range(2):
         ctx.load.video()
-    wait_holding(ctx, keys.queue_name("video"))
+    wait_holding(ctx, schema.queue_name("video"))
     time.sleep(0.5)
     os.killpg(pid_of(ctx.stack, ctx.sc.target), signal.SIGKILL)
     ctx.targeted.add(ctx.sc.target)
@@ -218,7 +218,7 @@ def duplicates(ctx: ChaosCtx) -> None:
     with ctx.client.app.producer_or_acquire() as producer:
         for tid in picked:
             env = ctx.load.handles[tid].envelope
-            ctx.client.publish(producer, env, tid, keys.queue_for("text", env.priority), 9)
+            ctx.client.publish(producer, env, tid, schema.queue_for("text", env.priority), 9)
     ctx.end()
 
 
@@ -233,8 +233,8 @@ def malformed(ctx: ChaosCtx) -> None:
             producer.publish(
                 MALFORMED_BODIES[i % len(MALFORMED_BODIES)],
                 exchange="",
-                routing_key=keys.queue_name("text"),
-                headers={"id": tid, "task": keys.task_name("text"), "lang": "py"},
+                routing_key=schema.queue_name("text"),
+                headers={"id": tid, "task": schema.task_name("text"), "lang": "py"},
                 serializer="json",
             )
             ctx.seen.sent.append(tid)

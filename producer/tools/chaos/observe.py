@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from producer.client import FleetClient, ResultHandle, outcome_from_meta
-from shared import keys
+from shared import schema
 
 FINAL_STATES = {"SUCCESS", "FAILURE", "REVOKED"}
 _RUN_LINE = re.compile(rb"request id=([0-9a-f-]{36}) state=(SUCCESS|FAILURE)\b")
@@ -44,11 +44,11 @@ class Publishes:
         self._thread.join(5)
 
     def _run(self) -> None:
-        prefix = keys.RESULT_KEY_PREFIX.encode()
+        prefix = schema.RESULT_KEY_PREFIX.encode()
         while not self._stop.is_set():
             try:
                 ps = self._r.pubsub(ignore_subscribe_messages=True)
-                ps.psubscribe(keys.RESULT_KEY_PREFIX + "*")
+                ps.psubscribe(schema.RESULT_KEY_PREFIX + "*")
                 self._ready.set()
                 while not self._stop.is_set():
                     msg = ps.get_message(timeout=0.2)
@@ -123,8 +123,8 @@ def locate(r: redis.Redis, task_ids: Iterable[str]) -> dict[str, str]:
                 for raw, tid in want.items():
                     if raw in item:
                         where[tid] = f"queued in {key!r}"
-    scores = dict(r.zrange(keys.UNACKED_INDEX_KEY, 0, -1, withscores=True))
-    for tag, entry in r.hgetall(keys.UNACKED_KEY).items():
+    scores = dict(r.zrange(schema.UNACKED_INDEX_KEY, 0, -1, withscores=True))
+    for tag, entry in r.hgetall(schema.UNACKED_KEY).items():
         for raw, tid in want.items():
             if raw in entry:
                 age = time.time() - scores[tag] if tag in scores else None

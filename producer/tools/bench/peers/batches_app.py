@@ -24,7 +24,7 @@ from celery import signals
 from celery_batches import Batches
 
 from shared.celery_app import make_app
-from shared.keys import task_name
+from shared.schema import task_name
 from shared.settings import MODALITIES, load_settings
 
 log = logging.getLogger("fleet.bench.peer")
