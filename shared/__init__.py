@@ -6,16 +6,16 @@ Structure (one concern per module)::
       redis.py                 [redis], and the credentials and URLs derived from it
       paths.py                 config files, the run directory, secret files
     model_kinds.py             the model kinds: each one's options and adapter
-    schema.py, priority.py     the task envelope; priority classes and deadlines
+    schema.py                  the schema on Redis: every Celery name and Redis key, the task
+                               envelope, priority classes and deadlines, result JSON
     errors.py                  the error hierarchy, each with a stable code
     tensor_wire.py             the tensor wire forms ("shm" / "inline"): recognised here
-    keys.py                    every Celery name and Redis key
     celery_app.py              the Celery app factory (producers and workers)
     redis_client.py, ha.py     direct Redis clients; Sentinel transports (WAIT)
     acl.py                     the Redis ACL users of the fleet's roles
     queue_stats.py             queue depth and demand (``fleet exporter``)
     metrics/                   Prometheus series: their table, the worker's (or null) objects
-    tracing.py                 OpenTelemetry tracing (off by default)
+    tracing.py                 OpenTelemetry tracing (off by default), both sides' spans
     procs.py                   process liveness on this host
     transport/                 /dev/shm tensor transport (its package docstring maps it)
 

@@ -2,10 +2,11 @@
 
 Folders, each importing only those below it::
 
-    consumer/   everything that knows Celery and kombu: the app, the task strategy, the
-                channel that fills the prefetch window, leases, acks, events, the engine
-    batching/   admission, the batcher, lanes, execution, completion, result writes:
-                Celery-free, so its decisions are unit-tested with fake models
+    consumer/   everything that knows Celery and kombu: the app, the engine behind Celery's
+                task strategy, the channel that fills the prefetch window, leases and acks
+    batching/   one module per stage: admission, the batcher and its lanes, execution,
+                completion and its result writes: Celery-free, so its decisions are
+                unit-tested with fake models
     models/     one adapter per model kind, the device runtime, trace-cache preparation
 
 and beside them ``janitor.py`` (the /dev/shm janitor every worker runs) and ``probe.py`` (the
