@@ -8,10 +8,10 @@ model = "<name>"``); requests for it become that modality's tasks. One request i
 model of     inputs                                   outputs (all FP32)
 ============ ======================================== =========================================
 text         ``text`` BYTES [1]: UTF-8 text           ``embedding`` [1, 384]
-image        ``image`` BYTES [1]: the encoded file    ``embedding`` [1, 512]
-             (or UINT8 [n]: the file's bytes)
-video        ``video`` BYTES [1] (or UINT8 [n])       ``clip_embedding`` [1, 512],
-                                                      ``frame_embeddings`` [frames, 512],
+image        ``image`` BYTES [1]: the encoded file    ``embedding`` [1, 1280]
+             (or UINT8 [n]: the file's bytes)         (512 for a ``resnet`` kind model)
+video        ``video`` BYTES [1] (or UINT8 [n])       ``clip_embedding`` [1, 1280],
+                                                      ``frame_embeddings`` [frames, 1280],
                                                       ``timestamps_s`` [frames]
 xmodal       ``image`` BYTES [1] (or UINT8 [n]) and   ``scores``, ``logits``, ``probs`` [k],
              ``texts`` BYTES [k], 1 <= k <= 16        ``image_embedding`` [1, 512],
@@ -78,6 +78,9 @@ class ModelSpec:
 
 TEXT_DIM = 384  # all-MiniLM-L6-v2's hidden size
 VISION_DIM = 512  # the ResNet-18 config's last stage (workers.models.image.resnet18_config)
+# The embedding size of each image/video model kind: EfficientNet-Lite0's pooled features
+# (workers.models.efficientnet.FEATURE_DIM; the video kind runs the same model).
+KIND_DIMS = {"resnet": VISION_DIM, "efficientnet": 1280, "video": 1280}
 
 
 def model_specs(settings: Settings) -> dict[str, ModelSpec]:
@@ -98,12 +101,13 @@ def _spec(name: str, modality: str, kind: str, cfg: dict[str, Any]) -> ModelSpec
         outs = (t("embedding", "FP32", (1, TEXT_DIM)),)
     elif modality == "image":
         ins = (t("image", "BYTES", (1,)),)
-        outs = (t("embedding", "FP32", (1, VISION_DIM)),)
+        outs = (t("embedding", "FP32", (1, KIND_DIMS.get(kind, VISION_DIM))),)
     elif modality == "video":
+        dim = KIND_DIMS.get(kind, VISION_DIM)
         ins = (t("video", "BYTES", (1,)),)
         outs = (
-            t("clip_embedding", "FP32", (1, VISION_DIM)),
-            t("frame_embeddings", "FP32", (-1, VISION_DIM)),
+            t("clip_embedding", "FP32", (1, dim)),
+            t("frame_embeddings", "FP32", (-1, dim)),
             t("timestamps_s", "FP32", (-1,)),
         )
     else:  # xmodal

@@ -73,7 +73,7 @@ def body(modality: str) -> tuple[str, dict[str, Any]]:
     if modality == "video":
         data = base64.b64encode(NASA.read_bytes()).decode()
         inp = {"name": "video", "datatype": "BYTES", "shape": [1], "data": [data]}
-        return "video-resnet18", {"inputs": [inp], "parameters": {"priority": "bulk"}}
+        return "video-efficientnet-lite0", {"inputs": [inp], "parameters": {"priority": "bulk"}}
     inp = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Once, after a crash."]}
     return "minilm", {"inputs": [inp]}
 
