@@ -1,4 +1,8 @@
-"""The image modality's adapter: a ResNet-18-like embedding model from transformers.
+"""An image adapter (kind ``resnet``): a ResNet-18-like embedding model from transformers.
+
+The image modality serves EfficientNet-Lite0 by default (``workers.models.efficientnet``);
+this one serves a ``[models.<name>] kind = "resnet"`` table that a modality names. Its
+request checks (:func:`image_bytes`) and warmup images (:func:`example_png`) are shared.
 
 Request inputs: ``{"image_b64": "<base64 of an encoded image file>"}``. Result per request:
 ``{"embedding": [512 floats, L2 norm 1], "dim": 512, "model": "<models key>"}``.
