@@ -67,8 +67,8 @@ def gw(stack: Any) -> Iterator[Gw]:
     mp = pytest.MonkeyPatch()
     for k, v in {
         "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
-        "FLEET_MODELS__VIDEO-RESNET18__SAMPLE_FPS": "8",  # 32 frames, ~2 s of work
-        "FLEET_MODELS__VIDEO-RESNET18__MAX_FRAMES": "32",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__SAMPLE_FPS": "8",  # 32 frames, ~2 s of work
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__MAX_FRAMES": "32",
         "FLEET_MODALITIES__XMODAL__BATCHING__MAX_BATCH_SIZE": "2",
         "FLEET_GATEWAY__MAX_BODY_BYTES": str(MAX_BODY),
         # the gateway's own limit only (submit-side): lets a test fill the image queue
@@ -157,6 +157,19 @@ def test_tritonclient_image_matches_the_direct_path(gw: Gw, binary: bool) -> Non
     assert emb.shape == (1, 1280)
     direct = np.asarray(gw.client.submit("image", image_inputs(data)).get(60)["embedding"])
     assert np.max(np.abs(emb.ravel() - direct)) < 1e-5  # the same weights: deterministic
+    res = tc.infer(
+        "efficientnet-lite0",
+        [file_input("image", data, binary)],
+        headers=gw.auth,
+        parameters={"top_k": 3},
+        outputs=[
+            th.InferRequestedOutput(n, binary_data=binary) for n in ("labels", "probabilities")
+        ],
+    )
+    labels = [x.decode() if isinstance(x, bytes) else x for x in res.as_numpy("labels").tolist()]
+    probs = res.as_numpy("probabilities")
+    assert len(labels) == 3 and labels[0] == "espresso" and probs[0] > 0.5  # a coffee photo
+    assert probs.tolist() == sorted(probs.tolist(), reverse=True)
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])

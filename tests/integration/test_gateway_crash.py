@@ -56,8 +56,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     shm_root = Path(f"/dev/shm/mmfleet-gwcrash-{os.getuid()}-{secrets.token_hex(4)}")
     overrides = {
         "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
-        "FLEET_MODELS__VIDEO-RESNET18__SAMPLE_FPS": "4",  # 16 frames: a short run
-        "FLEET_MODELS__VIDEO-RESNET18__MAX_FRAMES": "16",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__SAMPLE_FPS": "4",  # 16 frames: a short run
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__MAX_FRAMES": "16",
     }
     try:
         with own_text_stack(tmp_path_factory, "gw-crash", overrides) as st:

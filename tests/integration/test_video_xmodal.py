@@ -47,8 +47,8 @@ def fleet(stack: Any) -> Iterator[tuple[FleetClient, Path]]:
         "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
         # 8 fps, at most 32 frames: the NASA clip's first 4 s, about 2 s of CPU work in 4
         # frame mini-batches: long enough to watch its progress in Flower.
-        "FLEET_MODELS__VIDEO-RESNET18__SAMPLE_FPS": "8",
-        "FLEET_MODELS__VIDEO-RESNET18__MAX_FRAMES": "32",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__SAMPLE_FPS": "8",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__MAX_FRAMES": "32",
         "FLEET_MODALITIES__XMODAL__BATCHING__MAX_BATCH_SIZE": "2",  # shorter warmup
     }.items():
         mp.setenv(k, v)
