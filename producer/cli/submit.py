@@ -213,20 +213,37 @@ def submit_text(
     )
 
 
+TopKOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--top-k",
+        min=0,
+        max=1000,
+        help="how many ImageNet labels to return, best first (default: the model's top_k, 5)",
+    ),
+]
+
+
+def _with_top_k(inputs: dict[str, Any], top_k: int | None) -> dict[str, Any]:
+    return inputs if top_k is None else {**inputs, "top_k": top_k}
+
+
 @submit_app.command("image")
 def submit_image(
     file: Annotated[Path, typer.Option(help="an image file (JPEG, PNG, WebP, ...)")],
+    top_k: TopKOpt = None,
     priority: PriorityOpt = "normal",
     timeout_s: TimeoutOpt = None,
     wait_s: WaitOpt = 30.0,
     queue_anyway: QueueAnywayOpt = False,
 ) -> None:
-    """Embed an image with the configured vision model."""
+    """Embed and label an image with the configured vision model (EfficientNet-Lite0: a
+    1,280-d embedding and its top-k ImageNet labels)."""
     from producer.client import image_inputs
 
     run_submit(
         "image",
-        lambda _c: image_inputs(file),
+        lambda _c: _with_top_k(image_inputs(file), top_k),
         priority=priority,
         timeout_s=timeout_s,
         wait_s=wait_s,
@@ -238,13 +255,15 @@ def submit_image(
 @submit_app.command("video")
 def submit_video(
     file: Annotated[Path, typer.Option(help="a video file (MP4/MOV, MKV/WebM, AVI, MPEG-TS)")],
+    top_k: TopKOpt = None,
     priority: PriorityOpt = "normal",
     timeout_s: TimeoutOpt = None,
     wait_s: WaitOpt = 120.0,
     full: FullOpt = False,
     queue_anyway: QueueAnywayOpt = False,
 ) -> None:
-    """Embed a video's sampled frames: per-frame embeddings and a clip embedding.
+    """Embed a video's sampled frames: per-frame embeddings, a clip embedding and the clip's
+    top-k labels.
 
     Files up to 32 KiB travel inline (base64); larger ones through /dev/shm, the message
     carrying a TensorRef (the client's fixed video threshold, which keeps a task message
@@ -252,7 +271,7 @@ def submit_video(
     """
     run_submit(
         "video",
-        lambda c: c.video_inputs(file),
+        lambda c: _with_top_k(c.video_inputs(file), top_k),
         priority=priority,
         timeout_s=timeout_s,
         wait_s=wait_s,

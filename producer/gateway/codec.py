@@ -290,10 +290,12 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
 
 @dataclass(slots=True)
 class OutputTensor:
-    """One response output: FP32 ``data`` of ``shape``."""
+    """One response output: ``FP32`` (``data`` a float32 array of its shape) or ``BYTES``
+    (``data`` a list of ``bytes``, shape ``[len(data)]``)."""
 
     name: str
-    data: np.ndarray  # float32
+    data: Any  # np.ndarray (FP32) or list[bytes] (BYTES)
+    datatype: str = "FP32"
 
 
 def binary_output_names(req: InferRequest, available: list[str]) -> tuple[list[str], set[str]]:
@@ -334,14 +336,22 @@ def encode_response(
     blobs: list[bytes] = []
     outs: list[dict[str, Any]] = []
     for o in outputs:
-        arr = np.ascontiguousarray(o.data, dtype="<f4")
-        entry: dict[str, Any] = {"name": o.name, "datatype": "FP32", "shape": list(arr.shape)}
+        entry: dict[str, Any]
+        if o.datatype == "BYTES":
+            elements = [bytes(e) for e in o.data]
+            entry = {"name": o.name, "datatype": "BYTES", "shape": [len(elements)]}
+            raw = serialize_bytes_elements(elements)
+            data: list[Any] = [e.decode("utf-8") for e in elements]
+        else:
+            arr = np.ascontiguousarray(o.data, dtype="<f4")
+            entry = {"name": o.name, "datatype": "FP32", "shape": list(arr.shape)}
+            raw = arr.tobytes() if o.name in binary else b""
+            data = arr.reshape(-1).tolist()
         if o.name in binary:
-            raw = arr.tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            entry["data"] = arr.reshape(-1).tolist()
+            entry["data"] = data
         outs.append(entry)
     head = json.dumps({**header, "outputs": outs}, separators=(",", ":")).encode()
     if not blobs:

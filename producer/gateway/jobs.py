@@ -301,6 +301,7 @@ class JobService:
         timeout_s: float | None,
         task_id: str | None,
         body_bytes: int = 0,
+        parameters: dict[str, Any] | None = None,
     ) -> tuple[Job, bool]:
         """Admit and publish a request; returns ``(job, created)``. ``created`` is False when
         ``task_id`` named an existing job: that job is returned and nothing is sent.
@@ -309,7 +310,7 @@ class JobService:
             FleetError: invalid input (400s), ``NoReadyWorker``, ``QueueFull``,
                 ``DeadlineUnreachable``, ``BrokerUnavailable``.
         """
-        inputs, video = await self._decoded(spec, tensors, body_bytes)
+        inputs, video = await self._decoded(spec, tensors, body_bytes, parameters)
         if task_id is not None and video is not None:
             # before the video is written to /dev/shm for nothing
             existing = await self.get_job(task_id)
@@ -319,7 +320,9 @@ class JobService:
         await self._require_live(spec)
         if video is not None:
             # bound to this request: renewed while it waits (shared.transport.lifetime)
+            options = inputs  # the request's options (top_k), beside the video's input
             inputs = await self._io(self.client.video_inputs, video, None, task_id)
+            inputs = {**inputs, **options}
         await crashpoints.pause("inputs-written", task_id)
         refs = list(iter_wires(inputs, SHM))
         attempt: Attempt | None = None
@@ -357,12 +360,16 @@ class JobService:
         return job, True
 
     async def _decoded(
-        self, spec: ModelSpec, tensors: list[Any], body_bytes: int
+        self,
+        spec: ModelSpec,
+        tensors: list[Any],
+        body_bytes: int,
+        parameters: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], bytes | None]:
         """``fleet_inputs`` of the request, off the event loop for a large body."""
         if body_bytes > LARGE_INPUT_BYTES:
-            return await self._io(fleet_inputs, spec, tensors)
-        return fleet_inputs(spec, tensors)
+            return await self._io(fleet_inputs, spec, tensors, parameters)
+        return fleet_inputs(spec, tensors, parameters)
 
     async def _envelope(
         self,

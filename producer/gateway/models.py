@@ -8,15 +8,22 @@ model = "<name>"``); requests for it become that modality's tasks. One request i
 model of     inputs                                   outputs (all FP32)
 ============ ======================================== =========================================
 text         ``text`` BYTES [1]: UTF-8 text           ``embedding`` [1, 384]
-image        ``image`` BYTES [1]: the encoded file    ``embedding`` [1, 512]
-             (or UINT8 [n]: the file's bytes)
-video        ``video`` BYTES [1] (or UINT8 [n])       ``clip_embedding`` [1, 512],
-                                                      ``frame_embeddings`` [frames, 512],
-                                                      ``timestamps_s`` [frames]
+image        ``image`` BYTES [1]: the encoded file    ``embedding`` [1, 1280],
+             (or UINT8 [n]: the file's bytes)         ``labels`` BYTES [k], ``probabilities``
+                                                      [k] (a ``resnet`` kind model: only
+                                                      ``embedding`` [1, 512])
+video        ``video`` BYTES [1] (or UINT8 [n])       ``clip_embedding`` [1, 1280],
+                                                      ``frame_embeddings`` [frames, 1280],
+                                                      ``timestamps_s`` [frames], ``labels``
+                                                      BYTES [k], ``probabilities`` [k]
 xmodal       ``image`` BYTES [1] (or UINT8 [n]) and   ``scores``, ``logits``, ``probs`` [k],
              ``texts`` BYTES [k], 1 <= k <= 16        ``image_embedding`` [1, 512],
                                                       ``text_embeddings`` [k, 512]
 ============ ======================================== =========================================
+
+``labels`` are the ImageNet class names of the image's (the clip's) ``k`` most probable
+classes, best first, ``probabilities`` theirs; ``k`` is the request's ``parameters.top_k``
+(0 to 1000), else the model's ``top_k`` (5).
 
 Encoded media in a JSON request (``data``, strings) is base64 of the file; as binary data
 (``binary_data_size``) it is the raw file bytes. No adapter takes pre-decoded pixel tensors,
@@ -78,6 +85,11 @@ class ModelSpec:
 
 TEXT_DIM = 384  # all-MiniLM-L6-v2's hidden size
 VISION_DIM = 512  # the ResNet-18 config's last stage (workers.models.image.resnet18_config)
+# The embedding size of each image/video model kind: EfficientNet-Lite0's pooled features
+# (workers.models.efficientnet.FEATURE_DIM; the video kind runs the same model).
+KIND_DIMS = {"resnet": VISION_DIM, "efficientnet": 1280, "video": 1280}
+LABELLED_KINDS = ("efficientnet", "video")  # kinds whose results carry ImageNet labels
+MAX_TOP_K = 1000  # ImageNet-1k's classes
 
 
 def model_specs(settings: Settings) -> dict[str, ModelSpec]:
@@ -98,14 +110,19 @@ def _spec(name: str, modality: str, kind: str, cfg: dict[str, Any]) -> ModelSpec
         outs = (t("embedding", "FP32", (1, TEXT_DIM)),)
     elif modality == "image":
         ins = (t("image", "BYTES", (1,)),)
-        outs = (t("embedding", "FP32", (1, VISION_DIM)),)
+        outs = (t("embedding", "FP32", (1, KIND_DIMS.get(kind, VISION_DIM))),)
+        if kind in LABELLED_KINDS:
+            outs += (t("labels", "BYTES", (-1,)), t("probabilities", "FP32", (-1,)))
     elif modality == "video":
+        dim = KIND_DIMS.get(kind, VISION_DIM)
         ins = (t("video", "BYTES", (1,)),)
         outs = (
-            t("clip_embedding", "FP32", (1, VISION_DIM)),
-            t("frame_embeddings", "FP32", (-1, VISION_DIM)),
+            t("clip_embedding", "FP32", (1, dim)),
+            t("frame_embeddings", "FP32", (-1, dim)),
             t("timestamps_s", "FP32", (-1,)),
         )
+        if kind in LABELLED_KINDS:
+            outs += (t("labels", "BYTES", (-1,)), t("probabilities", "FP32", (-1,)))
     else:  # xmodal
         dim = int(cfg.get("projection_dim", VISION_DIM))
         ins = (t("image", "BYTES", (1,)), t("texts", "BYTES", (-1,)))
@@ -174,22 +191,42 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def fleet_inputs(
-    spec: ModelSpec, tensors: list[InputTensor]
-) -> tuple[dict[str, Any], bytes | None]:
-    """The fleet's inputs for a request, and the video file's bytes (``None`` unless video:
-    those go through :meth:`FleetClient.video_inputs`, /dev/shm above 32 KiB).
+def top_k_option(spec: ModelSpec, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """``{"top_k": k}`` from a request's ``parameters.top_k`` for a labelled model; ``{}``
+    when absent (the model's default applies).
 
     Raises:
-        InvalidInput: wrong input names, datatypes, element counts, encodings.
+        InvalidInput: ``top_k`` on a model without labels, or not an integer in 0..1000.
+    """
+    if not parameters or "top_k" not in parameters:
+        return {}
+    k = parameters["top_k"]
+    if "labels" not in spec.output_names:
+        raise InvalidInput(f"model {spec.name!r} has no labels: parameters.top_k does not apply")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_K:
+        raise InvalidInput(f"parameters.top_k must be an integer from 0 to {MAX_TOP_K}, got {k!r}")
+    return {"top_k": k}
+
+
+def fleet_inputs(
+    spec: ModelSpec, tensors: list[InputTensor], parameters: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], bytes | None]:
+    """The fleet's inputs for a request, and the video file's bytes (``None`` unless video:
+    those go through :meth:`FleetClient.video_inputs`, /dev/shm above 32 KiB; the returned
+    inputs then hold only the options, to merge with the video's).
+
+    Raises:
+        InvalidInput: wrong input names, datatypes, element counts, encodings, a bad
+            ``parameters.top_k``.
     """
     got = _by_name(spec, tensors)
     if spec.modality == "text":
         return {"text": _texts(got["text"], one=True)[0]}, None
     if spec.modality == "image":
-        return {"image_b64": b64(_media_bytes(got["image"]))}, None
+        options = top_k_option(spec, parameters)
+        return {"image_b64": b64(_media_bytes(got["image"])), **options}, None
     if spec.modality == "video":
-        return {}, _media_bytes(got["video"])
+        return top_k_option(spec, parameters), _media_bytes(got["video"])
     texts = _texts(got["texts"], one=False)
     return {"image_b64": b64(_media_bytes(got["image"])), "texts": texts}, None
 
@@ -231,14 +268,20 @@ def outputs_from_result(spec: ModelSpec, result: dict[str, Any]) -> list[OutputT
         KeyError / ValueError: the result does not have this model's shape (a fleet fault).
     """
     m = spec.modality
-    if m in ("text", "image"):
+    if m == "text":
         return [OutputTensor("embedding", _f32(result["embedding"]).reshape(1, -1))]
+    if m == "image":
+        return [
+            OutputTensor("embedding", _f32(result["embedding"]).reshape(1, -1)),
+            *_label_outputs(spec, result),
+        ]
     if m == "video":
         frames = _f32(result["frame_embeddings"])
         return [
             OutputTensor("clip_embedding", _f32(result["clip_embedding"]).reshape(1, -1)),
             OutputTensor("frame_embeddings", frames.reshape(len(frames), -1)),
             OutputTensor("timestamps_s", _f32(result.get("timestamps_s") or []).reshape(-1)),
+            *_label_outputs(spec, result),
         ]
     texts = _f32(result["text_embeddings"])
     return [
@@ -247,6 +290,18 @@ def outputs_from_result(spec: ModelSpec, result: dict[str, Any]) -> list[OutputT
         OutputTensor("probs", _f32(result["probs"]).reshape(-1)),
         OutputTensor("image_embedding", _f32(result["image_embedding"]).reshape(1, -1)),
         OutputTensor("text_embeddings", texts.reshape(len(texts), -1)),
+    ]
+
+
+def _label_outputs(spec: ModelSpec, result: dict[str, Any]) -> list[OutputTensor]:
+    """``labels`` (BYTES, the class names) and ``probabilities`` (FP32), best first, for a
+    model whose metadata lists them."""
+    if "labels" not in spec.output_names:
+        return []
+    labels = result["labels"]
+    return [
+        OutputTensor("labels", [str(lab["label"]).encode() for lab in labels], "BYTES"),
+        OutputTensor("probabilities", _f32([lab["probability"] for lab in labels]).reshape(-1)),
     ]
 
 

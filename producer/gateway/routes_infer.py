@@ -80,7 +80,9 @@ async def run_infer(gw: Gateway, spec: ModelSpec, request: Request) -> Response:
     timeout_s = timeout_seconds(req.parameters.get("timeout"))
     prefer = parse_prefer(request.headers.getlist("prefer"))
     task_id = _task_id(request, req.id)
-    job, _created = await jobs.submit(spec, req.inputs, priority, timeout_s, task_id, len(body))
+    job, _created = await jobs.submit(
+        spec, req.inputs, priority, timeout_s, task_id, len(body), req.parameters
+    )
     if job.model != spec.name:
         raise IdConflict(f"id {job.id!r} already names a job of model {job.model!r}")
     snap = Snapshot(job, None)

@@ -413,7 +413,7 @@ def test_model_override_by_env_reaches_the_worker_and_a_failed_start_is_one_caus
         FLEET_REDIS__PORT=str(free_port()),
         FLEET_METRICS__PORT_BASE="0",
         # `-` in a model name is `_` in a variable name
-        FLEET_MODELS__RESNET18_RANDOM__CHECKPOINT=str(missing),
+        FLEET_MODELS__EFFICIENTNET_LITE0__CHECKPOINT=str(missing),
     )
     proc = fleet("up", "--modalities", "image", "--no-flower", "--no-gateway", env=env,
                  timeout=200)  # fmt: skip
@@ -452,7 +452,10 @@ def test_a_worker_that_fails_to_start_leaves_the_running_stack_up(
     video worker's failure is reported, and only what this command started is stopped (all
     of the stack was, before)."""
     before = {p.stem: int(p.read_text()) for p in (traps.run_dir / "pids").glob("*.pid")}
-    env = {**traps.env, "FLEET_MODELS__VIDEO_RESNET18__CHECKPOINT": str(tmp_path / "none")}
+    env = {
+        **traps.env,
+        "FLEET_MODELS__VIDEO_EFFICIENTNET_LITE0__CHECKPOINT": str(tmp_path / "none"),
+    }
     up = fleet("up", "--modalities", "video", "--no-gateway", env=env, timeout=400)
     assert up.returncode == 3, up.stderr
     assert "worker video exited during start-up" in up.stderr

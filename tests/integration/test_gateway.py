@@ -67,8 +67,8 @@ def gw(stack: Any) -> Iterator[Gw]:
     mp = pytest.MonkeyPatch()
     for k, v in {
         "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
-        "FLEET_MODELS__VIDEO-RESNET18__SAMPLE_FPS": "8",  # 32 frames, ~2 s of work
-        "FLEET_MODELS__VIDEO-RESNET18__MAX_FRAMES": "32",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__SAMPLE_FPS": "8",  # 32 frames, ~2 s of work
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__MAX_FRAMES": "32",
         "FLEET_MODALITIES__XMODAL__BATCHING__MAX_BATCH_SIZE": "2",
         "FLEET_GATEWAY__MAX_BODY_BYTES": str(MAX_BODY),
         # the gateway's own limit only (submit-side): lets a test fill the image queue
@@ -114,7 +114,7 @@ def test_tritonclient_health_and_metadata(gw: Gw) -> None:
     tc = gw.triton()
     assert tc.is_server_live()
     assert tc.is_server_ready(headers=gw.auth)
-    for model in ("minilm", "resnet18-random", "video-resnet18", "xmodal-vit-minilm"):
+    for model in ("minilm", "efficientnet-lite0", "video-efficientnet-lite0", "xmodal-vit-minilm"):
         assert tc.is_model_ready(model, headers=gw.auth), model
     meta = tc.get_model_metadata("minilm", headers=gw.auth)
     assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [1]}]
@@ -148,15 +148,28 @@ def test_tritonclient_image_matches_the_direct_path(gw: Gw, binary: bool) -> Non
     data = COFFEE.read_bytes()
     tc = gw.triton()
     res = tc.infer(
-        "resnet18-random",
+        "efficientnet-lite0",
         [file_input("image", data, binary)],
         headers=gw.auth,
         outputs=[th.InferRequestedOutput("embedding", binary_data=binary)],
     )
     emb = res.as_numpy("embedding")
-    assert emb.shape == (1, 512)
+    assert emb.shape == (1, 1280)
     direct = np.asarray(gw.client.submit("image", image_inputs(data)).get(60)["embedding"])
-    assert np.max(np.abs(emb.ravel() - direct)) < 1e-5  # seeded weights: deterministic
+    assert np.max(np.abs(emb.ravel() - direct)) < 1e-5  # the same weights: deterministic
+    res = tc.infer(
+        "efficientnet-lite0",
+        [file_input("image", data, binary)],
+        headers=gw.auth,
+        parameters={"top_k": 3},
+        outputs=[
+            th.InferRequestedOutput(n, binary_data=binary) for n in ("labels", "probabilities")
+        ],
+    )
+    labels = [x.decode() if isinstance(x, bytes) else x for x in res.as_numpy("labels").tolist()]
+    probs = res.as_numpy("probabilities")
+    assert len(labels) == 3 and labels[0] == "espresso" and probs[0] > 0.5  # a coffee photo
+    assert probs.tolist() == sorted(probs.tolist(), reverse=True)
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
@@ -172,7 +185,7 @@ def test_tritonclient_video_frames_and_clip(gw: Gw, binary: bool) -> None:
         ]
     )
     res = tc.infer(
-        "video-resnet18",
+        "video-efficientnet-lite0",
         [file_input("video", NASA.read_bytes(), binary)],
         outputs=outputs,
         headers=gw.auth,
@@ -182,7 +195,7 @@ def test_tritonclient_video_frames_and_clip(gw: Gw, binary: bool) -> None:
     clip = res.as_numpy("clip_embedding")
     ts = res.as_numpy("timestamps_s")
     params = res.get_response()["parameters"]
-    assert frames.shape == (params["frames"], 512) and params["frames"] == 32
+    assert frames.shape == (params["frames"], 1280) and params["frames"] == 32
     assert ts.shape == (32,) and np.all(np.diff(ts) > 0)
     mean = frames.mean(axis=0)
     np.testing.assert_allclose(clip.ravel(), mean / np.linalg.norm(mean), atol=1e-5)
@@ -234,10 +247,10 @@ def test_refusals_are_coded(gw: Gw) -> None:
         ("POST", "/v2/models/minilm/infer", infer_body("   "), None, 400, "INVALID_INPUT"),
         ("POST", "/v2/models/minilm/infer", infer_body("Too late.", timeout=1), None, 504,
          "DEADLINE_EXCEEDED"),
-        ("POST", "/v2/models/resnet18-random/infer",
+        ("POST", "/v2/models/efficientnet-lite0/infer",
          {"inputs": [{**img, "data": [base64.b64encode(bad_png).decode()]}]}, None, 400,
          "IMAGE_DECODE"),
-        ("POST", "/v2/models/resnet18-random/infer",
+        ("POST", "/v2/models/efficientnet-lite0/infer",
          {"inputs": [{**img, "data": [base64.b64encode(bomb).decode()]}]}, None, 413,
          "PAYLOAD_TOO_LARGE"),
         ("POST", "/v2/models/minilm/infer", b"x" * (MAX_BODY + 1), None, 413,
@@ -302,7 +315,7 @@ def test_same_idempotency_key_runs_once(gw: Gw) -> None:
     assert runs == ["SUCCESS"], runs  # published once, run once
     with gw.http() as h:  # the id now names a text job: another model may not reuse it
         r = h.post(
-            "/v2/models/resnet18-random/infer",
+            "/v2/models/efficientnet-lite0/infer",
             headers={"Idempotency-Key": key},
             json={
                 "inputs": [
@@ -332,7 +345,9 @@ def test_async_video_progress_over_sse(gw: Gw) -> None:
     }
     with gw.http() as h:
         r = h.post(
-            "/v2/models/video-resnet18/infer", json=body, headers={"Prefer": "respond-async"}
+            "/v2/models/video-efficientnet-lite0/infer",
+            json=body,
+            headers={"Prefer": "respond-async"},
         )
         assert r.status_code == 202 and r.headers["Preference-Applied"] == "respond-async"
         events: list[tuple[str, dict[str, Any]]] = []
@@ -355,7 +370,7 @@ def test_async_video_progress_over_sse(gw: Gw) -> None:
     final = events[-1][1]
     assert final["state"] == "SUCCESS"
     shapes = {o["name"]: o["shape"] for o in final["result"]["outputs"]}
-    assert shapes["frame_embeddings"] == [32, 512]
+    assert shapes["frame_embeddings"] == [32, 1280]
 
 
 def test_queue_full_is_429_with_retry_after(gw: Gw, fleet_settings: Any) -> None:
@@ -367,7 +382,7 @@ def test_queue_full_is_429_with_retry_after(gw: Gw, fleet_settings: Any) -> None
         assert depth > IMAGE_QUEUE_LIMIT, depth
         with gw.http() as h:
             r = h.post(
-                "/v2/models/resnet18-random/infer",
+                "/v2/models/efficientnet-lite0/infer",
                 json={
                     "inputs": [
                         {

@@ -56,8 +56,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     shm_root = Path(f"/dev/shm/mmfleet-gwcrash-{os.getuid()}-{secrets.token_hex(4)}")
     overrides = {
         "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
-        "FLEET_MODELS__VIDEO-RESNET18__SAMPLE_FPS": "4",  # 16 frames: a short run
-        "FLEET_MODELS__VIDEO-RESNET18__MAX_FRAMES": "16",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__SAMPLE_FPS": "4",  # 16 frames: a short run
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__MAX_FRAMES": "16",
     }
     try:
         with own_text_stack(tmp_path_factory, "gw-crash", overrides) as st:
@@ -73,7 +73,7 @@ def body(modality: str) -> tuple[str, dict[str, Any]]:
     if modality == "video":
         data = base64.b64encode(NASA.read_bytes()).decode()
         inp = {"name": "video", "datatype": "BYTES", "shape": [1], "data": [data]}
-        return "video-resnet18", {"inputs": [inp], "parameters": {"priority": "bulk"}}
+        return "video-efficientnet-lite0", {"inputs": [inp], "parameters": {"priority": "bulk"}}
     inp = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Once, after a crash."]}
     return "minilm", {"inputs": [inp]}
 

@@ -95,7 +95,7 @@ def test_bad_images_fail_alone_inside_a_batch(client: FleetClient) -> None:
     for o in outs[: len(good)]:
         assert o is not None and "result" in o, o
         emb = o["result"]["embedding"]
-        assert len(emb) == 512
+        assert len(emb) == 1280
         assert math.isclose(math.sqrt(sum(x * x for x in emb)), 1.0, abs_tol=1e-4)
     assert [o["error"]["code"] for o in outs[len(good) :]] == list(bad.values())
 

@@ -46,8 +46,8 @@ def lstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "FLEET_TRANSPORT__JANITOR_INTERVAL_S": str(JANITOR_S),
         "FLEET_REDIS__LEASE_S": "1",
         # a short video: the NASA clip's first second, 8 frames
-        "FLEET_MODELS__VIDEO-RESNET18__SAMPLE_FPS": "8",
-        "FLEET_MODELS__VIDEO-RESNET18__MAX_FRAMES": "8",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__SAMPLE_FPS": "8",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__MAX_FRAMES": "8",
         "FLEET_MODALITIES__TEXT__BATCHING__LENGTH_BUCKETS": "[16]",  # a short warmup
     }
     with isolated_environment(tmp_path_factory.mktemp("lifetime-run"), overrides) as settings:

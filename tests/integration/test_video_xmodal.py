@@ -47,8 +47,8 @@ def fleet(stack: Any) -> Iterator[tuple[FleetClient, Path]]:
         "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
         # 8 fps, at most 32 frames: the NASA clip's first 4 s, about 2 s of CPU work in 4
         # frame mini-batches: long enough to watch its progress in Flower.
-        "FLEET_MODELS__VIDEO-RESNET18__SAMPLE_FPS": "8",
-        "FLEET_MODELS__VIDEO-RESNET18__MAX_FRAMES": "32",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__SAMPLE_FPS": "8",
+        "FLEET_MODELS__VIDEO-EFFICIENTNET-LITE0__MAX_FRAMES": "32",
         "FLEET_MODALITIES__XMODAL__BATCHING__MAX_BATCH_SIZE": "2",  # shorter warmup
     }.items():
         mp.setenv(k, v)
@@ -149,10 +149,10 @@ def test_video_through_shm_with_progress_in_flower(
     assert b'"kind": "shm"' in stored or b'"kind":"shm"' in stored
     result = handle.get(30)
     emb = result["frame_embeddings"]
-    assert isinstance(emb, np.ndarray) and emb.shape == (32, 512) and emb.dtype == np.float32
+    assert isinstance(emb, np.ndarray) and emb.shape == (32, 1280) and emb.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
     clip = np.asarray(result["clip_embedding"])
-    assert clip.shape == (512,) and abs(np.linalg.norm(clip) - 1) < 1e-5
+    assert clip.shape == (1280,) and abs(np.linalg.norm(clip) - 1) < 1e-5
     assert result["frames"] == 32 and result["capped"] is True and result["partial"] is False
     assert segments(root) == []  # input released by the client, output released once mapped
     assert handle.get(1)["frames"] == 32  # a second get() returns the same resolved result
@@ -176,7 +176,7 @@ def test_bad_and_partial_videos(fleet: tuple[FleetClient, Path]) -> None:
     assert err.value.code == "VIDEO_DECODE"
     partial = handles[1].get(60)
     assert partial["partial"] is True and partial["frames"] == 11  # 1.4 s of 5 s at 8 fps
-    assert partial["frame_embeddings"].shape == (11, 512)
+    assert partial["frame_embeddings"].shape == (11, 1280)
     with pytest.raises(FleetError) as err:
         handles[2].get(60)
     assert err.value.code == "VIDEO_DECODE"
@@ -234,7 +234,7 @@ def test_cli_submit_video_and_xmodal(fleet: tuple[FleetClient, Path]) -> None:
                 p.wait()
     assert procs[0].returncode == 0, v_err
     assert json.loads(v_out)["result"]["frame_embeddings"] == {
-        "shape": [8, 512],
+        "shape": [8, 1280],
         "dtype": "float32",
     }
     assert procs[1].returncode == 0, x_err

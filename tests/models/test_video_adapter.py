@@ -1,7 +1,8 @@
 """VideoAdapter on the repo's real videos: decoding, sampling, bad files, shm in and out.
 
-The model is the image modality's ResNet-18-like network (random, seeded); most tests reuse
-one loaded model and vary only the adapter's config, so the whole file runs in seconds.
+The model is the image modality's EfficientNet-Lite0 with its real ImageNet weights; most
+tests reuse one loaded model and vary only the adapter's config, so the whole file runs in
+seconds.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from shared.model_kinds import parse_model_options
 from shared.settings import Settings, load_settings
 from shared.transport import ShmStore, decode_inline
 from workers.models import make_adapter
-from workers.models.image import ImageAdapter
+from workers.models.efficientnet import EfficientNetAdapter
+from workers.models.imagenet import imagenet_classes
 from workers.models.runtime import DeviceRuntime
 from workers.models.video import VideoAdapter, VideoSample, example_video
 from workers.models.videodecode import MemoryReader, VideoLimits, sample_frames
@@ -38,7 +40,7 @@ VIDEOS = REPO / "data" / "videos"
 NASA = VIDEOS / "torchcodec_nasa_13013.mp4"  # H.264 320x180 25 fps, 13 s, 6 streams
 AV1 = VIDEOS / "torchcodec_av1_video.mkv"  # AV1 640x360 25 fps, 5 s
 H264_10 = VIDEOS / "torchcodec_h264_10bits.mp4"  # H.264 High10 200x200 30 fps, 1 s
-MODEL = "video-resnet18"
+MODEL = "video-efficientnet-lite0"
 
 
 def b64(path: Path) -> str:
@@ -80,6 +82,16 @@ def run(adapter: VideoAdapter, *inputs: dict[str, Any]) -> list[dict[str, Any]]:
     return adapter.run_batch(samples)
 
 
+def run_released(
+    adapter: VideoAdapter, store: ShmStore, *inputs: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """:func:`run`, with every output segment released (for tests that read other fields)."""
+    out = run(adapter, *inputs)
+    for r in out:
+        frame_embeddings(r, store)
+    return out
+
+
 def frame_embeddings(result: dict[str, Any], store: ShmStore) -> np.ndarray:
     wire = result["frame_embeddings"]
     if wire["kind"] == "inline":
@@ -119,13 +131,13 @@ def test_nasa_clip_through_shm_gives_frames_and_clip(
     assert out["decoded_until_s"] == pytest.approx(13.0)
     assert (out["partial"], out["partial_reason"], out["capped"]) == (False, None, False)
     wire = out["frame_embeddings"]
-    assert wire["kind"] == "shm" and wire["shape"] == [26, 512] and wire["dtype"] == "float32"
+    assert wire["kind"] == "shm" and wire["shape"] == [26, 1280] and wire["dtype"] == "float32"
     assert wire["owner"].startswith("worker:")
     emb = frame_embeddings(out, store)
-    assert emb.shape == (26, 512) and emb.dtype == np.float32
+    assert emb.shape == (26, 1280) and emb.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
     clip = np.asarray(out["clip_embedding"], dtype=np.float32)
-    assert clip.shape == (512,) and abs(np.linalg.norm(clip) - 1.0) < 1e-5
+    assert clip.shape == (1280,) and abs(np.linalg.norm(clip) - 1.0) < 1e-5
     mean = emb.mean(axis=0)
     np.testing.assert_allclose(clip, mean / np.linalg.norm(mean), atol=1e-5)
     assert not store.ls()  # the output segment was released, the input too
@@ -157,14 +169,14 @@ def test_other_codecs(
     assert (out["width"], out["height"]) == size
     assert out["partial"] is False
     emb = frame_embeddings(out, store)
-    assert emb.shape == (frames, 512) and np.isfinite(emb).all()
+    assert emb.shape == (frames, 1280) and np.isfinite(emb).all()
 
 
 def test_small_output_is_inline(adapter: VideoAdapter) -> None:
     out = run(adapter, {"video_b64": b64(H264_10)})[0]
     wire = out["frame_embeddings"]
-    assert wire["kind"] == "inline"  # 2 x 512 float32 = 4 KiB <= output_inline_max_bytes
-    assert decode_inline(wire).shape == (2, 512)
+    assert wire["kind"] == "inline"  # 2 x 1280 float32 = 10 KiB <= output_inline_max_bytes
+    assert decode_inline(wire).shape == (2, 1280)
 
 
 def test_frame_embeds_like_the_same_picture_sent_as_an_image(
@@ -176,14 +188,67 @@ def test_frame_embeds_like_the_same_picture_sent_as_an_image(
         first = next(c.decode(c.streams.video[0])).to_image()
     png = io.BytesIO()
     first.save(png, format="PNG")
-    image = ImageAdapter(settings.models["resnet18-random"], settings, runtime)
-    image._model, image.traced = adapter._model, adapter.traced  # same config and seed
-    img_emb = image.run_batch([image.preprocess(image.prepare(
+    image = EfficientNetAdapter(settings.models["efficientnet-lite0"], settings, runtime)  # type: ignore[arg-type]
+    image._model, image.traced = adapter._model, adapter.traced  # the same weights
+    img = image.run_batch([image.preprocess(image.prepare(
         {"image_b64": base64.b64encode(png.getvalue()).decode("ascii")}
-    ))])[0]["embedding"]  # fmt: skip
+    ))])[0]  # fmt: skip
     one = variant(adapter, max_frames=1)
     vid = run(one, {"video_b64": b64(AV1)})[0]
-    np.testing.assert_allclose(vid["clip_embedding"], img_emb, atol=1e-5)
+    np.testing.assert_allclose(vid["clip_embedding"], img["embedding"], atol=1e-5)
+    assert [lab["index"] for lab in vid["labels"]] == [lab["index"] for lab in img["labels"]]
+
+
+def test_nasa_clip_labels_name_what_its_frames_show(
+    nasa_via_shm: tuple[dict[str, Any], list[tuple]],
+) -> None:
+    """The JWST mirror under a spotlight in a dark hall: "spotlight" (818) or "stage" (819)
+    among the clip's 5 labels, best first, names matching their indices."""
+    out, _ = nasa_via_shm
+    labels = out["labels"]
+    assert len(labels) == 5 and {818, 819} & {lab["index"] for lab in labels}, labels
+    probs = [lab["probability"] for lab in labels]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-6
+    assert all(imagenet_classes()[lab["index"]] == lab["label"] for lab in labels)
+
+
+def test_clip_labels_are_the_mean_of_the_frames_probabilities(
+    adapter: VideoAdapter, settings: Settings, runtime: DeviceRuntime, store: ShmStore
+) -> None:
+    """Each sampled frame sent to the image model as a PNG; the mean of their 1,000 class
+    probabilities, ranked, is the clip's labels."""
+    image = EfficientNetAdapter(settings.models["efficientnet-lite0"], settings, runtime)  # type: ignore[arg-type]
+    image._model, image.traced = adapter._model, adapter.traced
+    sample = adapter.preprocess(adapter.prepare({"video_b64": b64(AV1)}))
+    assert isinstance(sample, VideoSample) and len(sample.video.frames) == 10
+    mean = np.zeros(1000)
+    for frame in sample.video.frames:
+        png = io.BytesIO()
+        Image.fromarray(frame).save(png, format="PNG")
+        inputs = {"image_b64": base64.b64encode(png.getvalue()).decode("ascii"), "top_k": 1000}
+        for lab in image.run_batch([image.preprocess(image.prepare(inputs))])[0]["labels"]:
+            mean[lab["index"]] += lab["probability"] / len(sample.video.frames)
+    out = run(adapter, {"video_b64": b64(AV1), "top_k": 3})[0]
+    frame_embeddings(out, store)  # (released)
+    assert [lab["index"] for lab in out["labels"]] == np.argsort(-mean)[:3].tolist()
+    np.testing.assert_allclose(
+        [lab["probability"] for lab in out["labels"]], np.sort(mean)[::-1][:3], atol=1e-5
+    )
+
+
+@pytest.mark.parametrize(("top_k", "n"), [(None, 5), (0, 0), (1, 1), (20, 20)])
+def test_top_k_per_request(adapter: VideoAdapter, top_k: int | None, n: int) -> None:
+    inputs: dict[str, Any] = {"video_b64": b64(H264_10)}
+    if top_k is not None:
+        inputs["top_k"] = top_k
+    assert len(run(adapter, inputs)[0]["labels"]) == n
+
+
+@pytest.mark.parametrize("top_k", [-1, 1001, "3", True, 1.5])
+def test_bad_top_k_is_refused(adapter: VideoAdapter, top_k: Any) -> None:
+    with pytest.raises(InvalidInput, match="top_k") as info:
+        adapter.prepare({"video_b64": b64(H264_10), "top_k": top_k})
+    assert info.value.code == "INVALID_INPUT"
 
 
 def test_batch_equals_single(adapter: VideoAdapter, store: ShmStore) -> None:
@@ -197,9 +262,10 @@ def test_batch_equals_single(adapter: VideoAdapter, store: ShmStore) -> None:
             frame_embeddings(b, store), frame_embeddings(s, store), atol=1e-5
         )
         assert b["timestamps_s"] == s["timestamps_s"]
+        assert [lab["index"] for lab in b["labels"]] == [lab["index"] for lab in s["labels"]]
 
 
-def test_same_seed_same_embeddings_across_instances(
+def test_same_weights_same_embeddings_across_instances(
     adapter: VideoAdapter, settings: Settings, runtime: DeviceRuntime
 ) -> None:
     other = VideoAdapter(settings.models[MODEL], settings, runtime)
@@ -210,9 +276,9 @@ def test_same_seed_same_embeddings_across_instances(
     assert a["frame_embeddings"] == b["frame_embeddings"]  # inline: the same bytes
 
 
-def test_max_frames_caps_and_stops_decoding(adapter: VideoAdapter) -> None:
+def test_max_frames_caps_and_stops_decoding(adapter: VideoAdapter, store: ShmStore) -> None:
     few = variant(adapter, max_frames=4, sample_fps=1.0)
-    out = run(few, {"video_b64": b64(NASA)})[0]
+    out = run_released(few, store, {"video_b64": b64(NASA)})[0]
     assert out["frames"] == 4 and out["timestamps_s"] == [0.0, 1.0, 2.0, 3.0]
     assert out["capped"] is True and out["partial"] is False
     assert out["decoded_until_s"] < 4.0  # decoding stopped at the 4th sample
@@ -234,28 +300,34 @@ def test_file_with_no_decodable_frame_fails_in_preprocess(adapter: VideoAdapter)
     assert info.value.code == "VIDEO_DECODE"
 
 
-def test_truncated_file_returns_what_decoded_flagged_partial(adapter: VideoAdapter) -> None:
+def test_truncated_file_returns_what_decoded_flagged_partial(
+    adapter: VideoAdapter, store: ShmStore
+) -> None:
     half = VIDEOS / "bad" / "torchcodec_av1_video_truncated_half.mkv"
-    out = run(adapter, {"video_b64": b64(half)})[0]
+    out = run_released(adapter, store, {"video_b64": b64(half)})[0]
     assert out["partial"] is True and "ended at 1.40 s of the 5.00 s" in out["partial_reason"]
     assert out["frames"] == 3 and out["timestamps_s"] == [0.0, 0.52, 1.0]  # 25 fps frames
     assert out["duration_s"] == pytest.approx(5.0)
 
 
-def test_truncated_avi_is_flagged_by_its_declared_frame_count(adapter: VideoAdapter) -> None:
+def test_truncated_avi_is_flagged_by_its_declared_frame_count(
+    adapter: VideoAdapter, store: ShmStore
+) -> None:
     """FFmpeg shortens a cut AVI's duration to the data present (3.28 s here); its header
     still declares 164 frames at 25 fps (6.56 s): that is what flags it."""
     half = VIDEOS / "bad" / "mmaction2_test_truncated_half.avi"
-    out = run(variant(adapter, sample_fps=1.0), {"video_b64": b64(half)})[0]
+    out = run_released(variant(adapter, sample_fps=1.0), store, {"video_b64": b64(half)})[0]
     assert out["partial"] is True
     assert "ended at 3.08 s of the 6.56 s" in out["partial_reason"]
     # the first frame at or after each second on the clip's clock (its first frame is t = 0)
     assert out["frames"] == 4 and out["timestamps_s"] == [0.0, 1.0, 2.04, 3.0]
 
 
-def test_corrupt_middle_returns_what_decoded_flagged_partial(adapter: VideoAdapter) -> None:
+def test_corrupt_middle_returns_what_decoded_flagged_partial(
+    adapter: VideoAdapter, store: ShmStore
+) -> None:
     corrupt = base64.b64encode(zeroed_middle(NASA)).decode()
-    out = run(variant(adapter, sample_fps=1.0), {"video_b64": corrupt})[0]
+    out = run_released(variant(adapter, sample_fps=1.0), store, {"video_b64": corrupt})[0]
     assert out["partial"] is True and "decoding stopped" in out["partial_reason"]
     assert 0 < out["frames"] < 13 and out["decoded_until_s"] < 13.0
 
@@ -353,10 +425,10 @@ def test_shm_full_fails_the_request_and_leaves_nothing(
 def test_shm_full_sends_an_output_redis_can_carry_inline(
     adapter: VideoAdapter, tmp_path: Path
 ) -> None:
-    tiny = load_settings(transport={"shm_root": str(tmp_path / "tiny"), "capacity_bytes": 7_000})
+    tiny = load_settings(transport={"shm_root": str(tmp_path / "tiny"), "capacity_bytes": 15_000})
     a = variant(adapter, tiny, output_inline_max_bytes=0)
     sample = a.preprocess(a.prepare({"video_b64": b64(H264_10)}))
-    first, second = a.run_batch([sample, sample])  # the second 4 KiB output does not fit
+    first, second = a.run_batch([sample, sample])  # the second 10 KiB output does not fit
     assert first["frame_embeddings"]["kind"] == "shm"
     assert second["frame_embeddings"]["kind"] == "inline"
     emb = decode_inline(second["frame_embeddings"], max_bytes=1 << 20)
@@ -388,11 +460,11 @@ def test_sampled_frames_are_the_centre_square(adapter: VideoAdapter) -> None:
     np.testing.assert_array_equal(sample.video.frames[0], np.asarray(expected))
 
 
-def test_example_inputs_run_end_to_end(adapter: VideoAdapter) -> None:
+def test_example_inputs_run_end_to_end(adapter: VideoAdapter, store: ShmStore) -> None:
     inputs = adapter.example_inputs(2, adapter.buckets()[0])
     assert inputs == adapter.example_inputs(2) and len({i["video_b64"] for i in inputs}) == 2
     assert len(example_video(0)) < 20_000
-    out = run(adapter, *inputs)
+    out = run_released(adapter, store, *inputs)
     assert [r["frames"] for r in out] == [8, 8]  # one frame mini-batch each
     with pytest.raises(ValueError, match="bucket"):
         adapter.example_inputs(1, "224")
@@ -409,7 +481,7 @@ def test_config_validation_and_describe(
     assert (v.sample_fps, v.max_frames) == (4.0, 16)
     d = adapter.describe()
     assert d["modality"] == "video" and d["kind"] == "video" and d["name"] == MODEL
-    assert (d["sample_fps"], d["max_frames"], d["frame_batch_size"], d["dim"]) == (2.0, 64, 8, 512)
+    assert (d["sample_fps"], d["max_frames"], d["frame_batch_size"], d["dim"]) == (2.0, 64, 8, 1280)
     json.dumps(d)
     with pytest.raises(ModelError, match="before load"):
         VideoAdapter(settings.models[MODEL], settings, runtime).run_batch([object()])
@@ -434,11 +506,11 @@ def test_client_puts_large_videos_in_shm_and_resolves_results(
     out = run(variant(adapter, output_inline_max_bytes=0), inputs)[0]
     resolved = client.resolve({"result": out, "more": [{"n": 1}, [2]]})
     emb = resolved["result"]["frame_embeddings"]
-    assert isinstance(emb, np.ndarray) and emb.shape == (2, 512) and not emb.flags.writeable
+    assert isinstance(emb, np.ndarray) and emb.shape == (2, 1280) and not emb.flags.writeable
     assert resolved["result"]["clip_embedding"] == out["clip_embedding"]
     with pytest.raises(TensorRefError):  # resolving released the output segment
         client.resolve(out)
     assert client.release_inputs({"x": [inputs]}) == 1 and client.release_inputs(inputs) == 0
     assert not store.ls()
     inline = run(adapter, {"video_b64": b64(H264_10)})[0]
-    assert client.resolve(inline)["frame_embeddings"].shape == (2, 512)
+    assert client.resolve(inline)["frame_embeddings"].shape == (2, 1280)

@@ -97,7 +97,7 @@ def test_env_model_name_with_underscores_overrides_the_dashed_model(
     assert s.models["resnet18-random"].checkpoint == "/weights/resnet"  # type: ignore[attr-defined]
     assert s.models["resnet18-random"].kind == "resnet"
     assert "resnet18_random" not in s.models
-    assert s.models["video-resnet18"].checkpoint == ""  # type: ignore[attr-defined]
+    assert s.models["video-efficientnet-lite0"].checkpoint == ""  # type: ignore[attr-defined]
 
 
 def test_model_override_of_no_configured_model_is_refused_with_the_rule() -> None:

@@ -31,11 +31,11 @@ def test_misspelt_key_fails_at_load_with_its_path(monkeypatch: pytest.MonkeyPatc
 
 
 def test_bad_value_fails_at_load_with_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLEET_MODELS__VIDEO_RESNET18__SAMPLE_FPS", "-1")
+    monkeypatch.setenv("FLEET_MODELS__VIDEO_EFFICIENTNET_LITE0__SAMPLE_FPS", "-1")
     with pytest.raises(ValidationError) as err:
         load_settings()
     (e,) = err.value.errors()
-    assert e["loc"][:2] == ("models", "video-resnet18") and e["loc"][-1] == "sample_fps"
+    assert e["loc"][:2] == ("models", "video-efficientnet-lite0") and e["loc"][-1] == "sample_fps"
     assert e["type"] == "greater_than"
 
 
@@ -78,7 +78,7 @@ def test_unknown_kind_at_load_names_the_kinds_there_are(monkeypatch: pytest.Monk
     (e,) = err.value.errors()
     assert e["type"] == "union_tag_invalid"
     assert config_key_path(e["loc"]) == "models.minilm"
-    assert "'minilm', 'resnet', 'video', 'xmodal'" in e["msg"]
+    assert "'minilm', 'efficientnet', 'resnet', 'video', 'xmodal'" in e["msg"]
 
 
 def test_every_kinds_adapter_path_is_an_adapter_of_its_options() -> None:

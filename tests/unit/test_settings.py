@@ -220,7 +220,7 @@ def test_overlay_files_deep_merge_in_order(monkeypatch: pytest.MonkeyPatch) -> N
     s = load_settings()
     assert s.modality("image").device.device == "cuda:0"  # from the overlay
     assert s.modality("image").batching.max_batch_size == 32  # from the overlay
-    assert s.modality("image").model == "resnet18-random"  # kept from the base file
+    assert s.modality("image").model == "efficientnet-lite0"  # kept from the base file
     assert s.modality("text").max_retries == 5  # kept from the base file
 
 

@@ -1,4 +1,8 @@
-"""The image modality's adapter: a ResNet-18-like embedding model from transformers.
+"""An image adapter (kind ``resnet``): a ResNet-18-like embedding model from transformers.
+
+The image modality serves EfficientNet-Lite0 by default (``workers.models.efficientnet``);
+this one serves a ``[models.<name>] kind = "resnet"`` table that a modality names. Its
+request checks (:func:`image_bytes`) and warmup images (:func:`example_png`) are shared.
 
 Request inputs: ``{"image_b64": "<base64 of an encoded image file>"}``. Result per request:
 ``{"embedding": [512 floats, L2 norm 1], "dim": 512, "model": "<models key>"}``.
@@ -114,6 +118,52 @@ def example_png(index: int = 0, size: tuple[int, int] = _EXAMPLE_SIZE) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(rgb, mode="RGB").save(buf, format="PNG")
     return buf.getvalue()
+
+
+def image_bytes(inputs: Any, settings: Settings, keys: tuple[str, ...] = (INPUT_KEY,)) -> bytes:
+    """The encoded image file of a request's inputs, checked: ``{"image_b64": str}`` plus
+    any other of ``keys`` (the caller checks those).
+
+    The header read (no pixel decoding, tens of microseconds) rejects non-images,
+    unsupported formats and decompression bombs here, before they take a batch slot.
+
+    Raises:
+        InvalidInput: not a dict, a key not in ``keys``, ``image_b64`` missing, not a
+            string, empty or not valid standard base64 (padding required, no whitespace).
+        PayloadTooLarge: decoded bytes above ``limits.max_inline_bytes``, or pixels
+            above ``limits.max_image_pixels``.
+        ImageDecodeError: the bytes are not an image in a supported format.
+    """
+    if not isinstance(inputs, dict):
+        raise InvalidInput(f"image inputs must be an object, got {type(inputs).__name__}")
+    unknown = sorted(str(k) for k in inputs if k not in keys)
+    if unknown:
+        expected = f"only {INPUT_KEY!r}" if keys == (INPUT_KEY,) else str(sorted(keys))
+        raise InvalidInput(f"unknown image input keys {unknown}; expected {expected}")
+    if INPUT_KEY not in inputs:
+        raise InvalidInput(f"image inputs need {INPUT_KEY!r} (base64 of the image file)")
+    b64 = inputs[INPUT_KEY]
+    if not isinstance(b64, str):
+        raise InvalidInput(f"{INPUT_KEY!r} must be a base64 string, got {type(b64).__name__}")
+    if not b64:
+        raise InvalidInput(f"{INPUT_KEY!r} is empty")
+    limit = settings.limits.max_inline_bytes
+    # Refuse before decoding: base64 of n bytes is 4 * ceil(n / 3) characters.
+    if len(b64) > 4 * -(-limit // 3):
+        raise PayloadTooLarge(
+            f"{INPUT_KEY!r} is {len(b64):,} base64 characters, over the inline limit of "
+            f"{limit:,} bytes"
+        )
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except ValueError as e:  # binascii.Error, or non-ASCII characters
+        raise InvalidInput(f"{INPUT_KEY!r} is not valid base64: {e}") from e
+    if len(raw) > limit:
+        raise PayloadTooLarge(
+            f"image is {len(raw):,} bytes, over the inline limit of {limit:,} bytes"
+        )
+    probe_image(raw, max_pixels=settings.limits.max_image_pixels)
+    return raw
 
 
 class ImageAdapter(ModelAdapter):
@@ -296,34 +346,7 @@ class ImageAdapter(ModelAdapter):
                 above ``limits.max_image_pixels``.
             ImageDecodeError: the bytes are not an image in a supported format.
         """
-        if not isinstance(inputs, dict):
-            raise InvalidInput(f"image inputs must be an object, got {type(inputs).__name__}")
-        unknown = sorted(str(k) for k in inputs if k != INPUT_KEY)
-        if unknown:
-            raise InvalidInput(f"unknown image input keys {unknown}; expected only {INPUT_KEY!r}")
-        if INPUT_KEY not in inputs:
-            raise InvalidInput(f"image inputs need {INPUT_KEY!r} (base64 of the image file)")
-        b64 = inputs[INPUT_KEY]
-        if not isinstance(b64, str):
-            raise InvalidInput(f"{INPUT_KEY!r} must be a base64 string, got {type(b64).__name__}")
-        if not b64:
-            raise InvalidInput(f"{INPUT_KEY!r} is empty")
-        limit = self.settings.limits.max_inline_bytes
-        # Refuse before decoding: base64 of n bytes is 4 * ceil(n / 3) characters.
-        if len(b64) > 4 * -(-limit // 3):
-            raise PayloadTooLarge(
-                f"{INPUT_KEY!r} is {len(b64):,} base64 characters, over the inline limit of "
-                f"{limit:,} bytes"
-            )
-        try:
-            raw = base64.b64decode(b64, validate=True)
-        except ValueError as e:  # binascii.Error, or non-ASCII characters
-            raise InvalidInput(f"{INPUT_KEY!r} is not valid base64: {e}") from e
-        if len(raw) > limit:
-            raise PayloadTooLarge(
-                f"image is {len(raw):,} bytes, over the inline limit of {limit:,} bytes"
-            )
-        probe_image(raw, max_pixels=self.settings.limits.max_image_pixels)
+        raw = image_bytes(inputs, self.settings)
         size = self.image_size
         return Prepared(bucket=self.bucket, length=1, nbytes=3 * size * size * 4, payload=raw)
 

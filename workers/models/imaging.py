@@ -27,11 +27,43 @@ SUPPORTED_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF
 multi-picture JPEGs phones write), reported with ``format == "MPO"``."""
 
 
-# Folded into one multiply-add per pixel: (x / 255 - mean) / std == x * _SCALE + _BIAS.
-_SCALE = (1.0 / (255.0 * np.asarray(IMAGENET_STD, dtype=np.float64))).astype(np.float32)
-_BIAS = (-np.asarray(IMAGENET_MEAN, dtype=np.float64) / np.asarray(IMAGENET_STD)).astype(np.float32)
 _WHITE = (255, 255, 255, 255)
 _MAX_DETAIL = 200  # characters of a Pillow message kept in our own error message
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PixelNorm:
+    """A per-channel normalisation of 0..255 RGB pixels folded into one multiply-add per
+    pixel: ``(x - mean) / std == x * scale + bias``.
+
+    Attributes:
+        scale: float32 ``(3,)``, ``1 / std``.
+        bias: float32 ``(3,)``, ``-mean / std``.
+    """
+
+    scale: np.ndarray
+    bias: np.ndarray
+
+    @classmethod
+    def unit(cls, mean: tuple[float, ...], std: tuple[float, ...]) -> PixelNorm:
+        """Statistics of pixels scaled to [0, 1] (torchvision's ``Normalize`` after
+        ``ToTensor``): ``(x / 255 - mean) / std``."""
+        m, sd = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+        return cls((1.0 / (255.0 * sd)).astype(np.float32), (-m / sd).astype(np.float32))
+
+    @classmethod
+    def pixels(cls, mean: tuple[float, ...], std: tuple[float, ...]) -> PixelNorm:
+        """Statistics on the 0..255 pixel scale (TF-Lite's ``(x - 127) / 128``)."""
+        m, sd = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+        return cls((1.0 / sd).astype(np.float32), (-m / sd).astype(np.float32))
+
+    def apply(self, pixels: np.ndarray) -> np.ndarray:
+        """float32 ``(..., 3)`` channels-last pixels in 0..255 -> normalised, same shape."""
+        return pixels * self.scale + self.bias
+
+
+IMAGENET_NORM = PixelNorm.unit(IMAGENET_MEAN, IMAGENET_STD)
+"""torchvision's ImageNet normalisation (the ResNet and dual-encoder adapters' inputs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +207,12 @@ def _to_rgb(img: Image.Image) -> Image.Image:
 
 
 def decode_image(
-    data: bytes, *, max_pixels: int, size: int = 224, jpeg_draft: bool = True
+    data: bytes,
+    *,
+    max_pixels: int,
+    size: int = 224,
+    jpeg_draft: bool = True,
+    norm: PixelNorm = IMAGENET_NORM,
 ) -> np.ndarray:
     """Decode an encoded image into the model's input array.
 
@@ -184,8 +221,8 @@ def decode_image(
     mode converted to RGB (alpha composited on white; 16-bit rescaled); the shorter side
     resized to ``size`` (bicubic, antialiased) and the centre ``size x size`` square kept
     (done as one resize of the centre box, so a 1x40000 strip never becomes a huge
-    intermediate image); scaled to [0, 1] and normalized with :data:`IMAGENET_MEAN` /
-    :data:`IMAGENET_STD`.
+    intermediate image); normalised with ``norm`` (default: :data:`IMAGENET_MEAN` /
+    :data:`IMAGENET_STD` on pixels scaled to [0, 1]).
 
     Args:
         data: the encoded file's bytes (JPEG, PNG, GIF, WebP, BMP, TIFF, MPO).
@@ -199,10 +236,11 @@ def decode_image(
             up to 64x less memory (1/8 scale) on large photos; pixel values differ slightly
             from a full decode (see docs/decisions.md, "JPEG draft decoding"). Set False to
             match a reference pipeline exactly.
+        norm: the per-channel normalisation the model was trained with.
 
     Returns:
-        float32 array of shape ``(3, size, size)``, channels RGB, C-contiguous, values
-        roughly in [-2.12, 2.64].
+        float32 array of shape ``(3, size, size)``, channels RGB, C-contiguous (with the
+        default ``norm``, values roughly in [-2.12, 2.64]).
 
     Raises:
         ImageDecodeError: empty data, not an image, unsupported format, a corrupt or
@@ -232,16 +270,16 @@ def decode_image(
         # Pillow cannot convert: all the caller's input problem, none retryable.
         raise ImageDecodeError(f"cannot decode {fmt} image ({width}x{height}): {_detail(e)}") from e
     arr = np.asarray(out, dtype=np.float32)  # (size, size, 3), 0..255
-    arr = arr * _SCALE + _BIAS
+    arr = norm.apply(arr)
     return np.ascontiguousarray(arr.transpose(2, 0, 1))
 
 
-def normalize_frames(frames: np.ndarray) -> np.ndarray:
-    """uint8 ``(n, s, s, 3)`` RGB -> float32 ``(n, 3, s, s)`` ImageNet-normalized.
+def normalize_frames(frames: np.ndarray, norm: PixelNorm = IMAGENET_NORM) -> np.ndarray:
+    """uint8 ``(n, s, s, 3)`` RGB -> float32 ``(n, 3, s, s)`` normalised with ``norm``.
 
-    Bit-identical to what :func:`decode_image` produces for the same pixels (the same
-    constants and arithmetic), so a video frame embeds exactly like the same RGB picture sent
-    to the image worker as a PNG.
+    Bit-identical to what :func:`decode_image` produces for the same pixels and ``norm``
+    (the same constants and arithmetic), so a video frame embeds exactly like the same RGB
+    picture sent to the image worker as a PNG.
     """
-    arr = frames.astype(np.float32) * _SCALE + _BIAS
+    arr = norm.apply(frames.astype(np.float32))
     return np.ascontiguousarray(arr.transpose(0, 3, 1, 2))

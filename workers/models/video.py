@@ -11,11 +11,15 @@ Request inputs (exactly one key):
 - ``{"video_b64": "<base64 of the file>"}``: small files inline (``limits.max_inline_bytes``
   at most; keep it to a few tens of KB so the message stays under 64 KB).
 
+Either may come with ``"top_k": int`` (0..1000; the model config's ``top_k``, 5, when
+absent): how many of the clip's labels to return.
+
 Containers: MP4/MOV, Matroska/WebM, AVI, MPEG-TS, with any codec FFmpeg (PyAV's bundled
-build) decodes. Frames are sampled at ``sample_fps`` up to ``max_frames``, centre-cropped and
-resized to ``image_size`` exactly as the image modality does, and embedded by the same
-ResNet-18-like model (same seed or checkpoint: a frame embeds like the same picture sent to
-the image worker) in mini-batches of ``frame_batch_size``; the adapter reports progress
+build) decodes. Frames are sampled at ``sample_fps`` up to ``max_frames``, centre-cropped,
+resized and normalised exactly as the image modality does, and embedded and classified by
+the same model, EfficientNet-Lite0 with its real ImageNet weights (same weights file: a frame
+embeds like the same picture sent to the image worker) in mini-batches of
+``frame_batch_size``; the adapter reports progress
 (frames embedded / frames sampled) as it goes, which the engine publishes as the task's
 ``PROGRESS`` state and a ``task-progress`` event (Flower shows ``state: PROGRESS`` and
 ``result: "done/total"``).
@@ -23,7 +27,10 @@ the image worker) in mini-batches of ``frame_batch_size``; the adapter reports p
 Result per request::
 
     {"clip_embedding": [dim floats, L2 norm 1],  # L2-normalized mean of the frame embeddings
-     "dim": 512, "model": "<models key>",
+     "dim": 1280, "model": "<models key>",
+     "labels": [{"label": "volcano", "index": 980, "probability": 0.41}, ...],
+                                                 # top_k of the mean of the frames' class
+                                                 # probabilities, best first
      "frames": n,                                # frames sampled and embedded
      "frame_embeddings": {"kind": "shm" | "inline", ...},  # float32 [n, dim], unit rows
      "timestamps_s": [n floats],                 # seconds from the first frame
@@ -46,8 +53,9 @@ declared duration) **succeeds with what decoded** and ``"partial": true`` plus a
 ``partial_reason``. Limits (``PAYLOAD_TOO_LARGE``): ``max_video_bytes``, ``max_streams``,
 ``max_video_pixels``, ``max_duration_s``; see :mod:`workers.models.videodecode`.
 
-Model config keys (``[models.<name>]``, kind ``"video"``): those of the image adapter
-(``image_size``, ``checkpoint``, ``seed``) plus ``sample_fps`` (2.0), ``max_frames`` (64),
+Model config keys (``[models.<name>]``, kind ``"video"``): those of the EfficientNet image
+adapter (``checkpoint``, ``image_size``, ``pixel_mean``, ``pixel_std``, ``top_k``,
+``jpeg_draft``, ``torchscript``, ``precision``) plus ``sample_fps`` (2.0), ``max_frames`` (64),
 ``frame_batch_size`` (8), ``decode_threads`` (1), ``max_video_bytes`` (256 MiB),
 ``max_streams`` (16), ``max_video_pixels`` (3840*2160), ``max_duration_s`` (3600),
 ``output_inline_max_bytes`` (16384).
@@ -65,13 +73,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from shared.errors import InvalidInput, ModelError, PayloadTooLarge, VideoDecodeError
-from shared.model_kinds import VideoOptions
+from shared.model_kinds import IMAGENET_CLASSES, VideoOptions
 from shared.transport import TensorRef
 from workers.models.base import Prepared
-from workers.models.image import ImageAdapter
+from workers.models.efficientnet import EfficientNetAdapter, encode_batch
+from workers.models.imagenet import TOP_K_KEY, imagenet_classes, parse_top_k, top_labels
 from workers.models.imaging import normalize_frames
 from workers.models.tensors import TensorIO
 from workers.models.videodecode import (
@@ -98,6 +106,7 @@ class VideoPayload:
     data: Any  # bytes, or a read-only uint8 numpy view of a shm segment
     info: VideoInfo
     source: str  # "inline" | "shm"
+    top_k: int  # labels of the clip to return
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +114,7 @@ class VideoSample:
     """What ``preprocess`` hands ``run_batch``: the sampled frames and decode facts."""
 
     video: SampledVideo
+    top_k: int
 
 
 @lru_cache(maxsize=16)
@@ -140,11 +150,13 @@ def example_video(index: int = 0, seconds: float = 2.0, fps: int = 10) -> bytes:
     return buf.getvalue()
 
 
-class VideoAdapter(ImageAdapter):
-    """Video clips -> per-frame and clip embeddings with the image modality's model.
+class VideoAdapter(EfficientNetAdapter):
+    """Video clips -> per-frame and clip embeddings and the clip's labels, with the image
+    modality's model.
 
-    Subclasses :class:`~workers.models.image.ImageAdapter` for its model (``load``: the
-    seeded ResNet-18-like network or a checkpoint) and replaces the per-request steps.
+    Subclasses :class:`~workers.models.efficientnet.EfficientNetAdapter` for its model
+    (``load``: EfficientNet-Lite0, packaged weights or a checkpoint, traced and cached) and
+    replaces the per-request steps.
 
     Args:
         cfg: the ``[models.<name>]`` entry (see the module docstring for its keys).
@@ -192,10 +204,11 @@ class VideoAdapter(ImageAdapter):
         """
         if not isinstance(inputs, dict):
             raise InvalidInput(f"video inputs must be an object, got {type(inputs).__name__}")
-        unknown = sorted(str(k) for k in inputs if k not in (B64_KEY, REF_KEY))
+        unknown = sorted(str(k) for k in inputs if k not in (B64_KEY, REF_KEY, TOP_K_KEY))
         if unknown:
             raise InvalidInput(
-                f"unknown video input keys {unknown}; expected {B64_KEY!r} or {REF_KEY!r}"
+                f"unknown video input keys {unknown}; expected {B64_KEY!r} or {REF_KEY!r}, "
+                f"and {TOP_K_KEY!r}"
             )
         present = [k for k in (B64_KEY, REF_KEY) if k in inputs]
         if len(present) != 1:
@@ -203,6 +216,7 @@ class VideoAdapter(ImageAdapter):
                 f"video inputs need exactly one of {B64_KEY!r} (base64 of the file) or "
                 f"{REF_KEY!r} (a shared-memory tensor ref)"
             )
+        top_k = parse_top_k(inputs, self.top_k, IMAGENET_CLASSES)
         if present[0] == B64_KEY:
             data, source = self._inline_bytes(inputs[B64_KEY]), "inline"
         else:
@@ -214,7 +228,7 @@ class VideoAdapter(ImageAdapter):
         size = self.image_size
         # uint8 frames held until the batch runs, plus one float32 mini-batch of staging.
         nbytes = expected * size * size * 3 + self.frame_batch_size * 3 * size * size * 4
-        return Prepared(self.bucket, expected, nbytes, VideoPayload(data, info, source))
+        return Prepared(self.bucket, expected, nbytes, VideoPayload(data, info, source, top_k))
 
     def _inline_bytes(self, b64: Any) -> bytes:
         if not isinstance(b64, str):
@@ -268,7 +282,7 @@ class VideoAdapter(ImageAdapter):
             threads=self.decode_threads,
         )
         self.report_progress(0, 0, len(video.frames))
-        return VideoSample(video)
+        return VideoSample(video, payload.top_k)
 
     def run_batch(self, samples: list[Any]) -> list[dict[str, Any]]:
         """Embed every sample's frames in mini-batches of ``frame_batch_size`` frames.
@@ -294,6 +308,7 @@ class VideoAdapter(ImageAdapter):
         owner = np.repeat(np.arange(len(samples)), counts)  # sample index of each frame
         frames = np.concatenate([s.video.frames for s in samples])
         emb = np.empty((len(frames), int(self.dim or 0)), dtype=np.float32)
+        probs = np.empty((len(frames), IMAGENET_CLASSES), dtype=np.float32)
         done = [0] * len(samples)
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -302,26 +317,33 @@ class VideoAdapter(ImageAdapter):
                 # Through the runtime's staging arena; the .cpu() below waits for this
                 # mini-batch, so the next stage() cannot overwrite a buffer still in use.
                 (batch,) = self.runtime.stage(
-                    [torch.from_numpy(normalize_frames(frames[start:stop]))]
+                    [torch.from_numpy(normalize_frames(frames[start:stop], self.norm))]
                 )
-                emb[start:stop] = F.normalize(encoder(batch).float(), dim=1).cpu().numpy()
+                emb[start:stop], probs[start:stop] = encode_batch(encoder, batch.to(self._dtype))
                 for i in np.unique(owner[start:stop]).tolist():
                     done[i] += int(np.count_nonzero(owner[start:stop] == i))
                     self.report_progress(i, done[i], counts[i])
         self.last_timing = {"embed_s": time.perf_counter() - t0, "frames": float(len(frames))}
-        per_sample = np.split(emb, np.cumsum(counts)[:-1])
+        bounds = np.cumsum(counts)[:-1]
+        per_sample = np.split(emb, bounds)
+        per_probs = np.split(probs, bounds)
         wires = self.tensors.pack_all(per_sample)
         return [
-            self._result(s.video, e, w) for s, e, w in zip(samples, per_sample, wires, strict=True)
+            self._result(s, e, p, w)
+            for s, e, p, w in zip(samples, per_sample, per_probs, wires, strict=True)
         ]
 
-    def _result(self, v: SampledVideo, emb: np.ndarray, wire: dict[str, Any]) -> dict[str, Any]:
+    def _result(
+        self, s: VideoSample, emb: np.ndarray, probs: np.ndarray, wire: dict[str, Any]
+    ) -> dict[str, Any]:
+        v = s.video
         clip = emb.mean(axis=0)
         clip = clip / max(float(np.linalg.norm(clip)), 1e-12)
         info = v.info
         return {
             "clip_embedding": clip.astype(np.float32).tolist(),
             "dim": int(emb.shape[1]),
+            "labels": top_labels(probs.mean(axis=0), s.top_k, imagenet_classes()),
             "model": self.name,
             "frames": int(emb.shape[0]),
             "frame_embeddings": wire,

@@ -87,7 +87,7 @@ def _texts(ph: _Phase, client: FleetClient, texts: list[str]) -> None:
 
 
 def _binary_image(ph: _Phase, img: bytes) -> None:
-    """A PNG in the binary extension, a 512-float32 embedding back in binary."""
+    """A PNG in the binary extension, a 1,280-float32 embedding back in binary."""
     head = json.dumps(
         {
             "inputs": [
@@ -103,7 +103,7 @@ def _binary_image(ph: _Phase, img: bytes) -> None:
     )
     status, hdrs, body = ph.timed(
         "POST",
-        "/v2/models/resnet18-random/infer",
+        "/v2/models/efficientnet-lite0/infer",
         head.encode() + struct.pack("<I", len(img)) + img,
         {
             "Inference-Header-Content-Length": str(len(head)),
@@ -111,7 +111,7 @@ def _binary_image(ph: _Phase, img: bytes) -> None:
         },
     )
     hl = int({k.lower(): v for k, v in hdrs.items()}.get("inference-header-content-length", 0))
-    ph.check(status == 200 and len(body) - hl == 512 * 4, f"binary image: {status} {body[:200]!r}")
+    ph.check(status == 200 and len(body) - hl == 1280 * 4, f"binary image: {status} {body[:200]!r}")
 
 
 def _xmodal(ph: _Phase, img: bytes) -> None:
