@@ -43,6 +43,7 @@ __all__ = [
     "KINDS",
     "PRECISIONS",
     "AnyModelOptions",
+    "ConseOptions",
     "EfficientNetOptions",
     "ImageOptions",
     "Kind",
@@ -178,6 +179,21 @@ class XModalOptions(ModelOptions):
     output_inline_max_bytes: int = Field(default=16384, ge=0)
 
 
+class ConseOptions(ModelOptions):
+    """``kind = "conse"``: ConSE (Norouzi et al., ICLR 2014) over two real models: an image's
+    vector is the probability-weighted mean of the text embeddings of its ``top_t`` ImageNet
+    class names, a text's is its text embedding; score = cosine. The image and the text
+    model are the ``[models.<name>]`` tables named here (their keys apply as they are)."""
+
+    kind: Literal["conse"]
+    image_model: str = "efficientnet-lite0"  # a table of kind "efficientnet"
+    text_model: str = "minilm"  # a table of kind "minilm"
+    top_t: int = Field(default=10, ge=1, le=IMAGENET_CLASSES)  # classes in an image's vector
+    max_texts: int = Field(default=16, ge=1)  # texts per request
+    logit_scale: float = Field(default=100.0, gt=0.0, allow_inf_nan=False)
+    output_inline_max_bytes: int = Field(default=16384, ge=0)
+
+
 @dataclass(frozen=True, slots=True)
 class Kind:
     """One model kind: what its table may hold and what serves it.
@@ -199,6 +215,7 @@ KINDS: dict[str, Kind] = {
     "resnet": Kind(options=ImageOptions, adapter="workers.models.image:ImageAdapter"),
     "video": Kind(options=VideoOptions, adapter="workers.models.video:VideoAdapter"),
     "xmodal": Kind(options=XModalOptions, adapter="workers.models.xmodal:XModalAdapter"),
+    "conse": Kind(options=ConseOptions, adapter="workers.models.conse:ConseAdapter"),
 }
 
 

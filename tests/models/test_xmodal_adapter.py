@@ -22,7 +22,6 @@ from shared.errors import ImageDecodeError, InvalidInput, ModelError, PayloadToo
 from shared.model_kinds import ModelOptions, parse_model_options
 from shared.settings import Settings
 from shared.transport import ShmStore, decode_inline
-from workers.models import make_adapter
 from workers.models.runtime import DeviceRuntime
 from workers.models.xmodal import XModalAdapter, XModalSample
 
@@ -50,8 +49,8 @@ ALL_CAPTIONS = [c for _, caps in PAIRS for c in caps]
 
 @pytest.fixture(scope="module")
 def adapter(settings: Settings, runtime: DeviceRuntime) -> XModalAdapter:
-    a = make_adapter("xmodal", settings, runtime)
-    assert isinstance(a, XModalAdapter)
+    # Not the xmodal modality's default model (ConSE is): built from its table.
+    a = XModalAdapter(settings.models[MODEL], settings, runtime)
     a.load()
     return a
 
