@@ -17,8 +17,10 @@ video        ``video`` BYTES [1] (or UINT8 [n])       ``clip_embedding`` [1, 128
                                                       ``timestamps_s`` [frames], ``labels``
                                                       BYTES [k], ``probabilities`` [k]
 xmodal       ``image`` BYTES [1] (or UINT8 [n]) and   ``scores``, ``logits``, ``probs`` [k],
-             ``texts`` BYTES [k], 1 <= k <= 16        ``image_embedding`` [1, 512],
-                                                      ``text_embeddings`` [k, 512]
+             ``texts`` BYTES [k], 1 <= k <= 16        ``image_embedding`` [1, d],
+                                                      ``text_embeddings`` [k, d] (d: 384 for
+                                                      the ``conse`` kind, else its
+                                                      ``projection_dim``, 512)
 ============ ======================================== =========================================
 
 ``labels`` are the ImageNet class names of the image's (the clip's) ``k`` most probable
@@ -87,7 +89,7 @@ TEXT_DIM = 384  # all-MiniLM-L6-v2's hidden size
 VISION_DIM = 512  # the ResNet-18 config's last stage (workers.models.image.resnet18_config)
 # The embedding size of each image/video model kind: EfficientNet-Lite0's pooled features
 # (workers.models.efficientnet.FEATURE_DIM; the video kind runs the same model).
-KIND_DIMS = {"resnet": VISION_DIM, "efficientnet": 1280, "video": 1280}
+KIND_DIMS = {"resnet": VISION_DIM, "efficientnet": 1280, "video": 1280, "conse": TEXT_DIM}
 LABELLED_KINDS = ("efficientnet", "video")  # kinds whose results carry ImageNet labels
 MAX_TOP_K = 1000  # ImageNet-1k's classes
 
@@ -124,7 +126,7 @@ def _spec(name: str, modality: str, kind: str, cfg: dict[str, Any]) -> ModelSpec
         if kind in LABELLED_KINDS:
             outs += (t("labels", "BYTES", (-1,)), t("probabilities", "FP32", (-1,)))
     else:  # xmodal
-        dim = int(cfg.get("projection_dim", VISION_DIM))
+        dim = int(cfg.get("projection_dim", KIND_DIMS.get(kind, VISION_DIM)))
         ins = (t("image", "BYTES", (1,)), t("texts", "BYTES", (-1,)))
         outs = (
             t("scores", "FP32", (-1,)),

@@ -114,11 +114,18 @@ def test_tritonclient_health_and_metadata(gw: Gw) -> None:
     tc = gw.triton()
     assert tc.is_server_live()
     assert tc.is_server_ready(headers=gw.auth)
-    for model in ("minilm", "efficientnet-lite0", "video-efficientnet-lite0", "xmodal-vit-minilm"):
+    for model in (
+        "minilm",
+        "efficientnet-lite0",
+        "video-efficientnet-lite0",
+        "conse-efficientnet-minilm",
+    ):
         assert tc.is_model_ready(model, headers=gw.auth), model
     meta = tc.get_model_metadata("minilm", headers=gw.auth)
     assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [1]}]
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [1, 384]}]
+    xm = tc.get_model_metadata("conse-efficientnet-minilm", headers=gw.auth)
+    assert {o["name"]: o["shape"] for o in xm["outputs"]}["image_embedding"] == [1, 384]
     assert tc.get_server_metadata(headers=gw.auth)["name"] == "mmfleet"
 
 
@@ -209,11 +216,11 @@ def test_tritonclient_xmodal_matches_the_direct_path(gw: Gw, binary: bool) -> No
     texts = th.InferInput("texts", [3], "BYTES")
     texts.set_data_from_numpy(np.array(captions, dtype=object), binary_data=binary)
     res = gw.triton().infer(
-        "xmodal-vit-minilm", [file_input("image", img, binary), texts], headers=gw.auth
+        "conse-efficientnet-minilm", [file_input("image", img, binary), texts], headers=gw.auth
     )
     scores, probs = res.as_numpy("scores"), res.as_numpy("probs")
     assert scores.shape == (3,) and abs(float(probs.sum()) - 1.0) < 1e-5
-    assert res.as_numpy("text_embeddings").shape == (3, 512)
+    assert res.as_numpy("text_embeddings").shape == (3, 384)
     direct = gw.client.submit("xmodal", xmodal_inputs(img, captions)).get(60)
     np.testing.assert_allclose(scores, direct["scores"], atol=1e-4)
 
