@@ -69,7 +69,7 @@ def embed(adapter: Any, runtime: Any, texts: list[str], batch: int) -> tuple[np.
 
 def measure(precision: str, reps: int, limit: int | None) -> dict[str, Any]:
     """The report described in the module docstring."""
-    from producer.tools.demo.run import caption_groups, semantic_check
+    from producer.tools.demo.semantic import caption_groups, text_check
 
     texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
     texts = texts[:limit] if limit else texts
@@ -88,7 +88,7 @@ def measure(precision: str, reps: int, limit: int | None) -> dict[str, Any]:
         embs[prec], rps[prec] = e, best
         if prec == precision:
             cap, _ = embed(adapter, runtime, captions, batch)
-            out["semantic_check"] = semantic_check(dict(zip(captions, cap.tolist(), strict=True)))
+            out["semantic_check"] = text_check(dict(zip(captions, cap.tolist(), strict=True)))
         out["max_batch_size"] = batch
     cos = (embs["fp32"] * embs[precision]).sum(1)
     worst = np.argsort(cos)[:5]

@@ -1,9 +1,10 @@
 """``make demo``'s gateway phase: a handful of real requests through ``fleet gateway``.
 
 Texts (JSON, three priorities), an image (binary in and out), an image scored against its
-captions (xmodal), an async text (202, then ``GET /v2/jobs/{id}``) and two refusals, over
-plain HTTP (urllib: the demo needs no HTTP client library). Each one is checked: status, code,
-shapes, and the texts' embeddings against the same texts sent directly.
+caption and an unrelated one (xmodal: its own must score higher), an async text (202, then
+``GET /v2/jobs/{id}``) and two refusals, over plain HTTP (urllib: the demo needs no HTTP
+client library). Each one is checked: status, code, shapes, and the texts' embeddings
+against the same texts sent directly.
 """
 
 from __future__ import annotations
@@ -114,8 +115,9 @@ def _binary_image(ph: _Phase, img: bytes) -> None:
     ph.check(status == 200 and len(body) - hl == 1280 * 4, f"binary image: {status} {body[:200]!r}")
 
 
-def _xmodal(ph: _Phase, img: bytes) -> None:
-    """The image scored against two captions: two scores back."""
+def _xmodal(ph: _Phase, img: bytes, model: str) -> None:
+    """The coffee photo scored against two captions by the xmodal modality's model: two
+    scores back, the coffee caption's the higher."""
     caps = ["A cup of coffee on a saucer.", "A red bus on a street."]
     xm = json.dumps(
         {
@@ -130,8 +132,10 @@ def _xmodal(ph: _Phase, img: bytes) -> None:
             ]
         }
     ).encode()
-    status, _, body = ph.timed("POST", "/v2/models/xmodal-vit-minilm/infer", xm)
-    ok = status == 200 and json.loads(body)["outputs"][0]["shape"] == [2]
+    status, _, body = ph.timed("POST", f"/v2/models/{model}/infer", xm)
+    outs = {o["name"]: o for o in json.loads(body).get("outputs", [])} if status == 200 else {}
+    scores = outs.get("scores", {})
+    ok = scores.get("shape") == [2] and scores["data"][0] > scores["data"][1]
     ph.check(ok, f"xmodal: {status} {body[:200]!r}")
 
 
@@ -170,7 +174,7 @@ def run_gateway(url: str, token: str, client: FleetClient, texts: list[str]) -> 
     _texts(ph, client, texts)
     img = (DATA / "images" / "skimage_coffee.png").read_bytes()
     _binary_image(ph, img)
-    _xmodal(ph, img)
+    _xmodal(ph, img, client.settings.modality("xmodal").model)
     _async_text(ph, texts[3])
     _refusals(ph)
     lat = ph.lat

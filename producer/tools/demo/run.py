@@ -5,11 +5,12 @@ gateway: free loopback ports, its own run dir ``<run_dir>/demo``, metrics off; a
 user started with ``make up`` is never touched), submits the
 repo's real texts, images, videos (large ones through /dev/shm) and image+caption pairs at
 mixed priorities at a steady pace, plus deliberately bad inputs, waits
-for every result, checks that the text embeddings are semantically right, prints a latency
-table, writes ``reports/demo.json`` and brings its stack down.
+for every result, checks that every modality's answers are semantically right
+(``producer.tools.demo.semantic``: text, image, image+text, video), prints a latency table,
+writes ``reports/demo.json`` and brings its stack down.
 
 Exit status 0 only if every valid input succeeded, every bad input came back with its
-expected error code, and the semantic check passed.
+expected error code, and the semantic checks passed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ from rich.console import Console
 from rich.table import Table
 
 from producer.client import FleetClient, ResultHandle, image_inputs, xmodal_inputs
+from producer.tools.demo.semantic import (
+    all_checks,
+    captioned_images,
+    image_check,
+    text_check,
+    text_texts,
+    video_check,
+    xmodal_check,
+)
 from shared.errors import FleetError
 from shared.settings import load_settings
 
@@ -45,6 +55,7 @@ class Job:
     priority: str
     label: str
     expect_code: str | None = None
+    source: str = ""  # the input's file name (images, videos, xmodal photos)
     handle: ResultHandle | None = None
     outcome: dict[str, Any] | None = None
     submit_error: dict[str, Any] | None = None
@@ -53,15 +64,6 @@ class Job:
 def texts() -> list[str]:
     lines = (DATA / "text" / "botchan_sentences.txt").read_text(encoding="utf-8").splitlines()
     return [t.strip() for t in lines if len(t.strip()) > 20][:N_SENTENCES]
-
-
-def caption_groups() -> list[list[str]]:
-    """Captions of one image per group (from data/captions), groups of >= 2 captions."""
-    coco = json.loads((DATA / "captions" / "captions_coco.json").read_text())
-    by_image: dict[int, list[str]] = defaultdict(list)
-    for a in coco["annotations"]:
-        by_image[a["image_id"]].append(a["caption"])
-    return [caps for caps in by_image.values() if len(caps) >= 2]
 
 
 def images() -> list[Path]:
@@ -73,7 +75,8 @@ def media_jobs(client: FleetClient) -> list[tuple[Job, dict[str, Any]]]:
     videos = DATA / "videos"
     jobs: list[tuple[Job, dict[str, Any]]] = []
     for p in sorted(x for x in videos.iterdir() if x.is_file()):
-        jobs.append((Job("valid", "video", "bulk", p.name), client.video_inputs(p)))
+        job = Job("valid", "video", "bulk", p.name, source=p.name)
+        jobs.append((job, client.video_inputs(p)))
     partial = videos / "bad" / "torchcodec_av1_video_truncated_half.mkv"
     jobs.append(
         (
@@ -84,10 +87,11 @@ def media_jobs(client: FleetClient) -> list[tuple[Job, dict[str, Any]]]:
     for name in ("nasa_13013_truncated_300000B.mp4", "torchcodec_av1_video_truncated_3000B.mkv"):
         job = Job("bad", "video", "bulk", f"bad video {name}", "VIDEO_DECODE")
         jobs.append((job, client.video_inputs(videos / "bad" / name)))
+    captions, _ = captioned_images()  # every photo against every caption
     coco = json.loads((DATA / "captions" / "captions_coco.json").read_text())
-    captions = [a["caption"] for a in coco["annotations"]]
     for im in coco["images"]:
-        job = Job("valid", "xmodal", "bulk", f"xmodal {Path(im['file_name']).name}")
+        name = Path(im["file_name"]).name
+        job = Job("valid", "xmodal", "bulk", f"xmodal {name}", source=name)
         jobs.append((job, xmodal_inputs(DATA / im["file_name"], captions)))
     no_texts = {"image_b64": image_inputs(images()[0])["image_b64"]}
     jobs.append((Job("bad", "xmodal", "bulk", "xmodal without texts", "INVALID_INPUT"), no_texts))
@@ -99,16 +103,22 @@ def media_summary(job: Job, result: dict[str, Any]) -> dict[str, Any]:
     if job.modality == "video":
         return {
             "label": job.label,
+            "modality": "video",
+            "source": job.source,
             "frames": result["frames"],
             "frame_embeddings": list(result["frame_embeddings"].shape),
             "partial": result["partial"],
             "capped": result["capped"],
+            "labels": [x["label"] for x in result.get("labels", [])],
         }
     return {
         "label": job.label,
-        "scores": len(result["scores"]),
+        "modality": "xmodal",
+        "source": job.source,
+        "scores": list(result["scores"]),
         "text_embeddings": list(result["text_embeddings"].shape),
         "best_caption": int(max(range(len(result["scores"])), key=result["scores"].__getitem__)),
+        "labels": [x["label"] for x in result.get("labels", [])],
     }
 
 
@@ -117,16 +127,15 @@ def plan() -> tuple[list[tuple[Job, dict[str, Any]]], list[str]]:
     jobs: list[tuple[Job, dict[str, Any]]] = []
     for i, t in enumerate(texts()):
         jobs.append((Job("valid", "text", prios[i % 4], f"sentence {i}"), {"text": t}))
-    sem_texts = [c for g in caption_groups() for c in g] + [
-        "A man is playing a guitar.",
-        "Someone is playing an instrument.",
-        "The stock market fell sharply today.",
-    ]
+    sem_texts = text_texts()
     for t in sem_texts:
         jobs.append((Job("valid", "text", "high", f"semantic: {t[:40]}"), {"text": t}))
     for i, p in enumerate(images()):
         jobs.append(
-            (Job("valid", "image", ["normal", "bulk", "high"][i % 3], p.name), image_inputs(p))
+            (
+                Job("valid", "image", ["normal", "bulk", "high"][i % 3], p.name, source=p.name),
+                image_inputs(p),
+            )
         )
     bad_images = sorted((DATA / "images" / "bad").iterdir())
     codes = {"pillow_decompression_bomb.gif": "PAYLOAD_TOO_LARGE"}
@@ -165,41 +174,6 @@ def plan() -> tuple[list[tuple[Job, dict[str, Any]]], list[str]]:
     # burst of one kind that a 2-core machine would serve after its deadlines.
     random.Random(7).shuffle(jobs)
     return jobs, sem_texts
-
-
-def semantic_check(embeddings: dict[str, list[float]]) -> dict[str, Any]:
-    """Related pairs (captions of one image) must be closer than unrelated ones."""
-
-    def cos(a: str, b: str) -> float:
-        x, y = embeddings[a], embeddings[b]
-        return sum(i * j for i, j in zip(x, y, strict=True))
-
-    rows = []
-    groups = caption_groups()
-    for i, g in enumerate(groups):
-        other = groups[(i + 1) % len(groups)][0]
-        rows.append(
-            {
-                "anchor": g[0],
-                "related": g[1],
-                "unrelated": other,
-                "cos_related": cos(g[0], g[1]),
-                "cos_unrelated": cos(g[0], other),
-            }
-        )
-    rows.append(
-        {
-            "anchor": "A man is playing a guitar.",
-            "related": "Someone is playing an instrument.",
-            "unrelated": "The stock market fell sharply today.",
-            "cos_related": cos("A man is playing a guitar.", "Someone is playing an instrument."),
-            "cos_unrelated": cos(
-                "A man is playing a guitar.", "The stock market fell sharply today."
-            ),
-        }
-    )
-    passed = all(r["cos_related"] > r["cos_unrelated"] for r in rows)
-    return {"passed": passed, "pairs": rows}
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -246,6 +220,7 @@ class _Tally:
 
     lat: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
     embeddings: dict[str, list[float]] = field(default_factory=dict)
+    image_labels: dict[str, list[str]] = field(default_factory=dict)
     valid_ok: int = 0
     valid_failed: int = 0
     bad_ok: int = 0
@@ -268,6 +243,9 @@ def _tally(jobs: list[tuple[Job, dict[str, Any]]], sem_texts: list[str]) -> _Tal
                     )
                 if job.modality == "text" and inputs["text"] in sem_texts:
                     t.embeddings[inputs["text"]] = o["result"]["embedding"]
+                if job.modality == "image":
+                    labels = o["result"].get("labels", [])
+                    t.image_labels[job.source] = [x["label"] for x in labels]
             else:
                 t.valid_failed += 1
                 t.failures.append({"label": job.label, "outcome": o})
@@ -307,10 +285,17 @@ def run(client: FleetClient) -> dict[str, Any]:
     wall_s = time.monotonic() - t0
 
     t = _tally(jobs, sem_texts)
-    sem = (
-        semantic_check(t.embeddings)
+    text = (
+        text_check(t.embeddings)
         if len(t.embeddings) == len(set(sem_texts))
-        else {"passed": False, "pairs": [], "reason": "semantic texts missing results"}
+        else {"passed": False, "rows": [], "reason": "semantic texts missing results"}
+    )
+    by = {m: {x["source"]: x for x in media if x["modality"] == m} for m in ("video", "xmodal")}
+    sem = all_checks(
+        text,
+        image_check(t.image_labels),
+        xmodal_check({k: v["scores"] for k, v in by["xmodal"].items()}),
+        video_check({k: v["labels"] for k, v in by["video"].items()}),
     )
     return {
         "valid_submitted": sum(j.kind == "valid" for j, _ in jobs),
@@ -358,10 +343,19 @@ def print_report(rep: dict[str, Any]) -> None:
         b.add_row(x["label"], x["expected"], str(x["got"]), x["at"])
     console.print(b)
     s = rep["semantic_check"]
-    console.print(
-        f"semantic check: {'PASSED' if s['passed'] else 'FAILED'} "
-        f"({len(s['pairs'])} related/unrelated pairs)"
-    )
+    x = s["xmodal"]
+    for key, line in (
+        ("text", f"text: {len(s['text']['rows'])} related/unrelated caption pairs"),
+        ("image", f"image: top-5 labels of {len(s['image']['rows'])} photos of known content"),
+        (
+            "xmodal",
+            f"image+text: own caption first for {x['rank1']} photos; an own caption beats "
+            f"another photo's in {x['mean_win_rate']:.3f} of the pairs (chance 0.5)",
+        ),
+        ("video", f"video: top-5 labels of {len(s['video']['rows'])} clips"),
+    ):
+        console.print(f"  {'ok  ' if s[key]['passed'] else 'FAIL'} {line}")
+    console.print(f"semantic check: {'PASSED' if s['passed'] else 'FAILED'} (4 modalities)")
     console.print(
         f"valid: {rep['valid_succeeded']}/{rep['valid_submitted']} succeeded; "
         f"bad: {rep['bad_rejected_with_expected_code']}/{rep['bad_submitted']} "
