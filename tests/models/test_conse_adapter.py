@@ -288,6 +288,35 @@ def test_component_tables_are_checked(settings: Settings, runtime: DeviceRuntime
         options(settings, top_t=0)
 
 
+def test_the_class_table_comes_from_the_trace_cache_on_a_second_load(
+    adapter: ConseAdapter,
+    settings: Settings,
+    runtime: DeviceRuntime,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLEET_TRACE_CACHE_DIR", str(tmp_path / "traced"))
+    first = ConseAdapter(settings.models[MODEL], settings, runtime)  # type: ignore[arg-type]
+    first.load()
+    assert first.class_table_cache == "stored"
+    second = ConseAdapter(settings.models[MODEL], settings, runtime)  # type: ignore[arg-type]
+    second.load()
+    assert second.class_table_cache == "hit"
+    assert first.class_embeddings is not None and second.class_embeddings is not None
+    np.testing.assert_array_equal(second.class_embeddings, first.class_embeddings)
+    assert adapter.class_embeddings is not None
+    np.testing.assert_allclose(second.class_embeddings, adapter.class_embeddings, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(second.class_embeddings, axis=1), 1.0, atol=1e-5)
+    # Another text model table (int8 would embed differently): another key, its own entry.
+    monkeypatch.setenv("FLEET_MODELS__MINILM__MAX_LENGTH", "128")
+    from shared.settings import load_settings
+
+    other = load_settings(transport={"shm_root": str(settings.transport.shm_root)})
+    third = ConseAdapter(other.models[MODEL], other, runtime)  # type: ignore[arg-type]
+    third.load()
+    assert third.class_table_cache == "stored"
+
+
 def test_run_batch_edge_cases_and_describe(
     adapter: ConseAdapter, settings: Settings, runtime: DeviceRuntime
 ) -> None:
