@@ -291,9 +291,11 @@ def submit_xmodal(
     full: FullOpt = False,
     queue_anyway: QueueAnywayOpt = False,
 ) -> None:
-    """Score an image against texts with the cross-modal dual encoder (CLIP-style).
+    """Score an image against texts with the xmodal modality's model ("scores" in the order
+    of the texts).
 
-    With the default random projection weights the scores are not semantically meaningful.
+    The default is ConSE (ImageNet classes of the image, embedded as text): it knows only
+    ImageNet concepts (docs/models.md, ConSE).
     """
     from producer.client import xmodal_inputs
 
