@@ -51,8 +51,7 @@ import base64
 import hashlib
 from dataclasses import dataclass
 from importlib.metadata import version
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -63,7 +62,7 @@ from workers.models import trace_cache
 from workers.models.base import ModelAdapter, Prepared, check_pixel_shapes
 from workers.models.efficientnet import EfficientNetAdapter
 from workers.models.image import _model_name, example_png
-from workers.models.imagenet import CLASSES_FILE, TOP_K_KEY, imagenet_classes
+from workers.models.imagenet import TOP_K_KEY, imagenet_classes
 from workers.models.tensors import TensorIO
 from workers.models.text import TextAdapter, _packaged_path
 
@@ -159,9 +158,8 @@ class ConseAdapter(ModelAdapter):
         self.name = _model_name(cfg, settings)
         image_cfg = _component(settings, self.name, "image_model", cfg.image_model, "efficientnet")
         text_cfg = _component(settings, self.name, "text_model", cfg.text_model, "minilm")
-        assert isinstance(image_cfg, EfficientNetOptions) and isinstance(text_cfg, TextOptions)
-        self.image = EfficientNetAdapter(image_cfg, settings, runtime)
-        self.text = TextAdapter(text_cfg, settings, runtime)
+        self.image = EfficientNetAdapter(cast(EfficientNetOptions, image_cfg), settings, runtime)
+        self.text = TextAdapter(cast(TextOptions, text_cfg), settings, runtime)
         self.top_t = cfg.top_t
         self.max_texts = cfg.max_texts
         self.logit_scale = cfg.logit_scale
@@ -173,8 +171,13 @@ class ConseAdapter(ModelAdapter):
 
     # -- lifecycle ----------------------------------------------------------------------
     def load(self) -> None:
-        """Load both models (each from the trace cache when it holds them), then embed the
-        1,000 ImageNet class names with the text model, ``CLASS_BATCH`` at a time."""
+        """Load both models (each from the trace cache when it holds them), then the class
+        names' embeddings: from the trace cache, else embedded now and stored there.
+
+        Raises:
+            ModelError: a model's weights are missing or do not load.
+            ValueError: a precision the device cannot run.
+        """
         self.image.load()
         self.text.load()
         parts = self._class_table_parts()
@@ -204,10 +207,8 @@ class ConseAdapter(ModelAdapter):
     def _class_table_parts(self) -> dict[str, Any]:
         """Everything the class-name table depends on (its trace-cache key): the text
         model's options and weights files, the names, the versions, the device type."""
-        import workers.models
-
         path = self.text.cfg.checkpoint or _packaged_path()
-        names = (Path(workers.models.__file__).parent / CLASSES_FILE).read_bytes()
+        names = "\n".join(imagenet_classes()).encode()
         return {
             "adapter": "conse-class-names",
             "text_model": self.text.cfg.model_dump(mode="json"),
