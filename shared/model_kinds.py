@@ -45,6 +45,10 @@ __all__ = [
     "AnyModelOptions",
     "ConseOptions",
     "EfficientNetOptions",
+    "HFImageOptions",
+    "HFOptions",
+    "HFTextOptions",
+    "HFXModalOptions",
     "ImageOptions",
     "Kind",
     "ModelOptions",
@@ -194,6 +198,85 @@ class ConseOptions(ModelOptions):
     output_inline_max_bytes: int = Field(default=16384, ge=0)
 
 
+# -- Hugging Face folders ("Bring your own model", docs/models.md) -------------------------
+# One options class per modality (``hf-text``, ``hf-image``, ``hf-xmodal``) and ``hf``,
+# which holds all of their keys: the folder's ``config.json`` picks the adapter at load
+# (``workers.models.hf_auto``) and each adapter reads the keys of its modality.
+
+
+def _lower_precision(v: Any) -> Any:
+    return v.strip().lower() if isinstance(v, str) else v
+
+
+class _HFFolder(ModelOptions):
+    """What every Hugging Face folder table has: the folder, and the precision it runs in."""
+
+    checkpoint: str = Field(min_length=1)  # a local save_pretrained folder (required)
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # fp16/bf16 on CUDA only
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return _lower_precision(v)
+
+
+class _HFTextKeys(BaseModel):
+    pooling: Literal["mean", "cls", "last"] = "mean"  # over the attention mask / first / last
+    normalize: bool = True  # L2-normalise the embedding
+    max_length: int = Field(default=0, ge=0)  # tokens; 0 = the model's (config, tokenizer)
+    torchscript: bool = True  # traced encoder, kept in the trace cache; False = eager
+
+
+class _HFImageKeys(BaseModel):
+    top_k: int = Field(default=5, ge=0)  # labels when a request says none (classifiers)
+    jpeg_draft: bool = True  # decode large JPEGs at reduced scale before resizing
+    torchscript: bool = True
+
+
+class _HFXModalKeys(BaseModel):
+    max_texts: int = Field(default=16, ge=1)  # candidate texts per request
+    max_text_tokens: int = Field(default=0, ge=0)  # 0 = the text tower's positions
+    jpeg_draft: bool = True
+    output_inline_max_bytes: int = Field(default=16384, ge=0)  # larger outputs go to shm
+
+
+class HFTextOptions(_HFFolder, _HFTextKeys):
+    """``kind = "hf-text"``: an ``AutoModel`` text encoder folder with its tokenizer."""
+
+    kind: Literal["hf-text"]
+
+
+class HFImageOptions(_HFFolder, _HFImageKeys):
+    """``kind = "hf-image"``: an ``AutoModelForImageClassification`` folder (embedding and
+    labels from ``config.id2label``) or a vision ``AutoModel`` folder (embedding only), with
+    its ``preprocessor_config.json``."""
+
+    kind: Literal["hf-image"]
+
+
+class HFXModalOptions(_HFFolder, _HFXModalKeys):
+    """``kind = "hf-xmodal"``: a ``CLIPModel``, ``SiglipModel`` or
+    ``VisionTextDualEncoderModel`` folder with its tokenizer and image processor."""
+
+    kind: Literal["hf-xmodal"]
+
+
+class HFOptions(_HFFolder, _HFTextKeys, _HFImageKeys, _HFXModalKeys):
+    """``kind = "hf"``: any folder the ``hf-*`` kinds serve; its ``config.json``
+    (``architectures``, ``model_type``) picks which at load. Every ``hf-*`` key is
+    accepted; each adapter reads its own."""
+
+    kind: Literal["hf"]
+
+
+HF_KEYS: dict[str, type[ModelOptions]] = {
+    "hf-text": HFTextOptions,
+    "hf-image": HFImageOptions,
+    "hf-xmodal": HFXModalOptions,
+}
+"""The per-modality kinds ``hf`` resolves to, by name."""
+
+
 @dataclass(frozen=True, slots=True)
 class Kind:
     """One model kind: what its table may hold and what serves it.
@@ -216,6 +299,10 @@ KINDS: dict[str, Kind] = {
     "video": Kind(options=VideoOptions, adapter="workers.models.video:VideoAdapter"),
     "xmodal": Kind(options=XModalOptions, adapter="workers.models.xmodal:XModalAdapter"),
     "conse": Kind(options=ConseOptions, adapter="workers.models.conse:ConseAdapter"),
+    "hf": Kind(options=HFOptions, adapter="workers.models.hf_auto:HFAutoAdapter"),
+    "hf-text": Kind(options=HFTextOptions, adapter="workers.models.hf_text:HFTextAdapter"),
+    "hf-image": Kind(options=HFImageOptions, adapter="workers.models.hf_image:HFImageAdapter"),
+    "hf-xmodal": Kind(options=HFXModalOptions, adapter="workers.models.hf_xmodal:HFXModalAdapter"),
 }
 
 
