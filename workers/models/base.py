@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from shared.model_kinds import ModelOptions
     from shared.settings import Settings
     from workers.models.runtime import DeviceRuntime
+    from workers.models.tensors import TensorIO
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,7 @@ class ModelAdapter(ABC):
     modality: str = ""
     reports_progress: ClassVar[bool] = False
     tensor_inputs: ClassVar[bool] = True
+    tensors: TensorIO | None = None  # set by adapters whose outputs may go to /dev/shm
     options_type: ClassVar[type[ModelOptions]]
 
     def __init__(self, cfg: ModelOptions, settings: Settings, runtime: DeviceRuntime) -> None:
@@ -107,6 +109,17 @@ class ModelAdapter(ABC):
         """
         if self.progress_sink is not None:
             self.progress_sink(index, done, total)
+
+    def discard(self, results: list[dict[str, Any]]) -> None:
+        """Release what ``results`` hold outside themselves when no client will read them
+        (the engine's warmup runs): the /dev/shm segments of their tensor outputs. A client
+        releases the segments of the results it reads; nothing else would release these
+        before their lifetime ends."""
+        if self.tensors is None:
+            return
+        from shared.tensor_wire import SHM, iter_wires
+
+        self.tensors.release_all(list(iter_wires(results, SHM)))
 
     @abstractmethod
     def load(self) -> None:

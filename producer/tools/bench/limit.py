@@ -121,6 +121,7 @@ class LimitRunner(LoadedAdapter):
         else:
             groups = batching(len(keys), batch_size)
         ok = 0
+        outputs: list[dict[str, Any]] = []  # their /dev/shm segments released after timing
         for group in groups:
             samples = []
             for i in group:
@@ -131,9 +132,11 @@ class LimitRunner(LoadedAdapter):
             if not samples:
                 continue
             with self.runtime.batch_context():
-                self.adapter.run_batch(samples)
+                outputs.extend(self.adapter.run_batch(samples))
             ok += len(samples)
-        return time.perf_counter() - t0, ok, errors
+        elapsed = time.perf_counter() - t0
+        self.adapter.discard(outputs)
+        return elapsed, ok, errors
 
     def lengths(self, inputs: Sequence[dict[str, Any]]) -> set[int]:
         """Distinct prepared lengths of the valid ``inputs``."""

@@ -55,7 +55,7 @@ class BatchModel(LoadedAdapter):
                 samples = [self.adapter.preprocess(self.adapter.prepare(i)) for i in inputs]
                 for _ in range(2):
                     with self.runtime.batch_context():
-                        self.adapter.run_batch(samples)
+                        self.adapter.discard(self.adapter.run_batch(samples))
 
     def run(self, envelopes: list[dict[str, Any]]) -> list[Outcome]:
         """Run one batch: one :class:`Outcome` per envelope, in order.
