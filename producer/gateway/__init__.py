@@ -9,7 +9,9 @@ Structure (one concern per module)::
       routes_infer.py   inference (sync, or 202 + Location)
       routes_jobs.py    a job's state, its events (SSE), cancel
     codec.py          OIP tensors, the binary extension
-    models.py         served models, their inputs and outputs
+    models.py         served models, their inputs and outputs (metadata)
+      hf_config.py      what a Hugging Face folder's config.json says: sizes, labels
+      weights.py        where a model's weights come from
     params.py         priority, timeout, Prefer, ids
     jobs.py           submit, idempotency, state, cancel
     commit.py         a job's record and message: one transaction, once per id

@@ -4,28 +4,35 @@ A model is one configured ``[models.<name>]`` that a modality serves (``[modalit
 model = "<name>"``); requests for it become that modality's tasks. One request is one task
 (batch dimension 1): the fleet batches across requests.
 
-============ ======================================== =========================================
-model of     inputs                                   outputs (all FP32)
-============ ======================================== =========================================
-text         ``text`` BYTES [1]: UTF-8 text           ``embedding`` [1, 384]
-image        ``image`` BYTES [1]: the encoded file    ``embedding`` [1, 1280],
-             (or UINT8 [n]: the file's bytes)         ``labels`` BYTES [k], ``probabilities``
-                                                      [k] (a ``resnet`` kind model: only
-                                                      ``embedding`` [1, 512])
-video        ``video`` BYTES [1] (or UINT8 [n])       ``clip_embedding`` [1, 1280],
-                                                      ``frame_embeddings`` [frames, 1280],
-                                                      ``timestamps_s`` [frames], ``labels``
-                                                      BYTES [k], ``probabilities`` [k]
-xmodal       ``image`` BYTES [1] (or UINT8 [n]) and   ``scores``, ``logits``, ``probs`` [k],
-             ``texts`` BYTES [k], 1 <= k <= 16        ``image_embedding`` [1, d],
-                                                      ``text_embeddings`` [k, d] (d: 384 for
-                                                      the ``conse`` kind, else its
-                                                      ``projection_dim``, 512)
-============ ======================================== =========================================
+======== ====================================== ==============================================
+model of inputs                                 outputs (FP32 unless said; ``d`` by kind below)
+======== ====================================== ==============================================
+text     ``text`` BYTES [1]: UTF-8 text         ``embedding`` [1, d]
+image    ``image`` BYTES [1]: the encoded file  ``embedding`` [1, d]; labelled kinds:
+         (or UINT8 [n]: the file's bytes)       ``labels`` BYTES [k], ``probabilities`` [k]
+video    ``video`` BYTES [1] (or UINT8 [n])     ``clip_embedding`` [1, d], ``frame_embeddings``
+                                                [frames, d], ``timestamps_s`` [frames];
+                                                ``labels`` BYTES [k], ``probabilities`` [k]
+xmodal   ``image`` BYTES [1] (or UINT8 [n]) and ``scores``, ``logits``, ``probs`` [t] (in the
+         ``texts`` BYTES [t]: the candidate    order of the texts), ``image_embedding``
+         texts, 1 <= t <= ``max_texts``         [1, d], ``text_embeddings`` [t, d]; ``conse``
+                                                also ``labels`` BYTES [k], ``probabilities``
+                                                [k] (the image's ImageNet classes)
+======== ====================================== ==============================================
 
-``labels`` are the ImageNet class names of the image's (the clip's) ``k`` most probable
-classes, best first, ``probabilities`` theirs; ``k`` is the request's ``parameters.top_k``
-(0 to 1000), else the model's ``top_k`` (5).
+``d`` by kind: ``minilm`` and ``conse`` 384, ``efficientnet`` and ``video`` 1,280,
+``resnet`` 512, ``xmodal`` its ``projection_dim``; the ``hf`` kinds read it from the folder's
+``config.json`` at gateway start (:mod:`producer.gateway.hf_config`; -1 when it does not say).
+Labelled kinds (:data:`LABELLED_KINDS`, and ``hf``/``hf-image`` folders of a
+``*ForImageClassification``) list ``labels``, the class names of the image's (the clip's)
+``k`` most probable classes, best first, and ``probabilities`` theirs; ``k`` is the request's
+``parameters.top_k`` (0 to the model's class count: 1,000 for ImageNet, ``id2label``'s for a
+folder), else the model's ``top_k`` (5); a model without labels refuses ``top_k``.
+
+The metadata's ``parameters`` (as MLServer's OIP metadata has them) name the modality, the
+kind, where the weights come from (:mod:`producer.gateway.weights`), ``top_k`` and
+``max_top_k`` of a labelled model, ``max_texts`` of an xmodal one, and a folder's
+``model_type`` and ``architectures``.
 
 Encoded media in a JSON request (``data``, strings) is base64 of the file; as binary data
 (``binary_data_size``) it is the raw file bytes. No adapter takes pre-decoded pixel tensors,
@@ -37,13 +44,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from producer.gateway.codec import InputTensor, OutputTensor
+from producer.gateway.hf_config import MODALITY_KIND, UNKNOWN, hf_facts
+from producer.gateway.weights import weights_parameters
 from shared.errors import InvalidInput
+from shared.model_kinds import ModelOptions
 from shared.settings import Settings
 
 PLATFORM = "mmfleet_celery"
@@ -62,17 +72,24 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A served model: its name, the modality serving it, its OIP tensors."""
+    """A served model: its name, the modality serving it, its OIP tensors, the metadata's
+    ``parameters`` and the largest ``top_k`` it takes (``None``: unknown, the worker checks)."""
 
     name: str
     modality: str
     kind: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    parameters: dict[str, Any] = field(default_factory=dict)
+    max_top_k: int | None = None
 
     @property
     def output_names(self) -> list[str]:
         return [o.name for o in self.outputs]
+
+    @property
+    def labelled(self) -> bool:
+        return "labels" in self.output_names
 
     def metadata(self) -> dict[str, Any]:
         """OIP's model metadata response object."""
@@ -82,51 +99,90 @@ class ModelSpec:
             "platform": PLATFORM,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
+            "parameters": dict(self.parameters),
         }
 
 
 TEXT_DIM = 384  # all-MiniLM-L6-v2's hidden size
 VISION_DIM = 512  # the ResNet-18 config's last stage (workers.models.image.resnet18_config)
-# The embedding size of each image/video model kind: EfficientNet-Lite0's pooled features
-# (workers.models.efficientnet.FEATURE_DIM; the video kind runs the same model).
-KIND_DIMS = {"resnet": VISION_DIM, "efficientnet": 1280, "video": 1280, "conse": TEXT_DIM}
-LABELLED_KINDS = ("efficientnet", "video")  # kinds whose results carry ImageNet labels
+# The embedding size of each model kind whose size is fixed: MiniLM's, EfficientNet-Lite0's
+# pooled features (workers.models.efficientnet.FEATURE_DIM; the video kind runs the same
+# model), ConSE's (MiniLM's space). ``xmodal``: its projection_dim; ``hf*``: the folder's.
+KIND_DIMS = {
+    "minilm": TEXT_DIM,
+    "resnet": VISION_DIM,
+    "efficientnet": 1280,
+    "video": 1280,
+    "conse": TEXT_DIM,
+}
+LABELLED_KINDS = ("efficientnet", "video", "conse")  # kinds whose results carry ImageNet labels
+HF_KINDS = ("hf", "hf-text", "hf-image", "hf-xmodal")
 MAX_TOP_K = 1000  # ImageNet-1k's classes
 
 
 def model_specs(settings: Settings) -> dict[str, ModelSpec]:
-    """Every served model by name (a configured model no modality names is not served)."""
+    """Every served model by name (a configured model no modality names is not served); an
+    ``hf`` kind's folder is read here, once."""
     out: dict[str, ModelSpec] = {}
     for modality, cfg in settings.modalities.items():
-        mcfg = settings.models.get(cfg.model)
-        if mcfg is None:
+        opts = settings.models.get(cfg.model)
+        if opts is None:
             continue
-        out[cfg.model] = _spec(cfg.model, modality, mcfg.kind, mcfg.model_dump())
+        out[cfg.model] = _spec(cfg.model, modality, opts, settings)
     return out
 
 
-def _spec(name: str, modality: str, kind: str, cfg: dict[str, Any]) -> ModelSpec:
+def _kind_facts(modality: str, opts: ModelOptions) -> tuple[int, bool, int | None, dict[str, Any]]:
+    """The embedding size, whether results carry labels, the largest ``top_k`` and the
+    kind's own metadata parameters."""
+    kind = opts.kind
+    if kind in HF_KINDS:
+        facts = hf_facts(str(getattr(opts, "checkpoint", "")), modality)
+        params: dict[str, Any] = {}
+        if kind == "hf":
+            params["served_as"] = MODALITY_KIND.get(modality, kind)
+        if facts.readable:
+            params |= {"model_type": facts.model_type, "architectures": facts.architectures}
+        else:
+            params["config"] = "unreadable from the gateway: sizes unknown (-1)"
+        return facts.dim, facts.labels, facts.label_count, params
+    if kind == "xmodal":
+        return int(getattr(opts, "projection_dim", UNKNOWN)), False, None, {}
+    return KIND_DIMS.get(kind, UNKNOWN), kind in LABELLED_KINDS, MAX_TOP_K, {}
+
+
+def _default_top_k(opts: ModelOptions, settings: Settings, max_top_k: int | None) -> int:
+    """A labelled model's ``top_k`` when a request gives none (ConSE: its image model's)."""
+    source: Any = opts
+    if opts.kind == "conse":
+        source = settings.models.get(str(getattr(opts, "image_model", ""))) or opts
+    k = int(getattr(source, "top_k", 5))
+    return k if max_top_k is None else min(k, max_top_k)
+
+
+def _spec(name: str, modality: str, opts: ModelOptions, settings: Settings) -> ModelSpec:
     t = TensorSpec
+    dim, labels, max_top_k, kind_params = _kind_facts(modality, opts)
+    params: dict[str, Any] = {
+        "modality": modality,
+        "kind": opts.kind,
+        **weights_parameters(opts, settings),
+        **kind_params,
+    }
     if modality == "text":
         ins = (t("text", "BYTES", (1,)),)
-        outs = (t("embedding", "FP32", (1, TEXT_DIM)),)
+        outs = (t("embedding", "FP32", (1, dim)),)
     elif modality == "image":
         ins = (t("image", "BYTES", (1,)),)
-        outs = (t("embedding", "FP32", (1, KIND_DIMS.get(kind, VISION_DIM))),)
-        if kind in LABELLED_KINDS:
-            outs += (t("labels", "BYTES", (-1,)), t("probabilities", "FP32", (-1,)))
+        outs = (t("embedding", "FP32", (1, dim)),)
     elif modality == "video":
-        dim = KIND_DIMS.get(kind, VISION_DIM)
         ins = (t("video", "BYTES", (1,)),)
         outs = (
             t("clip_embedding", "FP32", (1, dim)),
             t("frame_embeddings", "FP32", (-1, dim)),
             t("timestamps_s", "FP32", (-1,)),
         )
-        if kind in LABELLED_KINDS:
-            outs += (t("labels", "BYTES", (-1,)), t("probabilities", "FP32", (-1,)))
     else:  # xmodal
-        dim = int(cfg.get("projection_dim", KIND_DIMS.get(kind, VISION_DIM)))
         ins = (t("image", "BYTES", (1,)), t("texts", "BYTES", (-1,)))
         outs = (
             t("scores", "FP32", (-1,)),
@@ -135,7 +191,13 @@ def _spec(name: str, modality: str, kind: str, cfg: dict[str, Any]) -> ModelSpec
             t("image_embedding", "FP32", (1, dim)),
             t("text_embeddings", "FP32", (-1, dim)),
         )
-    return ModelSpec(name, modality, kind, ins, outs)
+        params["max_texts"] = int(getattr(opts, "max_texts", 16))
+    if labels:
+        outs += (t("labels", "BYTES", (-1,)), t("probabilities", "FP32", (-1,)))
+        params["top_k"] = _default_top_k(opts, settings, max_top_k)
+        if max_top_k is not None:
+            params["max_top_k"] = max_top_k
+    return ModelSpec(name, modality, opts.kind, ins, outs, params, max_top_k if labels else None)
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -198,15 +260,18 @@ def top_k_option(spec: ModelSpec, parameters: dict[str, Any] | None) -> dict[str
     when absent (the model's default applies).
 
     Raises:
-        InvalidInput: ``top_k`` on a model without labels, or not an integer in 0..1000.
+        InvalidInput: ``top_k`` on a model without labels, or not an integer from 0 to the
+            model's class count (when the gateway knows it; else the worker checks the top).
     """
     if not parameters or "top_k" not in parameters:
         return {}
     k = parameters["top_k"]
-    if "labels" not in spec.output_names:
+    if not spec.labelled:
         raise InvalidInput(f"model {spec.name!r} has no labels: parameters.top_k does not apply")
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_K:
-        raise InvalidInput(f"parameters.top_k must be an integer from 0 to {MAX_TOP_K}, got {k!r}")
+    top = spec.max_top_k
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0 or (top is not None and k > top):
+        bound = f"from 0 to {top}" if top is not None else "from 0"
+        raise InvalidInput(f"parameters.top_k must be an integer {bound}, got {k!r}")
     return {"top_k": k}
 
 
@@ -230,7 +295,8 @@ def fleet_inputs(
     if spec.modality == "video":
         return top_k_option(spec, parameters), _media_bytes(got["video"])
     texts = _texts(got["texts"], one=False)
-    return {"image_b64": b64(_media_bytes(got["image"])), "texts": texts}, None
+    options = top_k_option(spec, parameters)
+    return {"image_b64": b64(_media_bytes(got["image"])), "texts": texts, **options}, None
 
 
 # -- results -------------------------------------------------------------------------------
@@ -292,15 +358,17 @@ def outputs_from_result(spec: ModelSpec, result: dict[str, Any]) -> list[OutputT
         OutputTensor("probs", _f32(result["probs"]).reshape(-1)),
         OutputTensor("image_embedding", _f32(result["image_embedding"]).reshape(1, -1)),
         OutputTensor("text_embeddings", texts.reshape(len(texts), -1)),
+        *_label_outputs(spec, result),
     ]
 
 
 def _label_outputs(spec: ModelSpec, result: dict[str, Any]) -> list[OutputTensor]:
     """``labels`` (BYTES, the class names) and ``probabilities`` (FP32), best first, for a
-    model whose metadata lists them."""
-    if "labels" not in spec.output_names:
+    model whose metadata lists them (empty when the result has none: a folder the gateway
+    could not read that turned out not to classify)."""
+    if not spec.labelled:
         return []
-    labels = result["labels"]
+    labels = result.get("labels") or []
     return [
         OutputTensor("labels", [str(lab["label"]).encode() for lab in labels], "BYTES"),
         OutputTensor("probabilities", _f32([lab["probability"] for lab in labels]).reshape(-1)),

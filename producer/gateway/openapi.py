@@ -64,7 +64,8 @@ class InferenceRequest(_Doc):
     parameters: dict[str, Param] | None = Field(
         default=None,
         description="priority (1 = realtime, 2 = high, 0/3 = normal, >= 4 = bulk), timeout "
-        "(microseconds: the deadline), binary_data_output",
+        "(microseconds: the deadline), binary_data_output, top_k (labelled models: how many "
+        "labels, best first)",
     )
     inputs: list[RequestInput] = Field(min_length=1)
     outputs: list[RequestOutput] | None = None
@@ -75,7 +76,7 @@ class ResponseOutput(_Doc):
     shape: list[int]
     datatype: str
     parameters: dict[str, Param] | None = None
-    data: list[float] | None = None
+    data: list[Any] | None = Field(default=None, description="numbers; BYTES: strings")
 
 
 class InferenceResponse(_Doc):
@@ -117,6 +118,11 @@ class ModelMetadata(_Doc):
     platform: str
     inputs: list[TensorMeta]
     outputs: list[TensorMeta]
+    parameters: dict[str, Param] | None = Field(
+        default=None,
+        description="modality, kind, weights (where they come from), top_k and max_top_k "
+        "(labelled models), max_texts (xmodal), a folder's model_type and architectures",
+    )
 
 
 class ServerMetadata(_Doc):

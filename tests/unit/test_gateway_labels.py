@@ -36,7 +36,7 @@ def image_request(**parameters: Any) -> Any:
     return parse_infer_request(body, None if size is None else str(size))
 
 
-def test_metadata_lists_labels_and_probabilities_for_efficientnet_only() -> None:
+def test_metadata_lists_labels_and_probabilities_for_labelled_kinds_only() -> None:
     s = specs()
     image = {t.name: (t.datatype, t.shape) for t in s["image"].outputs}
     assert image == {
