@@ -195,9 +195,9 @@ def test_requests_cross_hosts_and_a_same_host_ref_is_refused(
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(line[len("RESULT ") :])
 
-    assert out["text_dim"] == 384 and out["image_dim"] == 512
+    assert out["text_dim"] == 384 and out["image_dim"] == 1280
     assert out["video_inputs"] == ["video_b64"]  # the cross-host path: inline through Redis
-    assert out["video_frames"] >= 1 and out["video_dim"] == 512
+    assert out["video_frames"] >= 1 and out["video_dim"] == 1280
     assert out["ref_inputs"] == ["video_ref"]
     assert out["ref_outcome"] == "TENSOR_REF_INVALID", out
     # each host's shm root: the producer's ref was written on P, nothing of it on W

@@ -134,7 +134,7 @@ def test_readme_first_hour_runs_as_written(shell: Shell) -> None:
     status, text, image = lines
     assert status["live_workers"] == {"image": [f"image@{HOST}"], "text": [f"text@{HOST}"]}
     assert len(text["result"]["embedding"]) == 384
-    assert len(image["result"]["embedding"]) == 512
+    assert len(image["result"]["embedding"]) == 1280  # EfficientNet-Lite0
 
     by_hand = shell.run("by-hand")
     out = [json.loads(ln) for ln in by_hand.stdout.splitlines() if ln.startswith("{")]
@@ -148,12 +148,12 @@ def test_readme_first_hour_runs_as_written(shell: Shell) -> None:
     video = shell.run("video")
     assert "started worker-video" in video.stdout
     out = json.loads(video.stdout.splitlines()[-1])["result"]
-    assert len(out["clip_embedding"]) == 512 and out["partial"] is False
-    assert out["frame_embeddings"] == {"shape": [out["frames"], 512], "dtype": "float32"}
+    assert len(out["clip_embedding"]) == 1280 and out["partial"] is False
+    assert out["frame_embeddings"] == {"shape": [out["frames"], 1280], "dtype": "float32"}
 
     py = shell.run("python")
     dim_text, dim_image, live = py.stdout.splitlines()
-    assert (dim_text, dim_image) == ("384", "512")
+    assert (dim_text, dim_image) == ("384", "1280")
     assert f"text-1@{HOST}" in live
 
     check_gateway_block(shell)
@@ -189,8 +189,8 @@ def check_gateway_block(shell: Shell) -> None:
         assert live == {"live": True}
         assert meta["name"] == "minilm"
         assert text["id"] == "t-1" and text["outputs"][0]["shape"] == [1, 384]
-        # the binary reply: its JSON header, then 512 float32 (2048 bytes)
-        assert saved.stat().st_size > 2048 and saved.read_bytes().startswith(b"{")
+        # the binary reply: its JSON header, then 1,280 float32 (5,120 bytes)
+        assert saved.stat().st_size > 5120 and saved.read_bytes().startswith(b"{")
         assert re.search(r"^location: /v2/jobs/v-1", rest, re.M | re.I), rest[:500]
         assert "event: state" in rest and "event: final" in rest
         final = json.loads(rest.split("event: final\ndata: ", 1)[1].splitlines()[0])
