@@ -285,6 +285,7 @@ def submit_video(
 def submit_xmodal(
     image: Annotated[Path, typer.Option(help="an image file")],
     text: Annotated[list[str], typer.Option(help="a text to score; repeat for several (1-16)")],
+    top_k: TopKOpt = None,
     priority: PriorityOpt = "normal",
     timeout_s: TimeoutOpt = None,
     wait_s: WaitOpt = 30.0,
@@ -295,7 +296,8 @@ def submit_xmodal(
     of the texts).
 
     The default is ConSE (ImageNet classes of the image, embedded as text): it knows only
-    ImageNet concepts (docs/models.md, ConSE).
+    ImageNet concepts (docs/models.md, ConSE); ``--top-k`` is how many of the image's labels
+    it returns (a model without labels refuses it).
     """
     from producer.client import xmodal_inputs
 
@@ -308,7 +310,7 @@ def submit_xmodal(
 
     run_submit(
         "xmodal",
-        lambda _c: xmodal_inputs(image, text),
+        lambda _c: _with_top_k(xmodal_inputs(image, text), top_k),
         priority=priority,
         timeout_s=timeout_s,
         wait_s=wait_s,

@@ -1,4 +1,4 @@
-"""``fleet submit image|video --top-k``: checked before any connection, and put in the
+"""``fleet submit image|video|xmodal --top-k``: checked before any connection, and put in the
 request's inputs as ``top_k``."""
 
 from __future__ import annotations
@@ -14,10 +14,17 @@ from producer.cli.submit import _with_top_k
 IMAGE = Path(__file__).resolve().parents[2] / "data" / "images" / "skimage_coffee.png"
 
 
-@pytest.mark.parametrize("command", ["image", "video"])
+ARGS = {
+    "image": ["--file", str(IMAGE)],
+    "video": ["--file", str(IMAGE)],
+    "xmodal": ["--image", str(IMAGE), "--text", "A cup of coffee."],
+}
+
+
+@pytest.mark.parametrize("command", sorted(ARGS))
 @pytest.mark.parametrize("k", ["-1", "1001", "five"])
 def test_out_of_range_top_k_is_a_usage_error(command: str, k: str) -> None:
-    out = CliRunner().invoke(app, ["submit", command, "--file", str(IMAGE), "--top-k", k])
+    out = CliRunner().invoke(app, ["submit", command, *ARGS[command], "--top-k", k])
     assert out.exit_code == 2, out.output
     assert "--top-k" in out.output
 
