@@ -65,6 +65,7 @@ from workers.models.image import _model_name, example_png
 from workers.models.imagenet import TOP_K_KEY, imagenet_classes
 from workers.models.tensors import TensorIO
 from workers.models.text import TextAdapter, _packaged_path
+from workers.models.xmodal import xmodal_result
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -314,20 +315,18 @@ class ConseAdapter(ModelAdapter):
             logits = self.logit_scale * scores.astype(np.float64)
             z = np.exp(logits - logits.max())
             out.append(
-                {
-                    "scores": scores.astype(np.float64).tolist(),
-                    "logits": logits.tolist(),
-                    "probs": (z / z.sum()).tolist(),
-                    "image_embedding": vec.tolist(),
-                    "text_embeddings": w,
-                    "labels": im["labels"][: s.top_k],
-                    "dim": int(vec.shape[0]),
-                    "texts": len(s.texts),
-                    "truncated": [tr for _, tr in s.texts],
-                    "tokens": [len(ids) for ids, _ in s.texts],
-                    "logit_scale": self.logit_scale,
-                    "model": self.name,
-                }
+                xmodal_result(
+                    scores=scores,
+                    logits=logits,
+                    probs=z / z.sum(),
+                    image_embedding=vec,
+                    text_embeddings=w,
+                    labels=im["labels"][: s.top_k],
+                    truncated=[tr for _, tr in s.texts],
+                    tokens=[len(ids) for ids, _ in s.texts],
+                    logit_scale=self.logit_scale,
+                    model=self.name,
+                )
             )
         return out
 

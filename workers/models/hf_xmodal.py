@@ -45,6 +45,7 @@ from workers.models.image import _model_name, example_png, image_bytes
 from workers.models.imaging import decode_image
 from workers.models.precision import apply_precision, parse_precision
 from workers.models.tensors import TensorIO
+from workers.models.xmodal import xmodal_result
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -262,19 +263,17 @@ class HFXModalAdapter(ModelAdapter):
                 z = np.exp(logits - logits.max())
                 probs = z / z.sum()
             out.append(
-                {
-                    "scores": scores.astype(np.float64).tolist(),
-                    "logits": logits.astype(np.float64).tolist(),
-                    "probs": probs.astype(np.float64).tolist(),
-                    "image_embedding": img[k].astype(np.float64).tolist(),
-                    "text_embeddings": w,
-                    "dim": int(img.shape[1]),
-                    "texts": len(s.ids),
-                    "truncated": list(s.truncated),
-                    "tokens": [len(x) for x in s.ids],
-                    "logit_scale": scale,
-                    "model": self.name,
-                }
+                xmodal_result(
+                    scores=scores,
+                    logits=logits,
+                    probs=probs,
+                    image_embedding=img[k],
+                    text_embeddings=w,
+                    truncated=list(s.truncated),
+                    tokens=[len(x) for x in s.ids],
+                    logit_scale=scale,
+                    model=self.name,
+                )
             )
         return out
 

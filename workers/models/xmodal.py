@@ -74,6 +74,45 @@ _WARMUP_TEXTS = (
 )
 
 
+def xmodal_result(
+    *,
+    scores: Any,
+    logits: Any,
+    probs: Any,
+    image_embedding: Any,
+    text_embeddings: dict[str, Any],
+    truncated: list[bool],
+    tokens: list[int],
+    logit_scale: float,
+    model: str,
+    labels: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One image+text result document, the shape every xmodal kind returns (this module's
+    docstring): arrays as lists of floats, ``labels`` only for a model that has them."""
+
+    def floats(a: Any) -> list[float]:
+        return np.asarray(a, dtype=np.float64).tolist()
+
+    out: dict[str, Any] = {
+        "scores": floats(scores),
+        "logits": floats(logits),
+        "probs": floats(probs),
+        "image_embedding": floats(image_embedding),
+        "text_embeddings": text_embeddings,
+    }
+    if labels is not None:
+        out["labels"] = labels
+    out.update(
+        dim=len(out["image_embedding"]),
+        texts=len(tokens),
+        truncated=truncated,
+        tokens=tokens,
+        logit_scale=logit_scale,
+        model=model,
+    )
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class XModalPayload:
     image: bytes
@@ -333,19 +372,17 @@ class XModalAdapter(ModelAdapter):
             logits = scale * scores
             z = np.exp(logits - logits.max())
             out.append(
-                {
-                    "scores": scores.astype(np.float64).tolist(),
-                    "logits": logits.astype(np.float64).tolist(),
-                    "probs": (z / z.sum()).astype(np.float64).tolist(),
-                    "image_embedding": img_np[k].tolist(),
-                    "text_embeddings": w,
-                    "dim": int(img_np.shape[1]),
-                    "texts": len(s.ids),
-                    "truncated": list(s.truncated),
-                    "tokens": [len(x) for x in s.ids],
-                    "logit_scale": scale,
-                    "model": self.name,
-                }
+                xmodal_result(
+                    scores=scores,
+                    logits=logits,
+                    probs=z / z.sum(),
+                    image_embedding=img_np[k],
+                    text_embeddings=w,
+                    truncated=list(s.truncated),
+                    tokens=[len(x) for x in s.ids],
+                    logit_scale=scale,
+                    model=self.name,
+                )
             )
         return out
 
