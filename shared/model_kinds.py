@@ -49,6 +49,7 @@ __all__ = [
     "HFOptions",
     "HFTextOptions",
     "HFXModalOptions",
+    "IdentityOptions",
     "ImageOptions",
     "Kind",
     "ModelOptions",
@@ -85,6 +86,14 @@ class ModelOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str
+
+
+class IdentityOptions(ModelOptions):
+    """``kind = "identity"``: a benchmark instrument, like Triton's ``identity`` backend for
+    perf_analyzer: no weights and no compute, so a bench measures what the fleet itself costs
+    per request. Returns the input's size and CRC-32 (``workers.models.identity``)."""
+
+    kind: Literal["identity"]
 
 
 class TextOptions(ModelOptions):
@@ -299,6 +308,7 @@ KINDS: dict[str, Kind] = {
     "video": Kind(options=VideoOptions, adapter="workers.models.video:VideoAdapter"),
     "xmodal": Kind(options=XModalOptions, adapter="workers.models.xmodal:XModalAdapter"),
     "conse": Kind(options=ConseOptions, adapter="workers.models.conse:ConseAdapter"),
+    "identity": Kind(options=IdentityOptions, adapter="workers.models.identity:IdentityAdapter"),
     "hf": Kind(options=HFOptions, adapter="workers.models.hf_auto:HFAutoAdapter"),
     "hf-text": Kind(options=HFTextOptions, adapter="workers.models.hf_text:HFTextAdapter"),
     "hf-image": Kind(options=HFImageOptions, adapter="workers.models.hf_image:HFImageAdapter"),
