@@ -78,3 +78,40 @@ def test_taken_messages_are_unacked_entries_the_exporter_reads(redis_only: Any) 
 
 def _queue(b: Built) -> str:
     return b.placement.queue_for(b.modality)
+
+
+def test_the_take_reads_every_spelling_of_the_tail_the_same(redis_only: Any) -> None:
+    """The take's plain searches read the compact tail the fleet's producers write; a message
+    spelt otherwise (kombu's publish: a blank after each ``,`` and ``:``; a message kombu
+    restored: ``redelivered`` inside ``delivery_info``) is read by its patterns instead, and
+    every spelling gives the same unacked entry: the message byte for byte, its exchange and
+    routing key."""
+    client = FleetClient(redis_only.s)
+    admin = redis.Redis.from_url(redis_only.s.redis_url("admin"))
+    try:
+        compact = build(client, "text", "bulk", inputs_for("text", 100)).payload
+        doc = json.loads(compact)
+        restored_doc = json.loads(compact)
+        restored_doc["properties"]["delivery_info"]["redelivered"] = True
+        restored_doc["properties"]["delivery_tag"] = "restored-tag"
+        restored = json.dumps(restored_doc).encode()
+        doc["properties"]["delivery_tag"] = "spaced-tag"
+        spaced = json.dumps(doc).encode()  # kombu's spelling
+        assert b'"delivery_tag":"' in compact and b'"delivery_tag":"' not in spaced
+        key = "layout-spellings"
+        admin.lpush(key, compact, spaced, restored)
+        take = admin.register_script(TAKE_MANY)
+        flat = take(keys=[key, schema.UNACKED_KEY, schema.UNACKED_INDEX_KEY], args=[10, "7", 0])
+        assert flat[1::2] == [compact, spaced, restored]  # oldest first, each byte for byte
+        tags = {
+            json.loads(compact)["properties"]["delivery_tag"]: compact,
+            "spaced-tag": spaced,
+            "restored-tag": restored,
+        }
+        for tag, payload in tags.items():
+            entry = admin.hget(schema.UNACKED_KEY, tag)
+            assert entry == b"[" + payload + b',"","text"]'
+            assert admin.zscore(schema.UNACKED_INDEX_KEY, tag) == 7.0
+    finally:
+        admin.flushdb()
+        client.close()

@@ -21,10 +21,16 @@
 --               the message's JSON kept byte for byte
 --   KEYS[n+2]   ZADD ARGV[2] <delivery tag>
 --
--- The delivery tag and delivery_info are read from the message's last 4 KiB, where the
--- producer's JSON puts "properties" (docs/message-layout.md): decoding a 10 MiB message
--- would stall every client of Redis (single-threaded) for tens of milliseconds. Only a
--- message of at most 64 KiB whose tail does not hold them is decoded (cjson).
+-- The delivery tag and delivery_info are read from the message's tail, where the producer's
+-- JSON puts "properties" (docs/message-layout.md): decoding a 10 MiB message would stall
+-- every client of Redis (single-threaded) for tens of milliseconds. The fleet's producer
+-- writes that tail compact, and plain searches of its last 512 bytes read it (fast: pattern
+-- matching a 1 KiB message costs Redis more than moving it); any other spelling (kombu's
+-- blanks after `:` and `,`, a restored message's extra `redelivered`) is read by patterns
+-- over the last 4 KiB; only a message of at most 64 KiB whose tail holds neither is decoded
+-- (cjson).
+--
+-- The unacked entries are written after the pops, one HSET and one ZADD for all of them.
 
 local n = #KEYS - 2
 local hash, index = KEYS[n + 1], KEYS[n + 2]
@@ -32,13 +38,39 @@ local left = tonumber(ARGV[1])
 local budget = tonumber(ARGV[3] or '0')
 local taken = 0
 local out = {}
+-- the compact tail: ..."delivery_info":{"exchange":"<ex>","routing_key":"<rk>"},...
+-- "delivery_tag":"<tag>"}}; nil when the message is spelt otherwise
+local function plain_string(item, from)
+  local close = string.find(item, '"', from, true)
+  if not close then return nil end
+  local value = string.sub(item, from, close - 1)
+  if string.find(value, '\\', 1, true) then return nil end
+  return value, close
+end
+local function compact_props(item)
+  local at = string.find(item, '"delivery_tag":"', -512, true)
+  if not at then return nil end
+  local tag, close = plain_string(item, at + 16)
+  if not tag or tag == '' or close ~= #item - 2 or string.sub(item, -2) ~= '}}' then
+    return nil
+  end
+  local info = string.find(item, '"delivery_info":{"exchange":"', -512, true)
+  if not info then return nil end
+  local ex, c1 = plain_string(item, info + 29)
+  if not ex or string.sub(item, c1, c1 + 16) ~= '","routing_key":"' then return nil end
+  local rk, c2 = plain_string(item, c1 + 17)
+  if not rk or string.sub(item, c2, c2 + 1) ~= '"}' then return nil end
+  return tag, ex, rk
+end
 local function props(item)
+  local tag, ex, rk = compact_props(item)
+  if tag then return tag, ex, rk end
   local tail = string.sub(item, -4096)
-  local tag = string.match(tail, '"delivery_tag"%s*:%s*"([^"\]+)"')
+  tag = string.match(tail, '"delivery_tag"%s*:%s*"([^"\]+)"')
   local info = string.match(tail, '"delivery_info"%s*:%s*(%b{})')
   if tag and info then
-    local ex = string.match(info, '"exchange"%s*:%s*"([^"\]*)"')
-    local rk = string.match(info, '"routing_key"%s*:%s*"([^"\]*)"')
+    ex = string.match(info, '"exchange"%s*:%s*"([^"\]*)"')
+    rk = string.match(info, '"routing_key"%s*:%s*"([^"\]*)"')
     if ex and rk then return tag, ex, rk end
   end
   if #item > 65536 then return nil end
@@ -50,6 +82,18 @@ local function props(item)
   end
   return p['delivery_tag'], i['exchange'], i['routing_key']
 end
+local entries, scores = {}, {}
+-- a JSON string of a value that needs no escape (the compact tail's, and most others)
+local function quoted(v)
+  if string.find(v, '^[%w%.%-_:]*$') then return '"' .. v .. '"' end
+  return cjson.encode(v)
+end
+local function record()
+  for i = 1, #entries, 2000 do  -- unpack's C stack is limited: at most 1,000 pairs a call
+    redis.call('HSET', hash, unpack(entries, i, math.min(i + 1999, #entries)))
+    redis.call('ZADD', index, unpack(scores, i, math.min(i + 1999, #scores)))
+  end
+end
 for k = 1, n do
   local key = KEYS[k]
   while left > 0 and (budget <= 0 or taken < budget) do
@@ -58,11 +102,13 @@ for k = 1, n do
     local tag, ex, rk = props(item)
     if not tag then
       redis.call('RPUSH', key, item)
+      record()
       return out
     end
-    local entry = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
-    redis.call('HSET', hash, tag, entry)
-    redis.call('ZADD', index, ARGV[2], tag)
+    entries[#entries + 1] = tag
+    entries[#entries + 1] = '[' .. item .. ',' .. quoted(ex) .. ',' .. quoted(rk) .. ']'
+    scores[#scores + 1] = ARGV[2]
+    scores[#scores + 1] = tag
     out[#out + 1] = key
     out[#out + 1] = item
     left = left - 1
@@ -70,4 +116,5 @@ for k = 1, n do
   end
   if left == 0 or (budget > 0 and taken >= budget) then break end
 end
+record()
 return out
