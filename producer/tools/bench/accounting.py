@@ -291,7 +291,7 @@ def window_figures(
         "cpu_us_per_request": per_request_us(us, n),
         "redis_cpu_us_per_request": None if n <= 0 else round(redis_cpu * 1e6 / n, 2),
         "redis_commands_per_request": None if n <= 0 else round(sum(calls.values()) / n, 3),
-        "redis_calls_by_command": _top(calls, n, 3),
+        "redis_calls_by_command": _top(calls, n, 3, limit=None),
         "redis_usec_by_command": _top(usec, n, 2),
     }
     return out
@@ -319,11 +319,14 @@ def _bound(us: list[Any]) -> float | None:
     return round(1e6 / statistics.median(vals)) if vals else None
 
 
-def _top(values: Mapping[str, float], n: int, digits: int) -> dict[str, float]:
+def _top(
+    values: Mapping[str, float], n: int, digits: int, limit: int | None = TOP_COMMANDS
+) -> dict[str, float]:
+    """``values`` per request, largest first, the first ``limit`` (``None``: all)."""
     if n <= 0:
         return {}
     ranked = sorted(((k, v / n) for k, v in values.items() if v > 0), key=lambda kv: -kv[1])
-    return {k: round(v, digits) for k, v in ranked[:TOP_COMMANDS]}
+    return {k: round(v, digits) for k, v in ranked[:limit]}
 
 
 def combine_windows(windows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

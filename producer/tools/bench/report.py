@@ -22,10 +22,10 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
     accounting.{mode}: repetitions, window_s, completed, rps, cpu_cores.{role} (cores busy
         over the window), cpu_us_per_request, redis_cpu_us_per_request, redis_bound_rps
         (1 s / redis_cpu_us_per_request: the rate one Redis thread could serve),
-        redis_commands_per_request, redis_calls_by_command.{cmd} and redis_usec_by_command.{cmd}
-        (per request, background subtracted, the top ones), idle (the background: seconds,
-        redis_commands_per_s, redis_cpu_us_per_s, cpu_us_per_s.{role}); medians over
-        repetitions
+        redis_commands_per_request, redis_calls_by_command.{cmd} (every command) and
+        redis_usec_by_command.{cmd} (the top 8) per request, background subtracted; idle (the
+        background: seconds, redis_commands_per_s, redis_cpu_us_per_s, cpu_us_per_s.{role});
+        medians over repetitions
     latency_ms.{fleet,baseline}.{modality}.{priority}: p50, p95, p99, max, n, spread
     queue_wait_ms / compute_ms: the same shape (from Celery task events)
     overhead_ms.{mode}.{modality}: median of (end-to-end - compute) per request
@@ -490,13 +490,11 @@ def accounting_sections(acc: dict[str, dict[str, list[dict[str, Any]]]]) -> dict
         idles = parts.get("idle", [])
         combined["idle"] = {
             "windows": len(idles),
-            "s": _median_or_none([i["s"] for i in idles]),
-            "redis_commands_per_s": _median_or_none(
-                [sum(i["calls_per_s"].values()) for i in idles]
-            ),
-            "redis_cpu_us_per_s": _median_or_none([i["redis_cpu_s_per_s"] * 1e6 for i in idles]),
+            "s": _rounded([i["s"] for i in idles], 2),
+            "redis_commands_per_s": _rounded([sum(i["calls_per_s"].values()) for i in idles], 1),
+            "redis_cpu_us_per_s": _rounded([i["redis_cpu_s_per_s"] * 1e6 for i in idles], 0),
             "cpu_us_per_s": {
-                role: _median_or_none([i["cpu_us_per_s"].get(role, 0.0) for i in idles])
+                role: _rounded([i["cpu_us_per_s"].get(role, 0.0) for i in idles], 0)
                 for role in sorted({r for i in idles for r in i["cpu_us_per_s"]})
             },
         }
@@ -557,5 +555,10 @@ def _json_default(obj: Any) -> Any:
 
 
 # -- table ------------------------------------------------------------------------------------
+def _rounded(xs: list[float], digits: int) -> float | None:
+    m = _median_or_none(xs)
+    return None if m is None else round(m, digits)
+
+
 def _median_or_none(xs: list[float] | None) -> float | None:
     return statistics.median(xs) if xs else None
