@@ -66,8 +66,11 @@ test: lint docs
 # Metrics + tracing (1 %) on vs off instead of the modes, interleaved in one run:
 # make bench WORKLOAD=text-saturate METRICS_COST=1 [COST_ROUNDS=4] [COST_ROUND_S=15]
 # Modes run interleaved by repetition; SEQUENTIAL=1 runs each mode's repetitions in a row.
+# What the fleet costs per request (identity model, CPU by process, Redis per request):
+# make bench WORKLOAD=overhead-saturate MODES=fleet,baseline,celery-batches,ray-serve,redis-limit
+# WORKERS=text=4: worker processes per modality (fleet, baseline, gateway).
 bench: venv
-	$(BIN)/fleet bench $(WORKLOAD) --modes $(MODES) $(if $(filter 1 yes true,$(SEQUENTIAL)),--sequential) $(if $(filter 1 yes true,$(METRICS_COST)),--metrics-cost \
+	$(if $(WORKERS),FLEET_BENCH_WORKERS=$(WORKERS)) $(BIN)/fleet bench $(WORKLOAD) --modes $(MODES) $(if $(filter 1 yes true,$(SEQUENTIAL)),--sequential) $(if $(filter 1 yes true,$(METRICS_COST)),--metrics-cost \
 		--cost-rounds $(COST_ROUNDS) --cost-round-s $(COST_ROUND_S))
 
 # A reduced-precision text model vs fp32, in-process: cosine per text, the demo's semantic

@@ -302,6 +302,7 @@ def render_bench(r: dict[str, Any]) -> list[str]:
         for m, c in mods.items()
     ]
     out += by_columns("mode | modality", cold, COLD)
+    out += _costs(r)
     gw = r.get("gateway")
     if isinstance(gw, dict):
         idle = gw.get("idle_overhead") or {}
@@ -315,6 +316,36 @@ def render_bench(r: dict[str, Any]) -> list[str]:
             "",
         ]
     return out + _warnings(r)
+
+
+def _costs(r: dict[str, Any]) -> list[str]:
+    """``cpu_us_per_request`` by process role and Redis's figures per mode (a workload with
+    CPU accounting: ``overhead-saturate``), then each mode's top Redis commands by usec."""
+    acc = r.get("accounting")
+    if not isinstance(acc, dict) or not acc:
+        return []
+    cpu = r.get("cpu_us_per_request") or {}
+    roles = sorted({k for v in cpu.values() if isinstance(v, dict) for k in v} - {"total"})
+    main = [k for k in ("producer", "redis", "worker") if k in roles]
+    roles = main + [k for k in roles if k not in main]
+    rows = []
+    for mode, a in acc.items():
+        us = cpu.get(mode) or {}
+        rows.append(
+            (mode, num(a.get("rps")), *(num(us.get(k)) for k in roles), num(us.get("total")),
+             num(a.get("redis_cpu_us_per_request"), ",.2f"),
+             num(a.get("redis_commands_per_request"), ",.2f"), num(a.get("redis_bound_rps"), ",d"))
+        )  # fmt: skip
+    heads = " | ".join(["mode", "req/s (window)", *(f"{k} us" for k in roles), "total us",
+                        "Redis CPU us (INFO)", "Redis commands", "Redis-bound req/s"])  # fmt: skip
+    out = ["CPU per request by process, microseconds (accounted window, medians):", ""]
+    out += table(heads, rows)
+    top = [
+        (mode, ", ".join(f"{k} {num(v, ',.2f')}" for k, v in
+                         list((a.get("redis_usec_by_command") or {}).items())[:5]) or "-")
+        for mode, a in acc.items()
+    ]  # fmt: skip
+    return out + table("mode | top Redis commands, usec per request", top)
 
 
 def _run_line(r: dict[str, Any]) -> str:

@@ -253,3 +253,33 @@ def test_a_rewrite_keeps_sections_of_reports_gone_from_the_folder(tmp_path: Path
     # rendered again from the same files: the same page
     main(["--reports", str(reports), "--out", str(out)])
     assert (out / f"{DAY}.md").read_text() == page
+
+
+def test_a_bench_with_cpu_accounting_gets_its_cost_tables() -> None:
+    from producer.tools.measurements import render_bench
+
+    r = {
+        "workload": "overhead-saturate",
+        "modes": {},
+        "cpu_us_per_request": {
+            "fleet": {"producer": 196.4, "redis": 101.8, "worker": 475.9, "total": 774.1},
+            "ray-serve": {"producer": 475.2, "ray:raylet": 21.6, "worker": 21.6, "total": 497.0},
+        },
+        "redis_cpu_us_per_request": {"fleet": 100.0, "ray-serve": 0.0},
+        "accounting": {
+            "fleet": {"rps": 1746.3, "redis_cpu_us_per_request": 100.0,
+                      "redis_commands_per_request": 14.49, "redis_bound_rps": 10000,
+                      "redis_usec_by_command": {"evalsha": 62.08, "rpop": 2.21}},
+            "ray-serve": {"rps": 240.3, "redis_usec_by_command": {}},
+        },
+    }  # fmt: skip
+    page = "\n".join(render_bench(r))
+    assert (
+        "| mode | req/s (window) | producer us | redis us | worker us | ray:raylet us | total us |"
+        in page
+    )
+    assert (
+        "| fleet | 1,746.3 | 196.4 | 101.8 | 475.9 | - | 774.1 | 100.00 | 14.49 | 10,000 |" in page
+    )
+    assert "| fleet | evalsha 62.08, rpop 2.21 |" in page
+    assert "| ray-serve | - |" in page

@@ -6,7 +6,8 @@ instead of the fleet/baseline/limit modes (``--modes`` does not apply to it), an
 rate against raw Redis pipelines; ``--repetitions`` gives its rounds). With
 ``metrics_cost`` (``--metrics-cost``) the run is ``producer/tools/bench/metricscost.py`` instead:
 the fleet mode with metrics and tracing on vs off, interleaved (``--modes`` and
-``--repetitions`` do not apply: one repetition per round and variant).
+``--repetitions`` do not apply: one repetition per round and variant). A workload's ``modes``
+replace ``--modes`` when it is left at its default (``fleet,baseline,limit``).
 
 Exit codes: 0 the run completed (its warnings are in the report) or the workload is a
 documented placeholder and was skipped; 1 the workload is invalid or the bench could not run.
@@ -56,6 +57,8 @@ def main(
         from producer.tools.bench.submitrate import run_submit_rate
 
         return run_submit_rate(w, repetitions, out_dir, run_dir.resolve() if run_dir else None, err)
+    if modes == ",".join(MODES) and w.modes:  # --modes left at its default
+        modes = ",".join(w.modes)
     wanted = tuple(m for m in modes.split(",") if m)
     unknown = [m for m in wanted if m not in ALL_MODES]
     if unknown or not wanted:

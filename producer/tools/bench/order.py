@@ -21,6 +21,8 @@ from producer.tools.bench.results import BenchResult, ModeResult, merge_mode
 __all__ = ["SERVICE_ORDER", "available_modes", "rotation", "run_interleaved"]
 
 LIMIT = "limit"
+# Runs that start no workers: the in-process limit and one Redis's push/pop floor.
+IN_PROCESS = (LIMIT, "redis-limit")
 SERVICE_ORDER = ("fleet", "gateway", "baseline", *PEER_MODES)
 
 
@@ -58,6 +60,7 @@ def run_interleaved(
     service: Callable[[str, int, bool], ModeResult],
     limit: Callable[[int], None],
     say: Callable[[str], None] = lambda _m: None,
+    others: dict[str, Callable[[int], None]] | None = None,
 ) -> None:
     """Run ``reps`` repetitions of every mode in ``runs``, interleaved (module docstring).
 
@@ -70,6 +73,7 @@ def run_interleaved(
             ``rep`` and stops them; ``first`` on the mode's first start.
         limit: ``limit(rep)`` runs the limit's repetition ``rep`` into ``res.limit``.
         say: progress lines.
+        others: other runs without workers by name (``redis-limit``): ``fn(rep)``.
     """
     for rep in range(reps):
         order = rotation(runs, rep)
@@ -78,6 +82,9 @@ def run_interleaved(
         for mode in order:
             if mode == LIMIT:
                 limit(rep)
+                continue
+            if others and mode in others:
+                others[mode](rep)
                 continue
             first = mode not in res.modes
             one = service(mode, rep, first)

@@ -45,20 +45,13 @@ import redis
 
 from producer.client import FleetClient, SubmitRequest
 from producer.stack.local import Stack, isolated_environment
+from producer.tools.bench.accounting import counter_delta as _delta
+from producer.tools.bench.accounting import redis_counters as _counters
 from shared import schema
 from shared.redis_client import redis_client
 
 REPO = Path(__file__).resolve().parents[3]
 SHM_ROOT = Path("/dev/shm") / f"mmfleet-bench-{os.getpid()}"
-
-
-def _counters(r: redis.Redis) -> tuple[dict[str, int], dict[str, int], float]:
-    """(calls by command, usec inside each command, CPU seconds) of the server so far."""
-    stats = r.info("commandstats")
-    cpu = r.info("cpu")
-    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
-    usec = {k.removeprefix("cmdstat_"): int(v["usec"]) for k, v in stats.items()}
-    return calls, usec, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
 
 
 def raw_ops(r: redis.Redis, ops: int = 200_000, depth: int = 1000) -> dict[str, float]:
@@ -113,10 +106,6 @@ def _wait_drained(r: redis.Redis, timeout_s: float, interval_s: float = 0.5) -> 
             return sent
         time.sleep(interval_s)
     raise TimeoutError(f"the text queue did not drain within {timeout_s} s")
-
-
-def _delta(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-    return {k: b[k] - a.get(k, 0) for k in b if b[k] - a.get(k, 0) > 0}
 
 
 def _idle_phase(admin: redis.Redis, idle_s: float) -> dict[str, float]:

@@ -8,6 +8,24 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
         offered_rps, requests, ok, errors
     modes.limit.{modality}: throughput_rps, throughput_spread, throughput_reps,
         best_batch_size, sweep_rps, unsorted_rps
+    modes.redis-limit.{modality}: throughput_rps, throughput_spread, throughput_reps (messages
+        pushed and popped per second by raw pipelines, ``producer/tools/bench/redislimit.py``)
+    workers.{modality}: worker processes per modality (fleet, baseline, gateway)
+    cpu_us_per_request.{mode} (workloads with ``accounting_idle_s``; ``accounting.py``): CPU
+        microseconds per request completed in the accounted window (warmup_s to the load's
+        end), by role: producer (the bench process: generator, result collector, event tap),
+        redis, worker (every worker process tree of the mode; a peer's server), ray:<role>
+        (ray-serve's processes by role: raylet, gcs_server, ProxyActor, ServeReplica, ...),
+        flower / exporter / gateway when running, total
+    redis_cpu_us_per_request.{mode}: Redis CPU (INFO cpu) per request, idle background
+        subtracted
+    accounting.{mode}: repetitions, window_s, completed, rps, cpu_cores.{role} (cores busy
+        over the window), cpu_us_per_request, redis_cpu_us_per_request, redis_bound_rps
+        (1 s / redis_cpu_us_per_request: the rate one Redis thread could serve),
+        redis_commands_per_request, redis_calls_by_command.{cmd} (every command) and
+        redis_usec_by_command.{cmd} (the top 8) per request, background subtracted; idle (the
+        background: seconds, redis_commands_per_s, redis_cpu_us_per_s, cpu_us_per_s.{role});
+        medians over repetitions
     latency_ms.{fleet,baseline}.{modality}.{priority}: p50, p95, p99, max, n, spread
     queue_wait_ms / compute_ms: the same shape (from Celery task events)
     overhead_ms.{mode}.{modality}: median of (end-to-end - compute) per request
@@ -210,7 +228,13 @@ def build_report(res: BenchResult) -> dict[str, Any]:
         rep["outcomes"][mode] = _outcomes(mr)
     if res.limit:
         modes["limit"] = _limit_entries(res.limit)
+    if res.redis_limit:
+        modes["redis-limit"] = _limit_entries(res.redis_limit)
     rep["modes"] = modes
+    if res.workers:
+        rep["workers"] = res.workers
+    if res.accounting:
+        rep.update(accounting_sections(res.accounting))
     rep["cdf_ms"] = {mode: _cdf_samples(mr) for mode, mr in res.modes.items()}
     rep["ratios"] = _ratios(modes, paired=bool(res.order))
     if "gateway" in res.modes:  # bench/gateway.py: the fleet through `fleet gateway`
@@ -364,7 +388,7 @@ def _ratios(modes: dict[str, Any], paired: bool = False) -> dict[str, Any]:
             "fleet_over_limit": _ratio(f, modes.get("limit", {}).get(m, {}).get(
                 "throughput_rps")),
             **{f"fleet_over_{p}": _ratio(f, modes[p][m]["throughput_rps"])
-               for p in PEER_MODES if m in modes.get(p, {})},
+               for p in (*PEER_MODES, "redis-limit") if m in modes.get(p, {})},
         }  # fmt: skip
         if paired:
             out[m]["by_repetition"] = _paired(modes, m)
@@ -438,7 +462,46 @@ def _warnings(res: BenchResult, rep: dict[str, Any]) -> list[str]:
                 )
     if res.limit_error:
         out.append(res.limit_error)
+    if res.redis_limit_error:
+        out.append(res.redis_limit_error)
+    for mode, acc in rep.get("accounting", {}).items():
+        busy = (acc.get("cpu_cores") or {}).get("producer")
+        if busy is not None and busy >= PRODUCER_BUSY_CORES:
+            out.append(
+                f"{mode}: the bench process used {busy:.2f} cores in the accounted window: "
+                "the generator (one Python process) may be what limits the rate"
+            )
     return out
+
+
+PRODUCER_BUSY_CORES = 0.85  # a Python process near one core is bound by its GIL
+
+
+def accounting_sections(acc: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """``cpu_us_per_request``, ``redis_cpu_us_per_request`` and ``accounting`` (the detail)
+    from each mode's windows and idle backgrounds (``BenchResult.accounting``)."""
+    from producer.tools.bench.accounting import combine_windows
+
+    cpu, redis_cpu, detail = {}, {}, {}
+    for mode, parts in acc.items():
+        combined = combine_windows(parts.get("windows", []))
+        if not combined:
+            continue
+        idles = parts.get("idle", [])
+        combined["idle"] = {
+            "windows": len(idles),
+            "s": _rounded([i["s"] for i in idles], 2),
+            "redis_commands_per_s": _rounded([sum(i["calls_per_s"].values()) for i in idles], 1),
+            "redis_cpu_us_per_s": _rounded([i["redis_cpu_s_per_s"] * 1e6 for i in idles], 0),
+            "cpu_us_per_s": {
+                role: _rounded([i["cpu_us_per_s"].get(role, 0.0) for i in idles], 0)
+                for role in sorted({r for i in idles for r in i["cpu_us_per_s"]})
+            },
+        }
+        cpu[mode] = combined["cpu_us_per_request"]
+        redis_cpu[mode] = combined["redis_cpu_us_per_request"]
+        detail[mode] = combined
+    return {"cpu_us_per_request": cpu, "redis_cpu_us_per_request": redis_cpu, "accounting": detail}
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -492,5 +555,10 @@ def _json_default(obj: Any) -> Any:
 
 
 # -- table ------------------------------------------------------------------------------------
+def _rounded(xs: list[float], digits: int) -> float | None:
+    m = _median_or_none(xs)
+    return None if m is None else round(m, digits)
+
+
 def _median_or_none(xs: list[float] | None) -> float | None:
     return statistics.median(xs) if xs else None

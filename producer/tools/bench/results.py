@@ -74,6 +74,14 @@ class BenchResult:
     metrics_cost: dict[str, Any] = field(default_factory=dict)  # bench/metricscost.py
     # interleaved runs: the modes in the order each repetition ran them ([] = sequential)
     order: list[list[str]] = field(default_factory=list)
+    # workloads with accounting_idle_s (bench/accounting.py), by mode: "idle" (background
+    # rates, one per worker start) and "windows" (one per repetition)
+    accounting: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    # the redis-limit mode (bench/redislimit.py): per modality, throughput_reps
+    redis_limit: dict[str, Any] = field(default_factory=dict)
+    redis_limit_error: str | None = None
+    # worker processes per modality (fleet, baseline, gateway)
+    workers: dict[str, int] = field(default_factory=dict)
 
 
 def merge_mode(into: ModeResult, one: ModeResult) -> None:

@@ -45,6 +45,14 @@ from rich.progress import (
 
 from producer.client import FleetClient
 from producer.stack.local import isolated_environment
+from producer.stack.ports import parse_replicas
+from producer.tools.bench.accounting import (
+    Accountant,
+    WindowSampler,
+    completed_between,
+    idle_window,
+    load_window,
+)
 from producer.tools.bench.collector import EventTap, ResultCollector
 from producer.tools.bench.generator import ClosedLoop, OpenLoop, Sender
 from producer.tools.bench.limit_run import limit_into, used_sources
@@ -57,11 +65,13 @@ from producer.tools.bench.sources import InputCatalog
 from producer.tools.bench.stats import combine_lag, combine_reps, summarize_rep
 from producer.tools.bench.workerstats import add_stats_diff, fleet_stats, settings_facts
 from producer.tools.bench.workload import REPO, Workload
+from shared.redis_client import redis_client
 from shared.settings import Settings
 
 log = logging.getLogger("fleet.bench")
-# gateway: the fleet through `fleet gateway` (bench/gateway.py); peers: bench/peers/
-ALL_MODES = (*MODES, "gateway", *PEER_MODES)
+# gateway: the fleet through `fleet gateway` (bench/gateway.py); peers: bench/peers/;
+# redis-limit: one Redis's push/pop floor for the same bytes (bench/redislimit.py)
+ALL_MODES = (*MODES, "gateway", *PEER_MODES, "redis-limit")
 SERVICE_MODES = {"fleet": "batch", "baseline": "baseline", "gateway": "batch"}
 WARM_PROBES = 5
 PROBE_TIMEOUT_S = 120.0
@@ -98,6 +108,12 @@ class Bench:
         self._peers: dict[str, PeerProcess] = {}  # a peer mode's processes, by modality
         self._mode = ""
         self._clock_notes: list[str] = []  # wall-clock steps seen during repetitions
+        self.workers = worker_counts(self.w, os.environ.get("FLEET_BENCH_WORKERS", ""))
+        self.accounting = self.w.accounting_idle_s > 0
+        self._acct: Accountant | None = None
+        self._idle: dict[str, Any] | None = None  # this worker start's background rates
+        self._windows: list[dict[str, Any]] = []  # this start's repetitions' windows
+        self._redis_limit: Any = None
 
     # -- whole run ------------------------------------------------------------------------
     def run(self) -> BenchResult:
@@ -111,6 +127,7 @@ class Bench:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         run_dir = self.opts.run_dir or (REPO / ".run" / "bench" / f"{self.w.name}-{stamp}")
         res = BenchResult(self.w, self.reps, datetime.now(UTC).isoformat(), run_dir=str(run_dir))
+        res.workers = {m: self.workers.get(m, 1) for m in self.modalities}
         res.load_avg_start = os.getloadavg()
         t_start = time.monotonic()
         with bench_environment(self.w, run_dir) as settings:
@@ -133,11 +150,13 @@ class Bench:
 
     def _run_modes(self, stack: Any, settings: Settings, res: BenchResult) -> None:
         """The requested modes on the started Redis, interleaved (``BenchOptions``) or not."""
-        modes, skipped = available_modes(self.opts.modes)
+        wanted = tuple(m for m in self.opts.modes if m not in self.w.skip_modes)
+        modes, skipped = available_modes(wanted)
+        skipped += [f"{m}: {why}" for m, why in self.w.skip_modes.items() if m in self.opts.modes]
         for why in skipped:  # an optional extra: skipped with the reason, never failed
             self.console.print(f"[yellow]skipped[/yellow] {why}")
             res.notes.append(f"skipped {why}")
-        runs = [*modes, *(["limit"] if "limit" in self.opts.modes else [])]
+        runs = [*modes, *(m for m in ("limit", "redis-limit") if m in wanted)]
         if self.opts.interleave and len(runs) > 1 and self.reps > 1:
             run_interleaved(
                 runs,
@@ -148,12 +167,18 @@ class Bench:
                 ),
                 lambda rep: self._limit(res, stack, rep),
                 self.console.print,
+                others={
+                    "redis-limit": lambda rep: self._redis_limit_rep(res, stack, settings, rep)
+                },
             )
             return
         for mode in modes:
             res.modes[mode] = self._service_mode(mode, stack, settings, res)
-        if "limit" in self.opts.modes:
+        if "limit" in wanted:
             self._limit(res, stack)
+        if "redis-limit" in wanted:
+            for rep in range(self.reps):
+                self._redis_limit_rep(res, stack, settings, rep)
 
     # -- fleet and baseline ---------------------------------------------------------------
     def _service_mode(
@@ -186,6 +211,8 @@ class Bench:
             self._start_workers(mode, stack, client, probe_table, out)
             if first:
                 self._warm_probes(client, probe_table, out)
+            if self.accounting:
+                self._start_accounting(stack, settings, res, mode)
             if first and mode == "gateway" and "text" in self.modalities:
                 from producer.tools.bench.gateway import measure_overhead
 
@@ -196,6 +223,8 @@ class Bench:
                 out.workers.setdefault(m, {})["runtime"] = s.get("runtime")
                 out.workers[m]["model"] = s.get("model")
             self._repetitions(mode, client, collector, tap, out, fifo, reps)
+            if self._acct is not None:
+                res.accounting[mode]["windows"] += self._windows
             self._measured(mode, client)
             if tap.failed is not None:
                 res.notes.append(f"{mode}: the event tap failed ({tap.failed}); no queue/compute")
@@ -205,10 +234,79 @@ class Bench:
             if mode == "gateway":
                 stack.stop("gateway")
             self._stop_workers(mode, stack)
+            self._stop_accounting()
             with contextlib.suppress(Exception):
                 client.app.backend.client.flushdb()
             client.app.close()
         return out
+
+    # -- CPU and Redis per request (workloads with accounting_idle_s) ----------------------
+    def _start_accounting(
+        self, stack: Any, settings: Settings, res: BenchResult, mode: str
+    ) -> None:
+        """An accountant over this start's processes and the background of an idle window."""
+        self._acct = Accountant(stack.pids, redis_client(settings))
+        self._windows = []
+        with self._spinner(f"{mode}: idle window ({self.w.accounting_idle_s:.0f} s)"):
+            self._idle = idle_window(self._acct, self.w.accounting_idle_s)
+        res.accounting.setdefault(mode, {"idle": [], "windows": []})["idle"].append(self._idle)
+
+    def _stop_accounting(self) -> None:
+        if self._acct is not None:
+            with contextlib.suppress(Exception):
+                self._acct.admin.close()
+        self._acct, self._idle = None, None
+
+    def _sampler(self, t0: float) -> WindowSampler | None:
+        """The accounting window of a repetition starting at monotonic ``t0``, started."""
+        if self._acct is None:
+            return None
+        start_s, end_s = load_window(self.w)
+        sampler = WindowSampler(self._acct, t0 + start_s, t0 + end_s)
+        sampler.start()
+        return sampler
+
+    def _account(self, sampler: WindowSampler | None, records: list[Record]) -> None:
+        """The window's figures, divided by the successes completed inside it."""
+        if sampler is None:
+            return
+        sampler.join()
+        if sampler.error is not None or sampler.a is None or sampler.b is None:
+            self._clock_notes.append(f"{self._mode}: CPU accounting failed: {sampler.error}")
+            return
+        n = completed_between(records, self.tb.wall_ms(sampler.a.t), self.tb.wall_ms(sampler.b.t))
+        self._windows.append(sampler.figures(self._idle, completed=n))
+
+    def _redis_limit_rep(self, res: BenchResult, stack: Any, settings: Settings, rep: int) -> None:
+        """One repetition of the ``redis-limit`` mode (``redislimit.py``), no workers up."""
+        from producer.tools.bench.redislimit import RedisLimit
+
+        if res.redis_limit_error:
+            return
+        client = FleetClient(settings, role="admin")
+        acct = Accountant(stack.pids, redis_client(settings))
+        try:
+            with self._spinner(f"redis-limit {rep + 1}/{self.reps}: LPUSH/RPOP pipelines"):
+                if self._redis_limit is None:
+                    self._redis_limit = RedisLimit(self.w, self.catalog, settings)
+                rl = self._redis_limit
+                rl.capture(client, acct.admin)
+                idle = idle_window(acct, min(self.w.accounting_idle_s or 1.0, 2.0))
+                rps, win = rl.repetition(acct, idle)
+        except Exception as exc:
+            res.redis_limit_error = f"redis-limit failed: {exc}"
+            self.console.print(f"[red]{res.redis_limit_error}[/red]")
+            return
+        finally:
+            client.app.close()
+            acct.admin.close()
+        self.console.print(f"redis-limit {rep + 1}/{self.reps}: {rps:,.0f} messages/s")
+        for m in rl.modalities:
+            res.redis_limit.setdefault(m, {"throughput_reps": []})["throughput_reps"].append(rps)
+        acc = res.accounting.setdefault("redis-limit", {"idle": [], "windows": []})
+        acc["idle"].append(idle)
+        if win:
+            acc["windows"].append(win)
 
     def _repetitions(
         self,
@@ -242,10 +340,14 @@ class Bench:
     def _stop_workers(self, mode: str, stack: Any) -> None:
         """Stop this mode's workers, all at once."""
         with self._spinner(f"{mode}: stopping workers"):
-            stoppers = [
-                threading.Thread(target=stack.stop, args=(self._process_name(mode, m),))
-                for m in self.modalities
-            ]
+            names = [self._process_name(mode, m) for m in self.modalities]
+            if mode not in PEER_MODES:
+                names += [
+                    stack.worker_name(m, i)
+                    for m in self.modalities
+                    for i in range(1, self.workers.get(m, 1))
+                ]
+            stoppers = [threading.Thread(target=stack.stop, args=(n,)) for n in names]
             for t in stoppers:
                 t.start()
             for t in stoppers:
@@ -267,7 +369,8 @@ class Bench:
                     window = stack.s.modality(m).device.prefetch_multiplier
                     self._peers[m] = start_peer(stack, mode, m, window)
                 else:
-                    stack.start_worker(m, SERVICE_MODES[mode])
+                    for i in range(self.workers.get(m, 1)):
+                        stack.start_worker(m, SERVICE_MODES[mode], instance=i)
                 ready_s = time.monotonic() - t0
                 first = self._probe(client, table, m)
                 if not first.ok:
@@ -353,6 +456,7 @@ class Bench:
                 gens.append(ClosedLoop(sender, picker, t0, stop))
         closed = any(p.arrival == "closed" for p in self.w.phases)
         total = None if closed else len(plan)
+        sampler = self._sampler(t0)
         label = f"{mode} {rep + 1}/{self.reps}"
         try:
             with self._progress() as progress:
@@ -376,6 +480,7 @@ class Bench:
         for task_id in table.pending_ids():
             table.complete(task_id, now, False, NO_RESULT)
         self._wait_events(table)
+        self._account(sampler, table.records())
         return table.records()
 
     def _sender(
@@ -403,7 +508,7 @@ class Bench:
         """The fleet workers' ``fleet_stats`` (peers have none: their workers are not ours)."""
         if self._mode in PEER_MODES:
             return {}
-        return fleet_stats(client, len(self.modalities))
+        return fleet_stats(client, sum(self.workers.get(m, 1) for m in self.modalities))
 
     def _process_name(self, mode: str, modality: str) -> str:
         """The stack's name of the process serving ``modality`` in ``mode`` (log, pidfile)."""
@@ -484,6 +589,19 @@ class Bench:
         with self.console.status(what):
             yield
         self.console.print(f"{what}: done in {time.monotonic() - t0:.1f} s")
+
+
+def worker_counts(w: Workload, spec: str = "") -> dict[str, int]:
+    """Worker processes per modality: ``spec`` (``FLEET_BENCH_WORKERS``, ``"text=4"``) over
+    the workload's ``workers``; 1 where neither names a modality.
+
+    Raises:
+        BenchError: ``spec`` is not a valid ``<modality>=<count>`` list.
+    """
+    try:
+        return {**w.workers, **parse_replicas(spec)} if spec.strip() else dict(w.workers)
+    except ValueError as exc:
+        raise BenchError(f"FLEET_BENCH_WORKERS: {exc}") from None
 
 
 def summarize_mode(mr: ModeResult, w: Workload) -> dict[str, Any]:

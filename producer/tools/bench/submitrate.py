@@ -83,6 +83,25 @@ def _calls(admin: Any) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
+def capture_messages(
+    client: FleetClient, admin: Any, requests: list[SubmitRequest], keys: list[str]
+) -> list[Message]:
+    """The exact messages ``submit_many`` pushes for ``requests``: sent in chunks of
+    ``CHUNK``, read back from the priority lists ``keys`` (``LRANGE``), the lists then
+    deleted. Also used by the bench's ``redis-limit`` mode (``redislimit.py``).
+
+    Raises:
+        BenchError: the lists do not hold exactly ``len(requests)`` messages.
+    """
+    for i in range(0, len(requests), CHUNK):
+        client.submit_many(requests[i : i + CHUNK])
+    messages = [(k, m) for k in keys for m in admin.lrange(k, 0, -1)]
+    admin.delete(*keys)
+    if len(messages) != len(requests):
+        raise BenchError(f"the capture pass enqueued {len(messages)} of {len(requests)} messages")
+    return messages
+
+
 class SubmitRateBench:
     """Runs the submit-rate workload; :meth:`run` returns the report (a JSON-able dict)."""
 
@@ -198,19 +217,9 @@ class SubmitRateBench:
 
     # -- the send paths -------------------------------------------------------------------
     def _capture(self, client: FleetClient, admin: Any) -> list[Message]:
-        """Send the N requests once through ``submit_many`` and read back what it pushed.
-
-        Raises:
-            BenchError: the lists do not hold exactly N messages.
-        """
+        """Send the N requests once through ``submit_many`` and read back what it pushed."""
         with self._step(f"capture pass: {self.n} requests through submit_many"):
-            for i in range(0, self.n, CHUNK):
-                client.submit_many(self.requests[i : i + CHUNK])
-            messages = [(k, m) for k in self.list_keys for m in admin.lrange(k, 0, -1)]
-            self._drain(admin)
-        if len(messages) != self.n:
-            raise BenchError(f"the capture pass enqueued {len(messages)} of {self.n} messages")
-        return messages
+            return capture_messages(client, admin, self.requests, self.list_keys)
 
     def _sender(
         self, path: str, client: FleetClient, raw_conn: Any, messages: list[Message]

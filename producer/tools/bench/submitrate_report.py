@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from producer.tools.bench.accounting import counter_delta as counter_delta  # re-exported
 from producer.tools.bench.stats import spread
 
 PATHS = ("raw", "submit_many", "submit", "submit_many+wait")
@@ -95,11 +96,6 @@ def per_request(delta: Mapping[str, int], requests: int, ignore: Sequence[str] =
         return {}
     kept = {k: v for k, v in delta.items() if k not in ignore and v > 0}
     return {k: round(v / requests, 3) for k, v in sorted(kept.items(), key=lambda kv: -kv[1])}
-
-
-def counter_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
-    """``after - before`` per key, positive differences only."""
-    return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
 
 
 def verdict(ratio_many: float | None) -> dict[str, Any]:

@@ -38,7 +38,56 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         _print_gateway(report, con)
     con.print(_latency_table(report))
     con.print(_cold_table(report))
+    if report.get("accounting"):
+        con.print(cost_table(report))
+        _print_commands(report, con)
     _print_notes(report, con)
+
+
+MAIN_ROLES = ("producer", "redis", "worker")
+
+
+def cost_table(report: dict[str, Any]) -> Table:
+    """Per mode: the accounted window's rate, latency, CPU per request by process role and
+    Redis's own figures (``accounting``; roles beyond the main ones summed as ``other``)."""
+    t = Table(title="Cost per request in the accounted window: CPU us by process (median "
+              "over repetitions); Redis from INFO, idle background subtracted")  # fmt: skip
+    for col in ("mode", "req/s", "p50 ms", "p99 ms", *MAIN_ROLES, "other", "total",
+                "redis INFO us", "redis cmds", "producer cores"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    for mode, acc in report["accounting"].items():
+        us = acc.get("cpu_us_per_request") or {}
+        other = [v for k, v in us.items() if _other(k) and v is not None]
+        lat = [
+            v for v in (report.get("latency_all_ms", {}).get(mode) or {}).values() if v
+        ]  # one modality in the overhead workloads: its figures; several: the first
+        p50 = lat[0].get("p50") if lat else None
+        p99 = lat[0].get("p99") if lat else None
+        t.add_row(mode, _f(acc.get("rps")), _f(p50, ".2f"), _f(p99, ".2f"),
+                  *(_f(us.get(r)) for r in MAIN_ROLES), _f(sum(other) if other else None),
+                  _f(us.get("total")), _f(acc.get("redis_cpu_us_per_request")),
+                  _f(acc.get("redis_commands_per_request"), ".2f"),
+                  _f((acc.get("cpu_cores") or {}).get("producer"), ".2f"))  # fmt: skip
+    return t
+
+
+def _other(role: str) -> bool:
+    """A role of the ``other`` column (Ray's roles are summed as ``worker`` already)."""
+    return role not in (*MAIN_ROLES, "total") and not role.startswith("ray:")
+
+
+def _print_commands(report: dict[str, Any], con: Console) -> None:
+    """Per mode: the roles in ``other`` and the top Redis commands by usec per request."""
+    for mode, acc in report["accounting"].items():
+        us = acc.get("cpu_us_per_request") or {}
+        top = list((acc.get("redis_usec_by_command") or {}).items())[:5]
+        calls = acc.get("redis_calls_by_command") or {}
+        line = ", ".join(f"{k} {v:.2f} us ({calls.get(k, 0):.3f} calls)" for k, v in top)
+        con.print(f"{mode}: Redis top commands per request by usec: {line or '-'}")
+        split = {k: v for k, v in us.items() if (_other(k) or k.startswith("ray:")) and v}
+        if split:
+            con.print(f"{mode}: CPU us per request beyond producer, redis, worker: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in split.items()))  # fmt: skip
 
 
 def _print_gateway(report: dict[str, Any], con: Console) -> None:

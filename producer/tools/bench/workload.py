@@ -159,6 +159,17 @@ class Workload(_Spec):
     sources: dict[str, SourceSpec] = Field(default_factory=dict)
     phases: list[Phase] = Field(default_factory=list)
     limit: LimitSpec = Field(default_factory=LimitSpec)
+    # The modes run when ``--modes`` is left at its default (``fleet,baseline,limit``);
+    # empty: that default.
+    modes: list[str] = Field(default_factory=list)
+    # Modes that mean nothing for this workload, with the reason (skipped and noted).
+    skip_modes: dict[str, str] = Field(default_factory=dict)
+    # Worker processes per modality for the fleet, baseline and gateway modes (default 1);
+    # FLEET_BENCH_WORKERS="text=4" overrides it.
+    workers: dict[str, int] = Field(default_factory=dict)
+    # > 0: CPU per request by process and Redis per request (producer/tools/bench/accounting.py),
+    # with an idle window of this many seconds per worker start for Redis's background.
+    accounting_idle_s: float = Field(default=0.0, ge=0.0)
 
     @model_validator(mode="after")
     def _consistent(self) -> Workload:
@@ -175,6 +186,11 @@ class Workload(_Spec):
             for m in p.mix:
                 if m.source not in self.sources:
                     raise ValueError(f"phase {p.name!r}: unknown source {m.source!r}")
+        ends = [p.start_s + p.duration_s for p in self.phases if p.duration_s]
+        if self.accounting_idle_s and (not ends or max(ends) <= self.warmup_s):
+            raise ValueError("accounting_idle_s needs a phase with duration_s beyond warmup_s")
+        if any(n < 1 for n in self.workers.values()):
+            raise ValueError(f"workers: at least 1 per modality, got {self.workers}")
         for key in self.overrides:
             if key.startswith(_RESERVED_OVERRIDES):
                 raise ValueError(f"override {key!r}: the bench owns redis, stack and flower")
