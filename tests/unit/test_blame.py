@@ -1,0 +1,104 @@
+"""Blame records' bookkeeping (``workers.batching.execution``: ``BlameBook``, ``encode_id``,
+``redelivered``) and poison accounting over them (``engine_fakes.MemoryCounters``). The Lua
+scripts on a real Redis: tests/integration/test_blame.py."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from engine_fakes import MemoryCounters
+
+from workers.batching.execution import BlameBook, Deliveries, encode_id, redelivered
+
+
+def test_an_id_is_recorded_without_spaces_and_never_as_a_piece_of_another() -> None:
+    assert encode_id("a b%20") == "a%20b%2520"
+    assert encode_id("plain-uuid") == "plain-uuid"
+    assert " " not in BlameBook.value(["a b", "c"]).replace(" ", "", 1)
+    assert f" {encode_id('a')} " not in f" {BlameBook.value(['a b'])} "
+
+
+def test_a_record_is_indexed_on_its_first_write_and_when_it_may_have_expired() -> None:
+    now = [0.0]
+    book = BlameBook("h:1:ab", ttl_s=100, clock=lambda: now[0])
+    assert book.key("decode") == "fleet:blame:h:1:ab:decode"
+    assert book.prefix == "fleet:blame:h:1:ab:"
+    assert book.put("decode", ["a"])  # first write
+    now[0] = 40.0
+    assert not book.put("decode", [])  # rewritten well within its TTL
+    now[0] = 95.0
+    assert book.put("decode", ["b"])  # half a TTL since the last write: index it again
+    assert not book.put("decode", ["c"])
+    book.unsure("decode")  # that write may have failed
+    assert book.put("decode", ["c"])
+
+
+def test_removing_ids_rewrites_only_the_records_that_name_them() -> None:
+    book = BlameBook("h:1:ab", ttl_s=100)
+    book.put("decode", ["a", "b"])
+    book.put("lane-1", ["c", "d"])
+    assert book.remove(["b", "x"]) == {"decode": ["a"]}
+    assert book.remove(["a", "c"]) == {"decode": ["b"], "lane-1": ["d"]}  # not applied yet
+    assert book.remove(["x"]) == {}
+
+
+def test_each_lane_thread_has_a_slot_of_its_own() -> None:
+    book = BlameBook("h:1:ab", ttl_s=100)
+    slots: list[str] = []
+    t = threading.Thread(target=lambda: slots.append(book.lane()))
+    t.start()
+    t.join()
+    assert book.lane() == book.lane() and book.lane() not in slots
+    assert sorted([book.lane(), *slots]) == ["lane-1", "lane-2"]
+
+
+def test_redelivered_reads_kombus_mark_in_delivery_info_or_headers() -> None:
+    assert redelivered(SimpleNamespace(delivery_info={"redelivered": True}))
+    msg = SimpleNamespace(headers={"redelivered": True})
+    assert redelivered(SimpleNamespace(delivery_info={}, message=msg))
+    plain = SimpleNamespace(
+        delivery_info={"redelivered": False}, message=SimpleNamespace(headers={})
+    )
+    assert not redelivered(plain)
+    assert not redelivered(SimpleNamespace())
+
+
+def test_a_dead_incarnations_record_counts_only_for_a_redelivered_message() -> None:
+    c = MemoryCounters()
+    d = Deliveries(c)
+    d.arrive(["x", "y"], [False, False])
+    d.decoded(["x", "y"])
+    assert d.counters.begin(["x", "y"]) == [1, 1]
+    c.die()
+    assert d.arrive(["x", "y"], [True, False]) == [2, 1]  # y is not looked up
+
+
+def test_own_records_and_waiting_in_the_window_blame_nobody() -> None:
+    c = MemoryCounters()
+    d = Deliveries(c)
+    d.arrive(["x", "w"], [False, False])
+    d.decoded(["x", "w"])  # w now merely waits in the window
+    c.begin(["x"])
+    assert d.arrive(["x"], [True]) == [1]  # its own incarnation's records: not a death
+    c.die()  # decoding x (again) and running it: one death
+    assert d.arrive(["x", "w"], [True, True]) == [2, 1]
+
+
+def test_an_incarnation_counts_once_whichever_of_its_records_name_the_message() -> None:
+    c = MemoryCounters()
+    c.arrive(["x"], [False])  # its decode record was never emptied (Redis refused)
+    c.begin(["x"])
+    assert c.named("x") == 2
+    c.die()
+    assert c.arrive(["x"], [True]) == [2]
+
+
+def test_a_release_takes_ids_out_of_every_record() -> None:
+    c = MemoryCounters()
+    c.arrive(["a", "b"], [False, False])
+    c.begin(["a", "c"])
+    c.uncount(["a", "b"])
+    assert (c.named("a"), c.named("b"), c.named("c")) == (0, 0, 1)
+    c.die()
+    assert c.arrive(["a", "b", "c"]) == [1, 1, 2]
