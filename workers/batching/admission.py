@@ -6,8 +6,9 @@ Two steps, both on the worker's event-loop thread:
 1. :func:`screen` (cheap, before Redis is asked anything): positional arguments, the
    envelope's schema, its priority, the modality and model this worker serves, the deadline.
 2. :meth:`Admission.admit` (after its arrival was recorded and its deaths counted,
-   ``workers.batching.execution``): refuse a poison message, strip an injected fault, renew its /dev/shm inputs, ``prepare`` them, and
-   build the :class:`~workers.batching.batcher.Pending` (a suspect in a bucket of its own).
+   ``workers.batching.execution``): refuse a poison message, strip an injected fault, renew
+   its /dev/shm inputs, ``prepare`` them, and build the
+   :class:`~workers.batching.batcher.Pending` (a suspect in a bucket of its own).
 
 No Celery here: a request is any object with an ``id``.
 """
