@@ -245,6 +245,11 @@ class MemoryCounters:
         for slot, ids in self.book.remove(task_ids).items():
             self._write(slot, ids)
 
+    def retire(self) -> None:
+        self._up()
+        for slot in self.book.retire():
+            self.records.pop((self.book.incarnation, slot), None)
+
     def store_final(self, task_id: str) -> None:
         """The final result is written: the marker set (records are not touched)."""
         self.final.add(task_id)

@@ -3,7 +3,7 @@ pending or a coded refusal; a message that keeps killing workers is refused; a s
 
 A fake model and fake requests; the blame records are kept in a dict with the Redis semantics
 of ``workers.batching.execution`` (``engine_fakes.MemoryCounters``); the real scripts on a real
-Redis are covered by tests/integration/test_blame.py, real worker crashes by
+Redis are covered by tests/integration/test_blame_records.py, real worker crashes by
 tests/integration/test_faults.py.
 """
 

@@ -82,7 +82,8 @@ tested without Redis:
   that kills the worker is not blamed twice, nor its group-mates once; a worker dying while a
   request merely waits in the prefetch window blames nobody;
 - a shutdown or a give-back is not a death: the requests given back are taken out of the
-  records that name them (this process knows which ids each of its records holds);
+  records that name them (this process knows which ids each of its records holds), and a
+  worker that stopped gracefully deletes its records (:meth:`InFlight.retire`);
 - own records are never counted: a message that comes back to the incarnation that ran it
   (its lease lapsed while Redis refused writes) did not kill it;
 - an incarnation is counted once per message, whichever of its records name it;
@@ -556,6 +557,14 @@ class BlameBook:
             }
         return changed
 
+    def retire(self) -> list[str]:
+        """Forget every record (the incarnation stops); the slots it had."""
+        with self._lock:
+            slots = list(self.slots)
+            self.slots.clear()
+            self._indexed.clear()
+            return slots
+
     @staticmethod
     def value(task_ids: Sequence[str]) -> str:
         return " ".join(encode_id(t) for t in task_ids)
@@ -687,6 +696,16 @@ class InFlight:
         if changed:
             self._write(changed)
 
+    def retire(self) -> None:
+        """This incarnation stops (a graceful shutdown, everything settled or given back):
+        its records and their names in the index go."""
+        keys = [self.book.key(slot) for slot in self.book.retire()]
+        if keys:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.delete(*keys)
+                pipe.srem(schema.BLAME_INDEX_KEY, *keys)
+                pipe.execute()
+
 
 class Counters(Protocol):
     """Poison accounting's store (``workers.batching.execution.InFlight`` on Redis)."""
@@ -698,6 +717,8 @@ class Counters(Protocol):
     def begin(self, task_ids: Sequence[str]) -> list[int]: ...
 
     def uncount(self, task_ids: Sequence[str]) -> None: ...
+
+    def retire(self) -> None: ...
 
 
 def redelivered(req: Any) -> bool:
@@ -791,6 +812,13 @@ class Deliveries:
         """Take requests that did not die (a shutdown, returned unrun) out of the records."""
         with contextlib.suppress(Exception):
             self.counters.uncount([w.req.id for w in works])
+
+    def retire(self) -> None:
+        """The worker stopped gracefully: nothing it held is to blame (its records go)."""
+        try:
+            self.counters.retire()
+        except Exception:  # they expire with their TTL; only redelivered copies look them up
+            log.warning("could not remove this worker's blame records", exc_info=True)
 
 
 class Isolation:

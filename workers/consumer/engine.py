@@ -309,6 +309,7 @@ class Engine:
             time.sleep(0.05)
         self.lanes.stop(end)
         self._give_back_rest()
+        self.deliveries.retire()  # a shutdown is not a death: no record of it stays
         if self.keeper is not None:
             self.keeper.stop()
 

@@ -1,6 +1,6 @@
 """Blame records' bookkeeping (``workers.batching.execution``: ``BlameBook``, ``encode_id``,
 ``redelivered``) and poison accounting over them (``engine_fakes.MemoryCounters``). The Lua
-scripts on a real Redis: tests/integration/test_blame.py."""
+scripts on a real Redis: tests/integration/test_blame_records.py."""
 
 from __future__ import annotations
 
@@ -102,3 +102,14 @@ def test_a_release_takes_ids_out_of_every_record() -> None:
     assert (c.named("a"), c.named("b"), c.named("c")) == (0, 0, 1)
     c.die()
     assert c.arrive(["a", "b", "c"]) == [1, 1, 2]
+
+
+def test_a_worker_that_stopped_leaves_no_record() -> None:
+    c = MemoryCounters()
+    d = Deliveries(c)
+    c.arrive(["a"], [False])
+    c.begin(["a", "b"])
+    d.retire()
+    assert c.named("a") == c.named("b") == 0 and c.book.slots == {}
+    c.die()
+    assert c.arrive(["a", "b"]) == [1, 1]
