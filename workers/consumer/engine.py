@@ -141,7 +141,7 @@ __all__ = ["Engine"]
 log = logging.getLogger("fleet.engine")
 
 
-IN_FLIGHT_TTL_S = 7 * 86400
+IN_FLIGHT_TTL_S = 7 * 86400  # least TTL of a blame record (workers.batching.execution)
 
 
 def lease_client(settings: Settings) -> Any:
