@@ -6,10 +6,19 @@ from __future__ import annotations
 
 import threading
 from types import SimpleNamespace
+from typing import Any
 
+import pytest
 from engine_fakes import MemoryCounters
 
-from workers.batching.execution import BlameBook, Deliveries, encode_id, redelivered
+from workers.batching.execution import (
+    FINAL,
+    BlameBook,
+    Deliveries,
+    InFlight,
+    encode_id,
+    redelivered,
+)
 
 
 def test_an_id_is_recorded_without_spaces_and_never_as_a_piece_of_another() -> None:
@@ -113,3 +122,54 @@ def test_a_worker_that_stopped_leaves_no_record() -> None:
     assert c.named("a") == c.named("b") == 0 and c.book.slots == {}
     c.die()
     assert c.arrive(["a", "b"]) == [1, 1]
+
+
+class _Pipe:
+    def __init__(self, log: list[tuple[Any, ...]]) -> None:
+        self.log = log
+
+    def __enter__(self) -> _Pipe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **kw: self.log.append((name, *a, *sorted(kw.items())))
+
+    def execute(self) -> list[Any]:
+        return []
+
+
+class _Client:
+    """What InFlight sends, without Redis; the gate's script answers ``answer``."""
+
+    def __init__(self, answer: list[int]) -> None:
+        self.answer = answer
+        self.log: list[tuple[Any, ...]] = []
+
+    def register_script(self, text: str) -> Any:
+        return lambda keys, args: list(self.answer)
+
+    def pipeline(self, transaction: bool = True) -> _Pipe:
+        return _Pipe(self.log)
+
+
+def test_a_final_answer_the_primary_does_not_confirm_runs_and_is_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Behind Sentinel a FINAL answer is confirmed on the primary; one it does not confirm
+    runs (writes are first-wins), and the lane's record is written again to name it."""
+    import shared.redis_client
+
+    monkeypatch.setattr(shared.redis_client, "execute_waiting", lambda c, p, w: [0])
+    client = _Client([FINAL, 1])
+    flight = InFlight(client, 60, waiter=object(), name="h:1:ab")  # type: ignore[arg-type]
+    assert flight.begin(["done", "new"]) == [1, 1]
+    key = flight.book.key("lane-1")
+    assert ("set", key, "done new", ("ex", 60)) in client.log
+    assert flight.book.slots["lane-1"] == ["done", "new"]
+    client.answer = [FINAL, 1]
+    monkeypatch.setattr(shared.redis_client, "execute_waiting", lambda c, p, w: [1])
+    assert flight.begin(["done", "new"]) == [FINAL, 1]
+    assert flight.book.slots["lane-1"] == ["new"]
