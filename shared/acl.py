@@ -16,7 +16,8 @@ producer    enqueue (``LPUSH`` onto the modality queues, kombu's bindings), read
             ``EVAL``, ``CONFIG``, ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, no other key or channel.
 worker      every key and channel, every command but Redis's ``@dangerous`` ones (``CONFIG``,
             ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, ``DEBUG``, ``ACL``, ``CLIENT KILL``...):
-            workers run the fleet's Lua scripts (fetch, result writes, batch gate).
+            workers run the fleet's Lua scripts (fetch, result writes, batch gate, the
+            blame lookup, which reads ``fleet:blame:*`` records by the names its index holds).
 operator    Flower, ``fleet status``, ``fleet exporter``, the bench's event tap: read
             everything, control broadcasts (ping, inspect, revoke), ``INFO``, scripts
             (kombu's restore mutex is one; the exporter's queue-stats read is another:

@@ -70,6 +70,8 @@ from shared.errors import InvalidInput, InvalidPriority, UnsupportedModality
 from shared.settings import MODALITIES, Settings
 
 __all__ = [
+    "BLAME_INDEX_KEY",
+    "BLAME_PREFIX",
     "DELIVERY_COUNT_PREFIX",
     "ENVELOPE_KWARG",
     "FINAL_KEY_PREFIX",
@@ -86,6 +88,7 @@ __all__ = [
     "UNACKED_KEY",
     "Priority",
     "TaskEnvelope",
+    "blame_record_key",
     "compact",
     "decode_result",
     "delivery_count_key",
@@ -330,7 +333,13 @@ PRIORITY_SEP = "\x06\x16"  # kombu's default separator; kept so plain Celery cli
 TASK_PREFIX = "fleet."
 
 
-DELIVERY_COUNT_PREFIX = "fleet:deliveries:"  # INCR per delivery, for poison-message detection
+DELIVERY_COUNT_PREFIX = "fleet:deliveries:"  # no longer written (poison accounting: BLAME_PREFIX)
+
+
+# Poison accounting (workers.batching.execution.InFlight): each worker process incarnation's
+# records of the task ids it is decoding or running, and the set of every record's name.
+BLAME_PREFIX = "fleet:blame:"
+BLAME_INDEX_KEY = "fleet:blame:index"
 
 
 RESULT_KEY_PREFIX = "celery-task-meta-"  # Celery's Redis result backend key
@@ -394,6 +403,11 @@ def priority_list_key(queue: str, celery_priority: int) -> str:
 
 def delivery_count_key(task_id: str) -> str:
     return f"{DELIVERY_COUNT_PREFIX}{task_id}"
+
+
+def blame_record_key(incarnation: str, slot: str) -> str:
+    """The blame record of one worker process incarnation's ``slot`` (``decode`` or a lane)."""
+    return f"{BLAME_PREFIX}{incarnation}:{slot}"
 
 
 def result_key(task_id: str) -> str:

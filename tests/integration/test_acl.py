@@ -60,7 +60,8 @@ def test_the_producer_cannot_administer_script_or_read_fleet_internals(stack: An
         ("ACL", "LIST"),
         ("HGETALL", schema.UNACKED_KEY),  # other requests' payloads
         ("DEL", schema.UNACKED_INDEX_KEY),
-        ("GET", schema.delivery_count_key("x")),
+        ("GET", schema.blame_record_key("host:1:ab", "decode")),  # what workers run
+        ("SMEMBERS", schema.BLAME_INDEX_KEY),
         ("SUBSCRIBE", "__keyspace@0__:text"),
         ("PUBLISH", "/0.celery.pidbox", "{}"),  # control broadcasts (shutdown) are not its
     ):
@@ -76,6 +77,20 @@ def test_workers_and_operators_cannot_reconfigure_or_wipe_redis(stack: Any) -> N
         for cmd in (("CONFIG", "SET", "maxmemory", "1"), ("FLUSHALL",), ("SHUTDOWN", "NOSAVE")):
             assert _denied(r, *cmd), (role, cmd)
     _as(stack.s, ADMIN).execute_command("ACL", "LOG", "RESET")
+
+
+def test_a_worker_keeps_its_blame_records(stack: Any) -> None:
+    """Poison accounting's records (``workers.batching.execution.InFlight``): a worker sets,
+    reads and indexes them, and runs the scripts that do."""
+    w = _as(stack.s, "worker")
+    key = schema.blame_record_key("acl-test:1:ab", "lane-1")
+    assert w.set(key, "a b", ex=60)
+    assert w.get(key) == b"a b"
+    w.sadd(schema.BLAME_INDEX_KEY, key)
+    assert key.encode() in w.smembers(schema.BLAME_INDEX_KEY)
+    assert w.srem(schema.BLAME_INDEX_KEY, key) == 1
+    assert w.delete(key) == 1
+    assert w.eval("return redis.call('SMEMBERS', KEYS[1])", 1, schema.BLAME_INDEX_KEY) is not None
 
 
 def test_the_exporter_reads_queue_stats_as_operator_and_a_producer_cannot(stack: Any) -> None:

@@ -21,7 +21,14 @@ from shared.settings import DeviceConfig, Settings
 from shared.tracing import Tracing
 from workers.batching.batcher import LatencyModel, Pending, Work
 from workers.batching.completion import EngineStats, Observers, Posted
-from workers.batching.execution import FINAL, BatchRunner, CircuitBreaker, RetryPolicy
+from workers.batching.execution import (
+    DECODE_SLOT,
+    FINAL,
+    BatchRunner,
+    BlameBook,
+    CircuitBreaker,
+    RetryPolicy,
+)
 from workers.batching.inject import RequestInjector
 from workers.models.base import ModelAdapter, Prepared
 from workers.models.runtime import DeviceRuntime
@@ -186,43 +193,63 @@ def rig(
 
 
 class MemoryCounters:
-    """In-flight counters in a dict, with ``workers.batching.execution.InFlight``'s semantics
-    (its Lua script and Redis round trips are covered by the integration tests)."""
+    """Blame records in a dict, with ``workers.batching.execution.InFlight``'s semantics
+    (its Lua scripts and Redis round trips are covered by the integration tests). It plays one
+    worker process incarnation at a time: :meth:`die` starts the next one, and the dead one's
+    records stay, as they do in Redis until their TTL passes."""
 
     def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
+        self.records: dict[tuple[str, str], list[str]] = {}  # (incarnation, slot) -> ids
         self.final: set[str] = set()  # ids whose final result is stored
         self.down = False  # Redis unreachable
+        self._incarnations = itertools.count(1)
+        self.die()
+
+    def die(self) -> None:
+        """This incarnation dies (its records stay); the next one starts."""
+        self.book = BlameBook(f"w{next(self._incarnations)}", ttl_s=3600)
 
     def _up(self) -> None:
         if self.down:
             raise ConnectionError("Redis is unreachable")
 
-    def arrive(self, task_ids: Sequence[str]) -> list[int]:
+    def _write(self, slot: str, task_ids: Sequence[str]) -> None:
         self._up()
-        for tid in task_ids:
-            self.counts[tid] += 1
-        return [self.counts[tid] for tid in task_ids]
+        self.book.put(slot, task_ids)
+        self.records[(self.book.incarnation, slot)] = list(task_ids)
 
-    def begin(self, task_ids: Sequence[str], count: Sequence[bool]) -> list[int]:
+    def deaths(self, task_id: str) -> int:
+        """The other incarnations whose records name ``task_id``."""
+        me = self.book.incarnation
+        return len({inc for (inc, _), ids in self.records.items() if inc != me and task_id in ids})
+
+    def named(self, task_id: str) -> int:
+        """How many records name ``task_id``."""
+        return sum(task_id in ids for ids in self.records.values())
+
+    def arrive(
+        self, task_ids: Sequence[str], redelivered: Sequence[bool] | None = None
+    ) -> list[int]:
+        self._write(DECODE_SLOT, task_ids)
+        flags = [True] * len(task_ids) if redelivered is None else redelivered
+        return [1 + self.deaths(t) if r else 1 for t, r in zip(task_ids, flags, strict=True)]
+
+    def begin(self, task_ids: Sequence[str]) -> list[int]:
         self._up()
-        out = []
-        for tid, c in zip(task_ids, count, strict=True):
-            if tid in self.final:
-                out.append(FINAL)
-            elif c:
-                self.counts[tid] += 1
-                out.append(self.counts[tid])
-            else:
-                out.append(0)
+        out = [FINAL if tid in self.final else 1 for tid in task_ids]
+        self._write(self.book.lane(), [t for t, st in zip(task_ids, out, strict=True) if st > 0])
         return out
 
     def uncount(self, task_ids: Sequence[str]) -> None:
         self._up()
-        for tid in task_ids:
-            self.counts[tid] -= 1
+        for slot, ids in self.book.remove(task_ids).items():
+            self._write(slot, ids)
+
+    def retire(self) -> None:
+        self._up()
+        for slot in self.book.retire():
+            self.records.pop((self.book.incarnation, slot), None)
 
     def store_final(self, task_id: str) -> None:
-        """The final result is written: the marker set, the counter deleted."""
+        """The final result is written: the marker set (records are not touched)."""
         self.final.add(task_id)
-        self.counts.pop(task_id, None)

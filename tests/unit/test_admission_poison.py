@@ -1,9 +1,10 @@
 """``workers.batching.admission`` and ``workers.batching.execution``: a received request ->
 pending or a coded refusal; a message that keeps killing workers is refused; a suspect runs alone.
 
-A fake model and fake requests; the in-flight counters are kept in a dict with the Redis
-semantics of ``workers.batching.execution`` (``engine_fakes.MemoryCounters``); the real script on a
-real Redis, and real worker crashes, are covered by tests/integration/test_faults.py.
+A fake model and fake requests; the blame records are kept in a dict with the Redis semantics
+of ``workers.batching.execution`` (``engine_fakes.MemoryCounters``); the real scripts on a real
+Redis are covered by tests/integration/test_blame_records.py, real worker crashes by
+tests/integration/test_faults.py.
 """
 
 from __future__ import annotations
@@ -36,18 +37,18 @@ def admission(counters: MemoryCounters, max_deliveries: int = 3) -> Admission:
 
 
 def deliver(adm: Admission, tid: str, x: object = 1) -> Pending | FleetError:
-    """One delivery as the engine's front door handles it: count, admit, uncount if held."""
+    """One delivery as the engine's front door handles it: record, admit, unrecord."""
     [count] = adm.deliveries.arrive([tid])
     got = adm.admit(FakeReq(tid), envelope(x), count)
-    if isinstance(got, Pending) and count > 0:
-        adm.deliveries.decoded([tid])
+    adm.deliveries.decoded([tid])
     return got
 
 
 def run_and_die(adm: Admission, pending: Pending) -> None:
-    """Its batch counts it in flight; the worker then dies (no result, no uncount)."""
+    """Its batch's record names it; the worker then dies (no result, records left)."""
     run, dups = adm.deliveries.begin([pending.item])
     assert run == [pending.item] and dups == []
+    adm.deliveries.counters.die()  # type: ignore[attr-defined]
 
 
 # -- screen ----------------------------------------------------------------------------------
@@ -127,6 +128,7 @@ def test_a_request_that_finished_or_was_given_back_is_not_counted_as_a_death() -
     assert isinstance(pending, Pending)
     adm.deliveries.begin([pending.item])
     adm.deliveries.release([pending.item])  # a shutdown gave it back unrun: not a death
+    counters.die()  # the worker stopped; the next one starts
     again = deliver(adm, "t1")
     assert isinstance(again, Pending) and again.bucket == "b"  # not even a suspect
     adm.deliveries.begin([again.item])
@@ -153,7 +155,7 @@ def test_a_suspect_runs_in_a_batch_of_its_own() -> None:
     assert sorted(batches) == [["i0", "i1", "i2"], ["suspect"]]
 
 
-def test_a_duplicate_with_a_final_result_is_not_run_and_others_are_counted_once() -> None:
+def test_a_duplicate_with_a_final_result_is_not_run_and_others_are_recorded_once() -> None:
     counters = MemoryCounters()
     adm = admission(counters)
     a, b = deliver(adm, "a"), deliver(adm, "b")
@@ -161,19 +163,19 @@ def test_a_duplicate_with_a_final_result_is_not_run_and_others_are_counted_once(
     counters.store_final("a")
     run, dups = adm.deliveries.begin([a.item, b.item])
     assert [w.req.id for w in run] == ["b"] and [w.req.id for w in dups] == ["a"]
-    assert b.item.counted and counters.counts["b"] == 1
-    adm.deliveries.begin([b.item])  # a retry in the same delivery counts nothing more
-    assert counters.counts["b"] == 1
+    assert b.item.counted and counters.named("b") == 1 and counters.named("a") == 0
+    adm.deliveries.begin([b.item])  # a retry in the same delivery: the lane's record again
+    assert counters.named("b") == 1
 
 
 def test_redis_away_never_stops_a_request() -> None:
     counters = MemoryCounters()
     adm = admission(counters)
     counters.down = True
-    got = deliver(adm, "t1")  # not counted at arrival: runs, not as a suspect
+    got = deliver(adm, "t1")  # not recorded at arrival: runs, not as a suspect
     assert isinstance(got, Pending) and got.bucket == "b"
     run, dups = adm.deliveries.begin([got.item])
     assert run == [got.item] and dups == [] and not got.item.counted
     counters.down = False
-    run, _ = adm.deliveries.begin([got.item])  # counted at its batch instead
-    assert got.item.counted and counters.counts["t1"] == 1
+    run, _ = adm.deliveries.begin([got.item])  # recorded at its batch
+    assert got.item.counted and counters.named("t1") == 1

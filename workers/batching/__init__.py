@@ -6,8 +6,9 @@ is unit-tested with fake models and requests. One module per stage a request goe
     admission.py    envelope -> held request (Work), or a coded refusal
     batcher.py      which held requests run together and when (pure); the inference threads
                     (lanes) that run them; warmup left for idle time
-    execution.py    a batch -> outcomes: circuit breaker, the in-flight gate (a request with
-                    a final result is not run), poison accounting, preprocess, bisection,
+    execution.py    a batch -> outcomes: circuit breaker, the gate (a request with a final
+                    result is not run), poison accounting (blame records:
+                    ``inflight_begin.lua``, ``blame_arrive.lua``), preprocess, bisection,
                     retries, latency
     completion.py   hand-off to the loop thread and what it does: first-wins result writes
                     (``results_write_first.lua``), events, acks, the log line

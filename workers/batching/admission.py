@@ -5,10 +5,10 @@ Two steps, both on the worker's event-loop thread:
 
 1. :func:`screen` (cheap, before Redis is asked anything): positional arguments, the
    envelope's schema, its priority, the modality and model this worker serves, the deadline.
-2. :meth:`Admission.admit` (after its delivery was counted, ``workers.batching.execution``): refuse
-a
-   poison message, strip an injected fault, renew its /dev/shm inputs, ``prepare`` them, and
-   build the :class:`~workers.batching.batcher.Pending` (a suspect in a bucket of its own).
+2. :meth:`Admission.admit` (after its arrival was recorded and its deaths counted,
+   ``workers.batching.execution``): refuse a poison message, strip an injected fault, renew
+   its /dev/shm inputs, ``prepare`` them, and build the
+   :class:`~workers.batching.batcher.Pending` (a suspect in a bucket of its own).
 
 No Celery here: a request is any object with an ``id``.
 """
@@ -121,7 +121,8 @@ class Admission:
         """``req`` as a pending request (its :class:`Work` in ``item``), or its error.
 
         Args:
-            count: its deliveries so far, this one included (0: not counted).
+            count: its deliveries with its worker's death so far, this one included
+                (1 + deaths; 0: not known).
             twins: more copies of its task id, already held with it.
         """
         try:

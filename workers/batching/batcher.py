@@ -674,8 +674,8 @@ class Work:
         fault: an injected fault spec (``workers.batching.inject``), or ``None``.
         attempts: in-place retries so far (0 on the first run).
         started_s: when its (last) batch started (monotonic seconds; 0.0 before).
-        counted: its in-flight counter was incremented for this delivery
-        (``workers.batching.execution``).
+        counted: a lane's blame record named it (it ran or runs in this delivery;
+        ``workers.batching.execution``).
         suspect: an earlier delivery's worker died with it: it runs alone
         (``workers.batching.execution``).
         twins: more copies of this task id, held: acked (or given back) with it.

@@ -6,7 +6,7 @@ One concern per module; of them only this one imports Celery or kombu::
     lanes (threads) --batch--> execution.BatchRunner --post--> completion.Handoff
     event loop --drain--> completion.Completer: events, result store, acks, log line
 
-Also :mod:`workers.batching.execution` (delivery counts, ``WORKER_LOST``, suspects) and
+Also :mod:`workers.batching.execution` (blame records, ``WORKER_LOST``, suspects) and
 :mod:`workers.batching.completion` (what the parts pass each other). The engine is the parts' host
 (``execution.RunnerHost``, ``completion.CompletionHost``): it owns what is held.
 
@@ -127,6 +127,7 @@ from workers.batching.execution import (
     InFlight,
     Isolation,
     RetryPolicy,
+    redelivered,
 )
 from workers.batching.inject import RequestInjector
 from workers.consumer import stats
@@ -140,7 +141,7 @@ __all__ = ["Engine"]
 log = logging.getLogger("fleet.engine")
 
 
-IN_FLIGHT_TTL_S = 7 * 86400
+IN_FLIGHT_TTL_S = 7 * 86400  # least TTL of a blame record (workers.batching.execution)
 
 
 def lease_client(settings: Settings) -> Any:
@@ -308,6 +309,7 @@ class Engine:
             time.sleep(0.05)
         self.lanes.stop(end)
         self._give_back_rest()
+        self.deliveries.retire()  # a shutdown is not a death: no record of it stays
         if self.keeper is not None:
             self.keeper.stop()
 
@@ -319,7 +321,7 @@ class Engine:
         if not works:
             return
         running = sum(w.counted for w in works)
-        self.deliveries.release(works)  # a shutdown is not a death: uncount
+        self.deliveries.release(works)  # a shutdown is not a death: out of the records
         self._give_back([r for w in works for r in (w.req, *w.twins)])
         log.info("shutdown: gave back %d requests (%d were running)", len(works), running)
 
@@ -402,9 +404,10 @@ class Engine:
     def on_request(self, req: Any) -> None:
         """A message entered the prefetch window (event-loop thread).
 
-        Cheap checks run here; decoding waits for :meth:`_admit`, which first counts the
-        delivery in Redis (one round trip for every message of a fetch), so that a message
-        whose decoding kills the worker is counted like one that kills it in a batch."""
+        Cheap checks run here; decoding waits for :meth:`_admit`, which first records the
+        fetch's messages as being decoded (one round trip for every message of a fetch), so
+        that a message whose decoding kills the worker is blamed like one that kills it in a
+        batch."""
         self.stats.received += 1
         self.metrics.eco.received(self.metrics.eco.queue_of(req))
         self.tracing.arrived(req)
@@ -436,11 +439,11 @@ class Engine:
             return True
 
     def _admit(self, block: bool = False) -> None:
-        """Count the deliveries of the messages that arrived, decode them, give back the
-        counts of those that decoded, and only then hold them for the batcher: none of a group runs
-        while its group-mates are still counted (``workers.batching.execution``). Suspects (a worker
-        died with them before) are decoded one at a time, each counted alone, so a decoder one of
-        them kills blames no group-mate.
+        """Record the messages that arrived as being decoded (counting the deaths of the
+        redelivered ones), decode them, take them out of the decode record, and only then hold
+        them for the batcher: none of a group runs while its group-mates are still recorded
+        (``workers.batching.execution``). Suspects (a worker died with them before) are decoded
+        one at a time, each recorded alone, so a decoder one of them kills blames no group-mate.
 
         While a suspect runs (or waits to) the arrivals wait unread, unless ``block``."""
         if not self._admitting:
@@ -449,9 +452,11 @@ class Engine:
             return  # admitted by _resume_admission once the suspect ends
         try:
             batch, self._admitting = self._admitting, []
-            counts = self.deliveries.arrive([req.id for req, _ in batch])
+            counts = self.deliveries.arrive(
+                [req.id for req, _ in batch], [redelivered(req) for req, _ in batch]
+            )
             suspects = [m for m, c in zip(batch, counts, strict=True) if self.deliveries.suspect(c)]
-            if suspects:  # not counted while the others decode; each again, alone, below
+            if suspects:  # not recorded while the others decode; each again, alone, below
                 self.deliveries.decoded([req.id for req, _ in suspects])
             held = self._decode_counted(
                 [
@@ -461,7 +466,8 @@ class Engine:
                 ]
             )
             for m in suspects:
-                held += self._decode_counted([(m, self.deliveries.arrive([m[0].id])[0])])
+                [count] = self.deliveries.arrive([m[0].id], [True])
+                held += self._decode_counted([(m, count)])
         finally:
             self.isolation.admitted()
         with self._lock:
@@ -470,18 +476,16 @@ class Engine:
                 self.lanes.hold(pending)
 
     def _decode_counted(self, items: list[tuple[tuple[Any, TaskEnvelope], int]]) -> list[Pending]:
-        """Decode arrivals (each with its count); uncount those that decoded; what to hold."""
+        """Decode arrivals (each with its count); then take them out of the decode record
+        (held or refused, none is being decoded any more); what to hold."""
         held: list[Pending] = []
-        decoded: list[str] = []
         for (req, env), count in items:
             with self._lock:
                 twins = self._arriving.pop(req.id, [])
             pending = self._decode(req, env, count, twins)
             if pending is not None:
                 held.append(pending)
-                if count > 0:
-                    decoded.append(req.id)
-        self.deliveries.decoded(decoded)
+        self.deliveries.decoded([req.id for (req, _), _ in items])
         return held
 
     def _resume_admission(self) -> None:
@@ -546,7 +550,7 @@ class Engine:
 
     def gate(self, batch: list[Work]) -> list[Work]:
         """The members to run: revoked ones end ``REVOKED``, ones with a final result are
-        acked unrun; the others are counted in flight (first run of a delivery only)."""
+        acked unrun; the lane's blame record names the others."""
         revoked = worker_state.revoked
         gone = [w for w in batch if w.req.id in revoked]
         if gone:
