@@ -72,7 +72,6 @@ from shared.settings import MODALITIES, Settings
 __all__ = [
     "BLAME_INDEX_KEY",
     "BLAME_PREFIX",
-    "DELIVERY_COUNT_PREFIX",
     "ENVELOPE_KWARG",
     "FINAL_KEY_PREFIX",
     "JOB_KEY_PREFIX",
@@ -91,7 +90,6 @@ __all__ = [
     "blame_record_key",
     "compact",
     "decode_result",
-    "delivery_count_key",
     "dumps",
     "final_key",
     "has_nonfinite",
@@ -333,9 +331,6 @@ PRIORITY_SEP = "\x06\x16"  # kombu's default separator; kept so plain Celery cli
 TASK_PREFIX = "fleet."
 
 
-DELIVERY_COUNT_PREFIX = "fleet:deliveries:"  # no longer written (poison accounting: BLAME_PREFIX)
-
-
 # Poison accounting (workers.batching.execution.InFlight): each worker process incarnation's
 # records of the task ids it is decoding or running, and the set of every record's name.
 BLAME_PREFIX = "fleet:blame:"
@@ -399,10 +394,6 @@ def queue_for(modality: str, priority_label: str) -> str:
 def priority_list_key(queue: str, celery_priority: int) -> str:
     """The Redis list that holds ``queue``'s messages at one Celery priority step."""
     return queue if celery_priority == 0 else f"{queue}{PRIORITY_SEP}{celery_priority}"
-
-
-def delivery_count_key(task_id: str) -> str:
-    return f"{DELIVERY_COUNT_PREFIX}{task_id}"
 
 
 def blame_record_key(incarnation: str, slot: str) -> str:

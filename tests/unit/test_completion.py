@@ -64,7 +64,6 @@ class Writer:
     def write(
         self,
         outcomes: Sequence[Outcome],
-        also_delete: Sequence[str] = (),
         tokens: Sequence[str] | None = None,
     ) -> list[bool]:
         if self.refuse:
@@ -138,7 +137,7 @@ def bench(store_early: bool = False) -> Bench:
     timeline: list[str] = []
     writer, host, hub, stats, loop = Writer(timeline), Host(timeline), Hub(), EngineStats(), Loop()
     obs = Observers(stats, FleetMetrics(MODALITY), Tracing(Settings(), MODALITY))
-    completer = Completer(writer, None, host, loop, obs, ProgressThrottle())  # type: ignore[arg-type]
+    completer = Completer(writer, host, loop, obs, ProgressThrottle())  # type: ignore[arg-type]
     handoff = Handoff(completer, loop, lambda: store_early)
     handoff.attach(hub)
     return Bench(timeline, writer, host, hub, stats, handoff, Doubler())

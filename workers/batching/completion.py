@@ -71,7 +71,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from shared import clock, schema
 from shared.errors import FleetError, InvalidMessage, error_to_wire
 from shared.metrics import FleetMetrics
-from shared.schema import delivery_count_key
 from shared.tracing import Tracing
 from workers.batching.batcher import Work
 from workers.batching.refusals import REFUSALS, reason_of
@@ -128,7 +127,7 @@ class Completer:
     """Settles what the inference threads posted (loop thread, or inline).
 
     Args:
-        writer: the result writer; ``client`` its Redis client (counter deletes).
+        writer: the result writer.
         host: acks, Celery's bookkeeping, the engine's holdings.
         loop: where completions run.
         obs: counters, metrics, spans.
@@ -138,13 +137,12 @@ class Completer:
     def __init__(
         self,
         writer: ResultWriter,
-        client: Any,
         host: CompletionHost,
         loop: Loop,
         obs: Observers,
         progress: ProgressThrottle,
     ) -> None:
-        self.writer, self.client, self.host, self.loop = writer, client, host, loop
+        self.writer, self.host, self.loop = writer, host, loop
         self.stats, self.metrics, self.tracing = obs.stats, obs.metrics, obs.tracing
         self.progress = progress
 
@@ -191,9 +189,7 @@ class Completer:
         for d in done:
             if d.duplicate:
                 d.stored = True
-        if not todo:  # copies counted at arrival: their counters go (best effort)
-            with contextlib.suppress(Exception):
-                self.client.delete(*[delivery_count_key(d.req.id) for d in done])
+        if not todo:
             return True
         fresh = new_token()  # one per write: a token only has to differ from other copies'
         for d in todo:
@@ -202,7 +198,6 @@ class Completer:
             with self.tracing.result_write([d.req for d in todo]):
                 written = self.writer.write(
                     [d.outcome for d in todo],
-                    also_delete=[delivery_count_key(d.req.id) for d in todo],
                     tokens=[d.token for d in todo],
                 )
         except Exception as exc:
@@ -541,15 +536,12 @@ class ResultWriter:
     def write(
         self,
         outcomes: Sequence[Outcome],
-        also_delete: Sequence[str] = (),
         tokens: Sequence[str] | None = None,
     ) -> list[bool]:
         """Store every outcome whose request has no final result yet, in one round trip.
 
         Args:
             outcomes: the final outcomes.
-            also_delete: keys to delete in the same pipeline (the requests' in-flight
-                counters).
             tokens: one write token per outcome (:func:`new_token`; outcomes of different
                 requests may share one), the same on every retry of that outcome's write: a
                 retry after a lost reply then finds its own write and reports it stored.
@@ -589,14 +581,12 @@ class ResultWriter:
             # first ask SCRIPT EXISTS, one more round trip for every write.
             with client.pipeline(transaction=False) as pipe:
                 pipe.evalsha(sha, len(keys), *keys, *args)
-                if also_delete:
-                    pipe.delete(*also_delete)
                 try:
                     replies = execute_waiting(client, pipe, self.waiter)
                     break
                 except redis.exceptions.NoScriptError:
                     # Not loaded on this server (it restarted, failed over, or flushed its
-                    # scripts): nothing ran but the deletes, which repeat harmlessly.
+                    # scripts): nothing ran.
                     if attempt == 2:
                         raise
                     client.script_load(_WRITE_FIRST)

@@ -214,8 +214,7 @@ class Engine:
         self.admission = Admission(
             self.adapter, self.deliveries, self.faults, self.tracing, self._worker_store
         )
-        client = self.app.backend.client
-        self.completer = Completer(self.writer, client, self, self.loop, obs, progress)
+        self.completer = Completer(self.writer, self, self.loop, obs, progress)
         self.handoff = Handoff(self.completer, self.loop, lambda: self.runtime.on_realtime_lane)
         self._host, self._batch_seq = socket.gethostname().split(".")[0], itertools.count(1)
         retry = RetryPolicy(self.cfg.max_retries, self.cfg.retry_backoff_s)

@@ -25,9 +25,9 @@ from typing import Any
 
 from producer.client import FleetClient, SubmitRequest
 from producer.tools.bench.accounting import Accountant, WindowSampler, load_window
+from producer.tools.bench.capture import CHUNK, capture_messages, list_keys
 from producer.tools.bench.schedule import ClosedPicker
 from producer.tools.bench.sources import InputCatalog
-from producer.tools.bench.submitrate import CHUNK, capture_messages, list_keys
 from producer.tools.bench.workload import Workload
 from shared.redis_client import redis_client
 from shared.settings import Settings

@@ -40,6 +40,7 @@ from typing import Any
 from rich.console import Console
 
 from producer.client import FleetClient, SubmitRequest
+from producer.tools.bench.capture import CHUNK, Message, capture_messages, list_keys
 from producer.tools.bench.results import BenchError
 from producer.tools.bench.schedule import open_schedule
 from producer.tools.bench.sources import InputCatalog
@@ -56,15 +57,11 @@ from producer.tools.bench.submitrate_report import (
     verdict,
 )
 from producer.tools.bench.workload import REPO, Workload
-from shared import schema
-from shared.settings import PRIORITY_NAMES, Settings
+from shared.settings import Settings
 
-CHUNK = 100  # requests per submit_many call and LPUSHes per raw pipeline
 WARM_REQUESTS = 20  # one-at-a-time requests through the worker before the waited rounds
 # The harness's own call inside a path's window (its counting LLENs and DELs come after it).
 HARNESS_COMMANDS = ("info",)
-
-Message = tuple[str, bytes]  # (priority list key, raw kombu message)
 
 
 def is_submit_rate(w: Workload) -> bool:
@@ -72,34 +69,9 @@ def is_submit_rate(w: Workload) -> bool:
     return w.runner == "submit-rate"
 
 
-def list_keys(modalities: list[str]) -> list[str]:
-    """Every priority list a request of these modalities can be pushed to."""
-    queues = sorted({schema.queue_for(m, p) for m in modalities for p in PRIORITY_NAMES})
-    return [schema.priority_list_key(q, step) for q in queues for step in schema.PRIORITY_STEPS]
-
-
 def _calls(admin: Any) -> dict[str, int]:
     stats = admin.info("commandstats")
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
-
-
-def capture_messages(
-    client: FleetClient, admin: Any, requests: list[SubmitRequest], keys: list[str]
-) -> list[Message]:
-    """The exact messages ``submit_many`` pushes for ``requests``: sent in chunks of
-    ``CHUNK``, read back from the priority lists ``keys`` (``LRANGE``), the lists then
-    deleted. Also used by the bench's ``redis-limit`` mode (``redislimit.py``).
-
-    Raises:
-        BenchError: the lists do not hold exactly ``len(requests)`` messages.
-    """
-    for i in range(0, len(requests), CHUNK):
-        client.submit_many(requests[i : i + CHUNK])
-    messages = [(k, m) for k in keys for m in admin.lrange(k, 0, -1)]
-    admin.delete(*keys)
-    if len(messages) != len(requests):
-        raise BenchError(f"the capture pass enqueued {len(messages)} of {len(requests)} messages")
-    return messages
 
 
 class SubmitRateBench:
