@@ -62,7 +62,6 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual import QoS as VirtualQoS
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError as RedisResponseError
 
@@ -547,7 +546,7 @@ class Channel(kombu_redis.Channel):
         for i, (key, raw) in enumerate(items):
             queue = bytes_to_str(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            payload = loads(bytes_to_str(raw))
+            payload = schema.loads(raw)
             if i == 0 and not recorded:
                 self.connection._deliver(payload, queue)
                 continue
