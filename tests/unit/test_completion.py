@@ -97,6 +97,10 @@ class Host:
     def task_ready(self, req: Any) -> None:
         pass
 
+    def send_events(self, type_: str, items: Any) -> None:
+        for req, fields in items:
+            req.send_event(type_, **fields)
+
     def forget(self, done: Done) -> None:
         pass
 
