@@ -518,7 +518,12 @@ def render_soak(r: dict[str, Any]) -> list[str]:
 def render_gpucheck(r: dict[str, Any]) -> list[str]:
     """Each check: passed or not, its time, what it said."""
     items = [(c.get("name"), c) for c in r.get("checks") or [] if isinstance(c, dict)]
-    cols = [("ok", "ok", ""), ("s", "seconds", ".1f"), ("detail", "detail", "")]
+    cols = [
+        ("ok", "ok", ""),
+        ("skipped", "skipped", ""),
+        ("s", "seconds", ".1f"),
+        ("detail", "detail", ""),
+    ]
     return [f"{num(r.get('total_s'), '.1f')} s in all.", "", *by_columns("check", items, cols)]
 
 
