@@ -125,8 +125,13 @@ k8s-render: venv
 measurements: venv
 	$(BIN)/python -m producer.tools.measurements --reports reports --out docs/measurements
 
+# On a CUDA machine, within 10 minutes: the device runtime's checks, then short benches
+# (overhead-saturate's fleet + redis-limit on the identity model, text- and image-saturate on
+# CUDA); reports/gpucheck.json and reports/gpucheck/. Without CUDA it prints that it skipped;
+# GPU_CHECK_PARTS=overhead runs what needs no GPU (parts: checks,overhead,text,image).
 gpu-check: venv
-	$(BIN)/python -m producer.tools.gpucheck
+	$(BIN)/python -m producer.tools.gpucheck --out reports/gpucheck.json \
+		$(if $(GPU_CHECK_PARTS),--parts $(GPU_CHECK_PARTS))
 
 clean: down
 	rm -rf .run reports .pytest_cache .ruff_cache

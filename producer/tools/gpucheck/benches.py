@@ -229,6 +229,7 @@ class PartResult:
 def run_part(part: BenchPart, out_dir: Path, timeout_s: float) -> PartResult:
     """One part: its workload written, ``fleet bench`` run with ``timeout_s``, its report
     read. The bench's output goes to ``out_dir/bench.log``."""
+    out_dir = out_dir.resolve()  # the bench runs in the repository's root
     out_dir.mkdir(parents=True, exist_ok=True)
     workload = out_dir / f"gpucheck-{part.name}.toml"
     workload.write_text(workload_text(part))
