@@ -101,11 +101,17 @@ coldstart: venv
 	@mkdir -p reports
 	$(BIN)/python -m producer.tools.bench.coldstart --modalities text,image,video,xmodal --out reports/coldstart.json
 
-# Redis commands and CPU per request, then 1-100 worker hosts simulated (docs/scale-out.md).
+# Redis commands and CPU per request, for the MiniLM text model and the identity model (no
+# compute: the fleet's own path), then 1-100 worker hosts simulated for each and the request
+# rate at which one Redis saturates (docs/scale-out.md). SCALEOUT_WORKERS=N: N text workers
+# in each measurement (default 1).
+SCALEOUT_WORKERS ?= 1
 scaleout: venv
 	@mkdir -p reports
-	$(BIN)/python -m producer.tools.bench.redisload --out reports/redisload.json
-	$(BIN)/python -m producer.tools.bench.scaleout --redis reports/redisload.json
+	for m in minilm identity; do $(BIN)/python -m producer.tools.bench.redisload --model $$m \
+		--workers $(SCALEOUT_WORKERS) --out reports/redisload-$$m.json > /dev/null || exit 1; done
+	$(BIN)/python -m producer.tools.bench.scaleout --redis reports/redisload-minilm.json \
+		--redis reports/redisload-identity.json --json reports/scaleout.json
 
 # Both overlays rendered and validated (what tests/deploy checks in CI).
 k8s-render: venv
@@ -119,8 +125,13 @@ k8s-render: venv
 measurements: venv
 	$(BIN)/python -m producer.tools.measurements --reports reports --out docs/measurements
 
+# On a CUDA machine, within 10 minutes: the device runtime's checks, then short benches
+# (overhead-saturate's fleet + redis-limit on the identity model, text- and image-saturate on
+# CUDA); reports/gpucheck.json and reports/gpucheck/. Without CUDA it prints that it skipped;
+# GPU_CHECK_PARTS=overhead runs what needs no GPU (parts: checks,overhead,text,image).
 gpu-check: venv
-	$(BIN)/python -m producer.tools.gpucheck
+	$(BIN)/python -m producer.tools.gpucheck --out reports/gpucheck.json \
+		$(if $(GPU_CHECK_PARTS),--parts $(GPU_CHECK_PARTS))
 
 clean: down
 	rm -rf .run reports .pytest_cache .ruff_cache

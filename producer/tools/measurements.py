@@ -9,7 +9,8 @@ What a report is, is told by its keys: a bench run (``modes``; ``report.py``), i
 ``--metrics-cost`` variant (``metrics_cost``), ``transport``, ``submit_rate``, a chaos or HA
 drill (``scenarios``; HA also has ``requests_per_scenario``), cold start (``modalities`` of
 ``ready_s``), Redis load (``redis_max_rps``), reduced precision (``cosine``), soak
-(``rss_growth_pct``), the GPU check (``checks`` and ``total_s``), scale-out rows (a list of
+(``rss_growth_pct``), the GPU check (``checks`` and ``total_s``), scale-out (a ``scaleout``
+list of simulations, each with its ``saturation`` and ``rows``; or a bare list of rows with
 ``hosts``); anything else gets its top-level numbers. When it ran: ``started_utc``, else
 ``finished_utc`` or ``finished_at`` (chaos and HA reports hold only their end), else the
 file's modification time (cold start, Redis load and precision hold no time; the page says
@@ -107,6 +108,8 @@ def kind_of(data: Any) -> str:
         return "scaleout" if rows else "other"
     if not isinstance(data, dict):
         return "other"
+    if isinstance(data.get("scaleout"), list):
+        return "scaleout"
     if "metrics_cost" in data:
         return "metrics-cost"
     if "submit_rate" in data:
@@ -458,7 +461,10 @@ def render_coldstart(r: dict[str, Any]) -> list[str]:
 def render_redisload(r: dict[str, Any]) -> list[str]:
     """Redis commands and CPU per request, at idle and under load."""
     load, idle = r.get("load") or {}, r.get("idle") or {}
+    per_worker = idle.get("per_worker") or {}
     rows = [
+        ("model", num(r.get("model", "minilm"))),
+        ("text workers", num(r.get("workers", 1), ",d")),
         ("requests", num(load.get("requests"), ",d")),
         ("requests/s", num(load.get("rps"))),
         ("commands per request", num(load.get("commands_per_request"), ".2f")),
@@ -467,6 +473,7 @@ def render_redisload(r: dict[str, Any]) -> list[str]:
         ("implied Redis limit (req/s)", num(r.get("redis_max_rps"), ",d")),
         ("idle commands/s", num(idle.get("commands_per_s"))),
         ("idle CPU µs/s", num(idle.get("cpu_us_per_s"), ",d")),
+        ("idle CPU µs/s per worker", num(per_worker.get("cpu_us_per_s"), ",d")),
     ]
     return [
         f"Redis {r.get('redis_version', '-')}; {_machine(r)}.",
@@ -511,7 +518,12 @@ def render_soak(r: dict[str, Any]) -> list[str]:
 def render_gpucheck(r: dict[str, Any]) -> list[str]:
     """Each check: passed or not, its time, what it said."""
     items = [(c.get("name"), c) for c in r.get("checks") or [] if isinstance(c, dict)]
-    cols = [("ok", "ok", ""), ("s", "seconds", ".1f"), ("detail", "detail", "")]
+    cols = [
+        ("ok", "ok", ""),
+        ("skipped", "skipped", ""),
+        ("s", "seconds", ".1f"),
+        ("detail", "detail", ""),
+    ]
     return [f"{num(r.get('total_s'), '.1f')} s in all.", "", *by_columns("check", items, cols)]
 
 
@@ -521,7 +533,39 @@ def render_rows(r: list[dict[str, Any]]) -> list[str]:
     cols = [
         (k, k, ",.2f" if any(isinstance(row.get(k), float) for row in r) else "") for k in keys[1:]
     ]
-    return by_columns(keys[0], [(num(row.get(keys[0])), row) for row in r], cols) if keys else []
+    if not keys:
+        return []
+
+    def label(v: Any) -> str:
+        return num(v, ",d" if isinstance(v, int) else ",.1f")
+
+    return by_columns(keys[0], [(label(row.get(keys[0])), row) for row in r], cols)
+
+
+def render_scaleout(r: Any) -> list[str]:
+    """Scale-out: per simulated model, its inputs, where one Redis saturates, then its rows."""
+    if isinstance(r, list):
+        return render_rows(r)
+    out: list[str] = []
+    for sim in r.get("scaleout") or []:
+        if not isinstance(sim, dict):
+            continue
+        costs, sat = sim.get("costs") or {}, sim.get("saturation") or {}
+        rows = [
+            ("one host's requests/s", num(sim.get("host_rps"))),
+            ("its source", num(sim.get("host_rps_source"))),
+            ("Redis commands per request", num(costs.get("commands_per_request"), ".2f")),
+            ("Redis CPU µs per request", num(costs.get("cpu_us_per_request"))),
+            ("idle CPU µs/s per worker", num(costs.get("idle_cpu_us_per_s"), ",.0f")),
+            ("hosts at 100 % Redis", num(sat.get("hosts_at_100pct"))),
+            ("requests/s at 100 % Redis", num(sat.get("rps_at_100pct"), ",d")),
+            ("requests/s at 80 % Redis", num(sat.get("rps_at_80pct"), ",d")),
+            ("ceiling, no background (req/s)", num(sat.get("ceiling_rps"), ",d")),
+        ]
+        out += [f"**{sim.get('model', '?')} model** (offered {num(sim.get('load'), '.0%')}).", ""]
+        out += table("figure | value", rows)
+        out += render_rows([x for x in sim.get("rows") or [] if isinstance(x, dict)])
+    return out
 
 
 def render_other(r: Any) -> list[str]:
@@ -546,7 +590,7 @@ RENDER: dict[str, Callable[[Any], list[str]]] = {
     "precision": render_precision,
     "soak": render_soak,
     "gpucheck": render_gpucheck,
-    "scaleout": render_rows,
+    "scaleout": render_scaleout,
     "other": render_other,
 }
 TITLE = {

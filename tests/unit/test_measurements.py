@@ -283,3 +283,39 @@ def test_a_bench_with_cpu_accounting_gets_its_cost_tables() -> None:
     )
     assert "| fleet | evalsha 62.08, rpop 2.21 |" in page
     assert "| ray-serve | - |" in page
+
+
+def test_redis_load_and_scaleout_reports_name_their_model(tmp_path: Path) -> None:
+    reports, out = tmp_path / "reports", tmp_path / "pages"
+    redisload = {
+        "started_utc": f"{DAY}T10:00:00Z",
+        "model": "identity",
+        "workers": 2,
+        "redis_version": "6.2.14",
+        "idle": {"s": 10.0, "commands_per_s": 14.0, "cpu_us_per_s": 1935,
+                 "per_worker": {"commands_per_s": 7.0, "cpu_us_per_s": 967}},
+        "load": {"requests": 3000, "rps": 963.5, "commands_per_request": 11.45,
+                 "cpu_us_per_request": 57.8},
+        "redis_max_rps": 17301,
+    }  # fmt: skip
+    row = {"hosts": 10, "offered_rps": 3854.0, "achieved_rps": 3854.0, "utilisation": 0.23}
+    sim = {
+        "model": "identity",
+        "host_rps": 481.8,
+        "host_rps_source": "the redisload run's drain rate per worker (identity model)",
+        "load": 0.8,
+        "costs": {"commands_per_request": 11.45, "cpu_us_per_request": 57.8,
+                  "idle_cpu_us_per_s": 967.0},
+        "saturation": {"hosts_at_100pct": 43.0, "rps_at_100pct": 16581, "ceiling_rps": 17301},
+        "rows": [row],
+    }  # fmt: skip
+    assert kind_of(redisload) == "redisload" and kind_of({"scaleout": [sim]}) == "scaleout"
+    assert kind_of([row]) == "scaleout"  # the older bare list of rows
+    write(reports, "redisload-identity.json", redisload)
+    os.utime(write(reports, "scaleout.json", {"scaleout": [sim]}), (1.8e9, 1.8e9))
+    generate(reports, out)
+    page = "".join(p.read_text() for p in sorted(out.glob("*.md")) if p.name != "index.md")
+    assert "| model | identity |" in page and "| idle CPU µs/s per worker | 967 |" in page
+    assert "**identity model** (offered 80%)." in page
+    assert "| requests/s at 100 % Redis | 16,581 |" in page
+    assert "| 10 | 3,854.00 | 3,854.00 | 0.23 |" in page

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from producer.tools.bench.scaleout import Costs, saturation_hosts, simulate
+from producer.tools.bench.scaleout import (
+    Costs,
+    costs_from,
+    host_rate,
+    main,
+    saturation,
+    saturation_hosts,
+    simulate,
+)
 
 COSTS = Costs(
     host_rps=100.0,
@@ -51,3 +59,57 @@ def test_the_closed_form_saturation_point_matches_the_simulation() -> None:
         < 1
         <= simulate(COSTS, int(n) + 1, 0.8, 0.1).utilisation
     )
+
+
+def test_saturation_gives_hosts_and_requests_per_second() -> None:
+    sat = saturation(COSTS, 0.8)
+    hosts = 1e6 / (80 * 500.0 + 1000.0)
+    assert sat["hosts_at_100pct"] == pytest.approx(hosts, abs=0.05)
+    assert sat["rps_at_100pct"] == pytest.approx(hosts * 80, abs=1)
+    assert sat["rps_at_50pct"] == pytest.approx(hosts * 40, abs=1)
+    assert sat["ceiling_rps"] == 2000  # 1 s / 500 us, no background
+
+
+def _report(model: str, workers: int, per_worker: bool = True) -> dict:
+    idle = {"s": 10.0, "commands_per_s": 20.0, "cpu_us_per_s": 4000}
+    if per_worker:
+        idle["per_worker"] = {"commands_per_s": 20.0 / workers, "cpu_us_per_s": 4000 / workers}
+    return {
+        "model": model,
+        "workers": workers,
+        "idle": idle,
+        "load": {"requests": 3000, "rps": 900.0, "commands_per_request": 11.5,
+                 "cpu_us_per_request": 60.0},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("per_worker", [True, False])
+def test_the_idle_background_is_one_workers(per_worker: bool) -> None:
+    costs = costs_from(_report("identity", 2, per_worker), 100.0)
+    assert costs.idle_cpu_us_per_s == pytest.approx(2000.0)
+    assert costs.idle_commands_per_s == pytest.approx(10.0)
+    assert costs.cpu_us_per_request == 60.0 and costs.commands_per_request == 11.5
+
+
+def test_the_host_rate_of_a_model_without_a_bench_figure_is_its_drain_rate() -> None:
+    rate, source = host_rate(None, None, _report("identity", 2))
+    assert rate == 450.0 and "drain rate" in source
+    assert host_rate(None, 123.0, _report("identity", 2)) == (123.0, "--host-rps (given)")
+    rate, source = host_rate(None, None, _report("minilm", 1))  # deploy/k8s/measured.json
+    assert rate > 0 and "drain rate" not in source
+
+
+def test_main_writes_one_entry_per_report(tmp_path, capsys) -> None:
+    import json
+
+    paths = []
+    for model in ("minilm", "identity"):
+        paths += ["--redis", str(tmp_path / f"{model}.json")]
+        (tmp_path / f"{model}.json").write_text(json.dumps(_report(model, 1)))
+    out = tmp_path / "scaleout.json"
+    assert main([*paths, "--hosts", "1,10", "--sim-s", "0.01", "--json", str(out)]) == 0
+    entries = json.loads(out.read_text())["scaleout"]
+    assert [e["model"] for e in entries] == ["minilm", "identity"]
+    assert [r["hosts"] for r in entries[1]["rows"]] == [1, 10]
+    assert entries[1]["saturation"]["ceiling_rps"] == round(1e6 / 60.0)
+    assert "== identity model" in capsys.readouterr().out

@@ -1,5 +1,12 @@
 """``python -m producer.tools.bench.redisload``: what one request costs Redis, measured on a stack
-of its own (fresh Redis, one text worker, free ports).
+of its own (fresh Redis, text workers, free ports).
+
+``--model minilm`` (the default) serves text with the configured MiniLM model;
+``--model identity`` serves it with the ``identity`` model (no weights, no compute: its result
+is the input's size and CRC-32, ``workers/models/identity.py``), so the figures are the
+fleet's own path with a result of a few bytes, what a GPU that computes in no time leaves.
+``--workers N`` starts N text workers (default 1): the idle figures are then N workers'
+background, and ``idle.per_worker`` divides it by N.
 
 Redis runs commands on one thread, so its ceiling is one core: a fleet saturates Redis when
 (requests/s x Redis CPU seconds per request) + (workers x idle CPU seconds per second of one
@@ -20,7 +27,9 @@ worker) reaches 1. Both terms are measured here, from the server's own counters:
 
 Writes one JSON object (``--out``, and stdout)::
 
-    {"machine", "redis_version", "idle": {"s", "commands_per_s", "cpu_us_per_s"},
+    {"started_utc", "machine", "model", "workers", "redis_version",
+     "idle": {"s", "commands_per_s", "cpu_us_per_s",
+              "per_worker": {"commands_per_s", "cpu_us_per_s"}},
      "load": {"requests", "s", "rps", "commands_per_request", "cpu_us_per_request",
               "usec_in_commands_per_request", "by_command": {cmd: calls per request},
               "usec_per_request_by_command": {cmd: usec per request}},
@@ -38,6 +47,7 @@ import shutil
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +62,11 @@ from shared.redis_client import redis_client
 
 REPO = Path(__file__).resolve().parents[3]
 SHM_ROOT = Path("/dev/shm") / f"mmfleet-bench-{os.getpid()}"
+# --model: the text model served, and the settings overrides (environment) that select it
+MODELS: dict[str, dict[str, str]] = {
+    "minilm": {},
+    "identity": {"FLEET_MODALITIES__TEXT__MODEL": "identity"},
+}
 
 
 def raw_ops(r: redis.Redis, ops: int = 200_000, depth: int = 1000) -> dict[str, float]:
@@ -154,13 +169,20 @@ def _load_phase(
     }
 
 
-def measure(requests: int, idle_s: float, workdir: Path) -> dict[str, Any]:
-    """Run the idle and load phases (module doc) and return their figures."""
+def measure(
+    requests: int, idle_s: float, workdir: Path, model: str = "minilm", workers: int = 1
+) -> dict[str, Any]:
+    """Run the idle and load phases (module doc) with ``workers`` text workers serving
+    ``model`` (a key of :data:`MODELS`) and return their figures."""
     # a /dev/shm root of its own, removed afterwards: another stack's is never touched
-    overrides = {"FLEET_METRICS__PORT_BASE": "0", "FLEET_TRANSPORT__SHM_ROOT": str(SHM_ROOT)}
+    overrides = {
+        "FLEET_METRICS__PORT_BASE": "0",
+        "FLEET_TRANSPORT__SHM_ROOT": str(SHM_ROOT),
+        **MODELS[model],
+    }
     with isolated_environment(workdir, overrides) as settings:
         stack = Stack(settings)
-        stack.up(["text"], flower=False)
+        stack.up(["text"], flower=False, replicas={"text": workers})
         client = FleetClient(settings)
         admin = redis_client(settings)
         try:
@@ -182,21 +204,34 @@ def measure(requests: int, idle_s: float, workdir: Path) -> dict[str, Any]:
         finally:
             client.close()
             stack.down()
-    return _figures(requests, idle, load, version, raw)
+    return _figures(requests, idle, load, version, raw, model=model, workers=workers)
 
 
 def _figures(
-    requests: int, idle: dict, load: dict, version: str, raw: dict[str, float]
+    requests: int,
+    idle: dict,
+    load: dict,
+    version: str,
+    raw: dict[str, float],
+    model: str = "minilm",
+    workers: int = 1,
 ) -> dict[str, Any]:
-    """The report: idle rates, per-request commands, usec and CPU, the implied Redis limit."""
+    """The report: idle rates (all workers', and per worker), per-request commands, usec and
+    CPU, the implied Redis limit."""
     dt, by_cmd, usec = load["s"], load["by_cmd"], load["usec"]
     per_req_cpu_us = load["cpu"] / requests * 1e6
     return {
+        "model": model,
+        "workers": workers,
         "redis_version": version,
         "idle": {
             "s": round(idle["s"], 1),
             "commands_per_s": round(idle["calls"], 1),
             "cpu_us_per_s": round(idle["cpu"] * 1e6),
+            "per_worker": {
+                "commands_per_s": round(idle["calls"] / workers, 1),
+                "cpu_us_per_s": round(idle["cpu"] * 1e6 / workers),
+            },
         },
         "load": {
             "requests": requests,
@@ -221,18 +256,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=3000)
     p.add_argument("--idle-s", type=float, default=10.0)
+    p.add_argument("--model", choices=sorted(MODELS), default="minilm", help="the text model")
+    p.add_argument("--workers", type=int, default=1, help="text workers (default 1)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     report: dict[str, Any] = {
+        "started_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "loadavg_before": [round(x, 2) for x in os.getloadavg()],
-        }
+        },
     }
     try:
         with tempfile.TemporaryDirectory(prefix="fleet-redisload-") as tmp:
-            report.update(measure(args.requests, args.idle_s, Path(tmp)))
+            report.update(
+                measure(args.requests, args.idle_s, Path(tmp), args.model, max(args.workers, 1))
+            )
     finally:
         shutil.rmtree(SHM_ROOT, ignore_errors=True)
     report["machine"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]

@@ -3,12 +3,17 @@ from measured costs. Where does Redis itself saturate?
 
 Inputs (all measured, none assumed unless given on the command line):
 
-- one worker host's service rate (requests/s): ``modes.fleet.text.throughput_rps`` of a
-  ``make bench`` report (``--bench``), else ``deploy/k8s/measured.json``'s text
-  ``rate_per_s`` (the ``text-saturate`` figure), or ``--host-rps``;
-- Redis's cost per request and per idle worker (``python -m producer.tools.bench.redisload``
-  JSON, ``--redis``): commands per request, Redis CPU microseconds per request, and one idle
-  worker's background CPU microseconds per second.
+- Redis's cost per request and per idle worker, one ``python -m producer.tools.bench.redisload``
+  JSON per ``--redis`` (repeatable: ``make scaleout`` gives the MiniLM and the identity
+  model's): commands per request, Redis CPU microseconds per request, and one idle worker's
+  background CPU microseconds per second (``idle.per_worker`` when the run had several
+  workers);
+- one worker host's service rate (requests/s): ``--host-rps`` if given; else for a report of
+  the ``minilm`` model ``modes.fleet.text.throughput_rps`` of a ``make bench`` report
+  (``--bench``), else ``deploy/k8s/measured.json``'s text ``rate_per_s`` (the
+  ``text-saturate`` figure); for any other model (``identity``) the report's own drain rate
+  per worker (``load.rps`` / ``workers``: a queue of requests enqueued at once, drained at
+  the workers' full speed).
 
 Model: Redis is one server running commands one at a time (its main thread). Each host
 offers ``load`` x its service rate; every request brings ``commands_per_request`` commands
@@ -19,9 +24,13 @@ recursion over ``sim_s`` simulated seconds. When the offered Redis work exceeds 
 per second the fleet's throughput is capped at what Redis completes: adding hosts adds
 nothing.
 
-Prints, per host count: offered and achieved requests/s, Redis utilisation, commands/s, and
-the mean and p99 wait of a command inside Redis (what every round trip a request makes pays
-on top of its service time).
+Prints, per report: per host count, offered and achieved requests/s, Redis utilisation,
+commands/s, and the mean and p99 wait of a command inside Redis (what every round trip a
+request makes pays on top of its service time); then the saturation point in closed form
+(:func:`saturation`): the hosts, and the requests/s, at which Redis is 50 %, 80 % and 100 %
+busy, and the ceiling with no worker's background (1 s / CPU per request). ``--json`` writes
+``{"scaleout": [{"model", "workers", "redis_report", "host_rps", "host_rps_source", "load",
+"costs", "saturation", "rows"}, ...]}``.
 """
 
 from __future__ import annotations
@@ -97,20 +106,33 @@ def simulate(costs: Costs, hosts: int, load: float, sim_s: float, seed: int = 0)
 
 
 def costs_from(redis_json: dict[str, Any], host_rps: float) -> Costs:
+    """The model's inputs from a redisload report; the idle background is one worker's."""
     load, idle = redis_json["load"], redis_json["idle"]
+    workers = int(redis_json.get("workers") or 1)
+    per_worker = idle.get("per_worker") or {
+        "cpu_us_per_s": idle["cpu_us_per_s"] / workers,
+        "commands_per_s": idle["commands_per_s"] / workers,
+    }
     return Costs(
         host_rps=host_rps,
         commands_per_request=float(load["commands_per_request"]),
         cpu_us_per_request=float(load["cpu_us_per_request"]),
-        idle_cpu_us_per_s=float(idle["cpu_us_per_s"]),
-        idle_commands_per_s=float(idle["commands_per_s"]),
+        idle_cpu_us_per_s=float(per_worker["cpu_us_per_s"]),
+        idle_commands_per_s=float(per_worker["commands_per_s"]),
     )
 
 
-def host_rate(bench: Path | None, host_rps: float | None) -> tuple[float, str]:
-    """One host's text service rate and where it came from."""
+def host_rate(
+    bench: Path | None, host_rps: float | None, redis_json: dict[str, Any] | None = None
+) -> tuple[float, str]:
+    """One host's text service rate and where it came from (module doc)."""
     if host_rps:
         return host_rps, "--host-rps (given)"
+    model = (redis_json or {}).get("model", "minilm")
+    if redis_json is not None and model != "minilm":
+        workers = int(redis_json.get("workers") or 1)
+        rate = float(redis_json["load"]["rps"]) / workers
+        return rate, f"the redisload run's drain rate per worker ({model} model)"
     if bench is not None:
         rep = json.loads(bench.read_text())
         return float(rep["modes"]["fleet"]["text"]["throughput_rps"]), str(bench)
@@ -123,6 +145,18 @@ def saturation_hosts(costs: Costs, load: float, utilisation: float) -> float:
     """Hosts at which Redis reaches ``utilisation`` (closed form of the same model)."""
     per_host = load * costs.host_rps * costs.cpu_us_per_request + costs.idle_cpu_us_per_s
     return utilisation * 1e6 / per_host
+
+
+def saturation(costs: Costs, load: float) -> dict[str, float]:
+    """Where one Redis saturates, in closed form: hosts and requests/s at 50 %, 80 % and 100 %
+    busy, and ``ceiling_rps`` (1 s / CPU per request: no worker's background at all)."""
+    out: dict[str, float] = {}
+    for u in (0.5, 0.8, 1.0):
+        hosts = saturation_hosts(costs, load, u)
+        out[f"hosts_at_{round(u * 100)}pct"] = round(hosts, 1)
+        out[f"rps_at_{round(u * 100)}pct"] = round(hosts * load * costs.host_rps)
+    out["ceiling_rps"] = round(1e6 / costs.cpu_us_per_request)
+    return out
 
 
 def table(rows: list[Row]) -> str:
@@ -141,30 +175,62 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--redis", type=Path, required=True, help="redisload JSON")
-    p.add_argument("--bench", type=Path, default=None, help="a make bench report JSON")
-    p.add_argument("--host-rps", type=float, default=None, help="one host's rate (requests/s)")
-    p.add_argument("--load", type=float, default=0.8, help="offered share of host capacity")
-    p.add_argument("--hosts", default=",".join(map(str, DEFAULT_HOSTS)))
-    p.add_argument("--sim-s", type=float, default=0.5, help="simulated seconds per row")
-    p.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    args = p.parse_args(argv)
-    rate, source = host_rate(args.bench, args.host_rps)
-    costs = costs_from(json.loads(args.redis.read_text()), rate)
-    rows = [simulate(costs, int(h), args.load, args.sim_s) for h in args.hosts.split(",")]
-    print(f"one host: {rate:g} requests/s ({source}); offered {args.load:.0%} of it")
+def run_one(
+    path: Path, bench: Path | None, host_rps: float | None, load: float, hosts: str, sim_s: float
+) -> dict[str, Any]:
+    """One redisload report through the simulation: prints its table, returns its JSON."""
+    rep = json.loads(path.read_text())
+    rate, source = host_rate(bench, host_rps, rep)
+    costs = costs_from(rep, rate)
+    rows = [simulate(costs, int(h), load, sim_s) for h in hosts.split(",")]
+    model, workers = rep.get("model", "minilm"), int(rep.get("workers") or 1)
+    sat = saturation(costs, load)
+    print(f"== {model} model ({path}, {workers} worker(s) measured)")
+    print(f"one host: {rate:g} requests/s ({source}); offered {load:.0%} of it")
     print(
         f"Redis per request: {costs.commands_per_request:g} commands, "
         f"{costs.cpu_us_per_request:g} us CPU; per idle worker: "
         f"{costs.idle_commands_per_s:g} commands/s, {costs.idle_cpu_us_per_s:g} us CPU/s"
     )
     print(table(rows))
-    for u in (0.5, 0.8, 1.0):
-        print(f"Redis at {u:.0%} busy from {saturation_hosts(costs, args.load, u):.1f} hosts")
+    for u in (50, 80, 100):
+        print(
+            f"Redis at {u}% busy from {sat[f'hosts_at_{u}pct']:.1f} hosts, "
+            f"{sat[f'rps_at_{u}pct']:,.0f} requests/s"
+        )
+    print(f"ceiling with no worker's background: {sat['ceiling_rps']:,.0f} requests/s")
+    return {
+        "model": model,
+        "workers": workers,
+        "redis_report": str(path),
+        "host_rps": rate,
+        "host_rps_source": source,
+        "load": load,
+        "costs": costs.__dict__,
+        "saturation": sat,
+        "rows": [r.__dict__ for r in rows],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--redis", type=Path, action="append", required=True, help="redisload JSON (repeatable)"
+    )
+    p.add_argument("--bench", type=Path, default=None, help="a make bench report JSON")
+    p.add_argument("--host-rps", type=float, default=None, help="one host's rate (requests/s)")
+    p.add_argument("--load", type=float, default=0.8, help="offered share of host capacity")
+    p.add_argument("--hosts", default=",".join(map(str, DEFAULT_HOSTS)))
+    p.add_argument("--sim-s", type=float, default=0.5, help="simulated seconds per row")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    results = []
+    for i, path in enumerate(args.redis):
+        if i:
+            print()
+        results.append(run_one(path, args.bench, args.host_rps, args.load, args.hosts, args.sim_s))
     if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=2) + "\n")
+        args.json.write_text(json.dumps({"scaleout": results}, indent=2) + "\n")
     return 0
 
 

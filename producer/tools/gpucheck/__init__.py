@@ -1,9 +1,14 @@
-"""``make gpu-check``: one short script that checks the device runtime on a CUDA machine.
+"""``make gpu-check``: one short script that checks the device runtime on a CUDA machine and
+benches the fleet there, within 10 minutes in all.
 
-``python -m producer.tools.gpucheck [--out FILE.json]``. Without CUDA it prints
-``gpu-check: skipped (no CUDA device)`` and exits 0. With CUDA it runs five checks, each in
-fresh processes of the ``spawn`` context (CUDA is never initialised in this parent process),
-prints each figure, and exits 1 if any check fails:
+``python -m producer.tools.gpucheck [--out FILE.json] [--parts checks,overhead,text,image]
+[--budget-s 540] [--bench-dir reports/gpucheck]``. Without CUDA, and ``--parts`` not given, it
+prints ``gpu-check: skipped (no CUDA device)`` and exits 0; with ``--parts`` it runs the parts
+that need no GPU (``overhead``) and reports each CUDA part as skipped. With CUDA it runs five
+device checks, each in fresh processes of the ``spawn`` context (CUDA is never initialised in
+this parent process), then the benches of ``benches.py`` (overhead-saturate's ``fleet`` and
+``redis-limit`` modes on the identity model, text- and image-saturate on CUDA, one short
+repetition each, under the time budget), prints each figure, and exits 1 if any fails:
 
 1. stream per process: two processes at once, each with a started
    ``DeviceRuntime(device="cuda:0", memory_fraction=0.2)``, report a stream handle that is
@@ -21,9 +26,11 @@ prints each figure, and exits 1 if any check fails:
    matmul loop runs on the runtime's stream, vs the two one after the other; the overlap
    ratio is the time saved over the shorter of the two (1.0 = fully hidden).
 
-Total run time is well under 5 minutes (most of it is starting the
-child processes). Modules: ``children.py`` (the spawn plumbing), ``probes.py`` (what runs
-in a child), ``checks.py`` (judging the figures), ``cli.py`` (the command line).
+The device checks take a few minutes (most of it is starting the child processes); the
+benches are planned against what is left of the budget (``benches.py``). Modules:
+``children.py`` (the spawn plumbing), ``probes.py`` (what runs in a child), ``checks.py``
+(judging the figures), ``benches.py`` (the benches, their plan and budget), ``cli.py`` (the
+command line).
 """
 
 from producer.tools.gpucheck.checks import CHECKS, CheckResult, run_checks

@@ -41,6 +41,7 @@ class CheckResult:
     figures: dict[str, Any] = field(default_factory=dict)
     detail: str = ""
     seconds: float = 0.0
+    skipped: bool = False  # always False here: a device check runs or fails
 
 
 def check_stream_per_process() -> CheckResult:
