@@ -289,24 +289,37 @@ def loads(data: bytes | str) -> Any:
     return kombu_loads(data)
 
 
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
 def has_nonfinite(obj: Any) -> bool:
     """Whether a float in ``obj`` (nested dicts, lists, tuples) is NaN or infinite.
 
-    A list of floats is checked by its sum first (one C loop); a non-finite sum (or one that
-    overflowed) falls back to checking each element.
+    One loop over an explicit stack (no recursion, no generator per container): every
+    document the fleet writes is checked, and most of its values are strings. A list of
+    floats is checked by its sum first (one C loop); a non-finite sum (or one that overflowed)
+    falls back to checking each element.
     """
-    if isinstance(obj, float):
-        return not math.isfinite(obj)
-    if isinstance(obj, dict):
-        return any(has_nonfinite(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        if obj and type(obj[0]) is float:
-            try:
-                if math.isfinite(sum(obj)):
-                    return False
-            except TypeError:  # not all numbers
-                pass
-        return any(has_nonfinite(v) for v in obj)
+    stack = [obj]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        o = pop()
+        t = type(o)
+        if t in _SCALARS:
+            continue
+        if isinstance(o, float):
+            if not math.isfinite(o):
+                return True
+        elif isinstance(o, dict):
+            push(o.values())
+        elif isinstance(o, list | tuple):
+            if o and type(o[0]) is float:
+                try:
+                    if math.isfinite(sum(o)):
+                        continue
+                except TypeError:  # not all numbers
+                    pass
+            push(o)
     return False
 
 
