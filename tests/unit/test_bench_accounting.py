@@ -173,13 +173,13 @@ def test_an_accountant_reads_a_fake_proc_tree(tmp_path: Path) -> None:
         d.mkdir(parents=True)
         (d / "stat").write_text(f"{pid} (x) S {ppid} 0 0 0 0 0 0 0 0 0 {u} 1 0 0 20 0 1 0")
 
-    class FakeRedis:
+    class CannedInfo:
         def info(self, section: str) -> dict:
             if section == "cpu":
                 return {"used_cpu_sys": 1.0, "used_cpu_user": 2.0}
             return {"cmdstat_get": {"calls": 3, "usec": 9}}
 
-    snap = Accountant(pids, FakeRedis(), proc_root=proc).snapshot()
+    snap = Accountant(pids, CannedInfo(), proc_root=proc).snapshot()
     assert snap.ticks["worker"] == {100: 11, 101: 6}
     assert snap.ticks["redis"] == {200: 41}
     assert snap.calls == {"get": 3} and snap.redis_cpu_s == 3.0
