@@ -92,6 +92,7 @@ class NullEcosystemMetrics:
         run_s: float | None,
         queued_s: float | None,
         e2e_s: float | None,
+        tally: Any = None,
     ) -> None:
         pass
 
