@@ -97,6 +97,10 @@ class Host:
     def task_ready(self, req: Any) -> None:
         pass
 
+    def accepted(self, reqs: list[Any]) -> None:
+        for req in reqs:
+            req.on_accepted(0, 0.0)
+
     def send_events(self, type_: str, items: Any) -> None:
         for req, fields in items:
             req.send_event(type_, **fields)

@@ -113,3 +113,53 @@ def test_a_dispatcher_that_does_not_buffer_gets_celerys_own_send() -> None:
         TaskEvents().send("task-failed", [(_Req("x", dispatcher), {"exception": "E()"})])
         assert len(sent) == 1 and sent[0]["uuid"] == "x"  # type: ignore[index]
         assert sent[0]["type"] == "task-failed"  # type: ignore[index]
+
+
+class _SoonHub:
+    """Records ``call_soon`` as kombu's hub would run it on its next turn."""
+
+    def __init__(self) -> None:
+        self.soon: list[object] = []
+
+    def call_soon(self, fn: object, *args: object) -> None:
+        self.soon.append(fn)
+
+
+def test_received_events_leave_together_before_any_later_event_and_keep_their_times() -> None:
+    """``defer_received``: a loop turn's ``task-received`` events are sent at its end, one
+    group; another event sent earlier sends them first (a request's events keep their order);
+    each keeps the time it was deferred at."""
+    from workers.consumer.engine import TaskEvents
+
+    app = Celery("t", broker="memory://", set_as_current=False)
+    with app.connection_for_write() as conn:
+        dispatcher = app.events.Dispatcher(
+            conn, hostname="w@h", enabled=True, buffer_group=["task"]
+        )
+        dispatcher.buffer_limit = 100
+        ev, hub = TaskEvents(), _SoonHub()
+        reqs = [_Req(f"id{i}", dispatcher) for i in range(3)]
+        before = time.time()
+        ev.defer_received(reqs[0], {"name": "fleet.text"}, hub)
+        ev.defer_received(reqs[1], {"name": "fleet.text"}, hub)
+        assert len(hub.soon) == 1  # one flush scheduled for the turn
+        buf = dispatcher._group_buffer["task"]
+        assert buf == []  # nothing sent yet
+        hub.soon[0]()  # type: ignore[operator]
+        assert [(e["type"], e["uuid"]) for e in buf] == [
+            ("task-received", "id0"),
+            ("task-received", "id1"),
+        ]
+        assert all(before <= e["timestamp"] <= time.time() for e in buf)
+        ev.defer_received(reqs[2], {"name": "fleet.text"}, hub)
+        ev.send("task-failed", [(reqs[2], {"exception": "E()"})])  # before the turn ends
+        assert [(e["type"], e["uuid"]) for e in buf[2:]] == [
+            ("task-received", "id2"),
+            ("task-failed", "id2"),
+        ]
+        hub.soon[1]()  # type: ignore[operator]  # the turn's flush finds nothing left
+        assert len(buf) == 4
+        clocks = [e["clock"] for e in buf]
+        assert clocks == sorted(clocks) and len(set(clocks)) == 4
+        ev.defer_received(reqs[0], {"name": "fleet.text"}, None)  # no hub: sent at once
+        assert buf[-1]["type"] == "task-received" and len(buf) == 5

@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from shared import clock, schema
 from shared.errors import FleetError, InvalidMessage, error_to_wire
-from shared.metrics import FleetMetrics
+from shared.metrics import FleetMetrics, RequestRow
 from shared.tracing import Tracing
 from workers.batching.batcher import Work
 from workers.batching.refusals import REFUSALS, reason_of
@@ -115,6 +115,10 @@ class CompletionHost(Protocol):
 
     def task_ready(self, req: Any) -> None:
         """Celery's bookkeeping for a finished request."""
+
+    def accepted(self, reqs: list[Any]) -> None:
+        """Celery's bookkeeping for requests that start running, and their
+        ``task-started`` events (``Request.on_accepted`` for each, in one go)."""
 
     def send_events(self, type_: str, items: Sequence[tuple[Any, dict[str, Any]]]) -> None:
         """``req.send_event(type_, **fields)`` for each ``(req, fields)``, in one go."""
@@ -182,9 +186,7 @@ class Completer:
         req.send_event("task-progress", result=f"{p.done}/{p.total}", done=p.done, total=p.total)
 
     def _started(self, s: Started) -> None:
-        for w in s.batch:
-            if w.attempts == 0:
-                w.req.on_accepted(os.getpid(), time.monotonic())
+        self.host.accepted([w.req for w in s.batch if w.attempts == 0])
 
     def store(self, done: list[Done]) -> bool:
         """Write the final results of ``done`` (first-wins); duplicates write nothing."""
@@ -235,13 +237,15 @@ class Completer:
         left = []
         lines: list[str] = []
         events: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+        rows: list[RequestRow] = []
         for d in done:
             if d.acked:
-                lines.append(self._finish_one(d, now, events))
+                lines.append(self._finish_one(d, now, events, rows))
             else:
                 left.append(d)
         for type_, items in events.items():  # in the order of their first request
             self.host.send_events(type_, items)
+        self.metrics.observe_requests(rows)  # the group's metrics at once
         if lines:  # one log record for the group: a record per request costs ~8x more
             log.info("\n".join(lines))
         if left:
@@ -280,10 +284,15 @@ class Completer:
             self.complete(done)
 
     def _finish_one(
-        self, d: Done, now: float, events: dict[str, list[tuple[Any, dict[str, Any]]]]
+        self,
+        d: Done,
+        now: float,
+        events: dict[str, list[tuple[Any, dict[str, Any]]]],
+        rows: list[RequestRow],
     ) -> str:
-        """Celery's bookkeeping and metrics of a settled request, its event (added to
-        ``events`` by type, sent once for the group); its log line."""
+        """Celery's bookkeeping of a settled request, its event (added to ``events`` by
+        type, sent once for the group) and its metrics row (added to ``rows``, observed once
+        for the group); its log line."""
         req, o, w = d.req, d.outcome, d.work
         self.host.forget(d)
         for twin in w.twins if w else ():
@@ -315,22 +324,24 @@ class Completer:
         self.host.task_ready(req)
         self.tracing.finished(req, o.error.code if o.error else None)
         self.progress.forget(req.id)
-        return self._observe(d, now)
+        return self._observe(d, now, rows)
 
-    def _observe(self, d: Done, now: float) -> str:
-        """The request's metrics; its one log line."""
+    def _observe(self, d: Done, now: float, rows: list[RequestRow]) -> str:
+        """The request's metrics row (added to ``rows``); its one log line."""
         req, o, w = d.req, d.outcome, d.work
         ran = w is not None and bool(w.started_s)
         queued_ms = (w.started_s - w.arrival_s) * 1000.0 if w and ran else 0.0
         # both on Redis' clock (shared.clock): meaningful across hosts
         since_submit_ms = (clock.now_s() * 1000.0 - w.env.submitted_ms) if w else 0.0
-        self.metrics.observe_request(
-            w.env.priority if w else d.priority,
-            "ok" if o.error is None else o.error.code,
-            queued_ms / 1000.0 if ran else None,
-            since_submit_ms / 1000.0 if w else None,
-            self.metrics.eco.queue_of(req),
-            d.run_ms / 1000.0 if ran else None,
+        rows.append(
+            (
+                w.env.priority if w else d.priority,
+                "ok" if o.error is None else o.error.code,
+                queued_ms / 1000.0 if ran else None,
+                since_submit_ms / 1000.0 if w else None,
+                self.metrics.eco.queue_of(req),
+                d.run_ms / 1000.0 if ran else None,
+            )
         )
         return (
             f"request id={req.id} state={o.state} code={o.error.code if o.error else '-'} "

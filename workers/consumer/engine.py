@@ -63,7 +63,7 @@ done once per group) and appended to the dispatcher's ``task`` buffer.
 
 Private kombu/Celery names (read from celery 5.7.0; ``tests/unit/test_private_names.py``):
     celery.events.dispatcher.EventDispatcher: _group_buffer
-    celery.worker.request.Request: _eventer
+    celery.worker.request.Request: _eventer, _terminate_on_ack
 
 
 :func:`current` is the one engine of this worker process (a worker process owns exactly one
@@ -540,6 +540,22 @@ class Engine:
     def task_ready(self, req: Any) -> None:
         worker_state.task_ready(req)
 
+    def accepted(self, reqs: list[Any]) -> None:
+        """What ``Request.on_accepted`` does for each (pid and start time on the request,
+        Celery's ``task_accepted`` bookkeeping, the ``task-started`` event), the events sent
+        as one group. A request Celery's own hook must see (not ``acks_late``, or a terminate
+        asked before it started) goes through ``on_accepted``."""
+        pid, now = os.getpid(), time.time()
+        started: list[tuple[Any, dict[str, Any]]] = []
+        for req in reqs:
+            if not req.task.acks_late or req._terminate_on_ack is not None:
+                req.on_accepted(pid, time.monotonic())
+                continue
+            req.worker_pid, req.time_start = pid, now
+            worker_state.task_accepted(req)
+            started.append((req, {}))
+        self.events.send("task-started", started)
+
     def send_events(self, type_: str, items: Sequence[tuple[Any, dict[str, Any]]]) -> None:
         self.events.send(type_, items)
 
@@ -605,6 +621,7 @@ class TaskEvents:
 
     def __init__(self) -> None:
         self._offset: tuple[float, float] = (-1e9, 0.0)  # (read at, offset)
+        self._received: list[tuple[Any, dict[str, Any]]] = []  # defer_received
 
     def _utcoffset(self, now: float) -> float:
         at, offset = self._offset
@@ -613,8 +630,28 @@ class TaskEvents:
             self._offset = (now, offset)
         return offset
 
+    def defer_received(self, req: Any, fields: dict[str, Any], hub: Any) -> None:
+        """A ``task-received`` event, stamped now and sent with the other arrivals of this
+        loop turn (``hub.call_soon``; at once without a hub). Any other event sent first
+        sends these before it: a request's events keep their order."""
+        self._received.append((req, {**fields, "timestamp": time.time()}))
+        if hub is None:
+            self.flush_received()
+        elif len(self._received) == 1:
+            hub.call_soon(self.flush_received)
+
+    def flush_received(self) -> None:
+        if self._received:
+            received, self._received = self._received, []
+            self._send("task-received", received)
+
     def send(self, type_: str, items: Sequence[tuple[Any, dict[str, Any]]]) -> None:
-        """``req.send_event(type_, **fields)`` for each ``(req, fields)`` of ``items``."""
+        """``req.send_event(type_, **fields)`` for each ``(req, fields)`` of ``items``
+        (a ``timestamp`` among the fields is the event's own; else it is stamped now)."""
+        self.flush_received()
+        self._send(type_, items)
+
+    def _send(self, type_: str, items: Sequence[tuple[Any, dict[str, Any]]]) -> None:
         if not items:
             return
         d = getattr(items[0][0], "_eventer", None)
@@ -631,14 +668,18 @@ class TaskEvents:
             return
         now = time.time()
         base = {"hostname": d.hostname, "utcoffset": self._utcoffset(now), "pid": d.pid}
-        forward = d.clock.forward
+        clock = d.clock
+        with clock.mutex:  # the group's ticks at once: LamportClock.forward, len(items) times
+            tick = clock.value
+            clock.value += len(items)
         buf = buffers["task"]
         for req, fields in items:
+            tick += 1
             if req._eventer is not d or not req.task.send_events:
                 req.send_event(type_, **fields)
                 continue
-            event = {**base, "clock": forward(), "uuid": req.id, **fields}
-            event["timestamp"], event["type"] = now, type_
+            event = {**base, "clock": tick, "uuid": req.id, "timestamp": now, **fields}
+            event["type"] = type_
             buf.append(event)
         if len(buf) >= d.buffer_limit:
             d.flush()
@@ -660,7 +701,7 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     )
     revoked = consumer.controller.state.revoked
     build = _request_builder(Req, task, app, consumer, eventer)
-    events = engine.events
+    events, loop = engine.events, engine.loop
 
     def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **__: Any) -> None:
         try:
@@ -671,21 +712,17 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
         if (req.expires or req.id in revoked) and req.revoked():
             return
         if send_events:
-            events.send(
-                "task-received",
-                [
-                    (
-                        req,
-                        {
-                            "name": req.name,
-                            "args": req.argsrepr,
-                            "kwargs": req.kwargsrepr,
-                            "root_id": req.root_id,
-                            "parent_id": req.parent_id,
-                            "retries": req.request_dict.get("retries", 0),
-                        },
-                    )
-                ],
+            events.defer_received(
+                req,
+                {
+                    "name": req.name,
+                    "args": req.argsrepr,
+                    "kwargs": req.kwargsrepr,
+                    "root_id": req.root_id,
+                    "parent_id": req.parent_id,
+                    "retries": req.request_dict.get("retries", 0),
+                },
+                loop.hub if loop.running else None,
             )
         if req.eta:
             engine.refuse(req, EtaNotSupported("ETA/countdown is not supported; submit when due"))
