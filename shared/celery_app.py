@@ -16,7 +16,8 @@ Decisions (see docs/reliability.md, failure semantics):
   every request.
 - kombu's ``json`` serializer written and read by orjson (:func:`use_fast_json`): the same
   values as kombu's own ``json`` module, at a fraction of its cost (events, message bodies and
-  result documents go through it on every request).
+  result documents go through it on every request); task events are JSON of the same content
+  type, written without the non-finite check (``EVENT_SERIALIZER``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from kombu import Queue
 from shared import schema
 from shared.settings import MODALITIES, Settings
 
-__all__ = ["make_app", "sentinel_options", "use_fast_json", "wait_options"]
+__all__ = ["EVENT_SERIALIZER", "make_app", "sentinel_options", "use_fast_json", "wait_options"]
+
+EVENT_SERIALIZER = "fleet-event-json"  # kombu serializer name of task events (use_fast_json)
 
 
 def use_fast_json() -> None:
@@ -41,6 +44,16 @@ def use_fast_json() -> None:
     ``\\u`` escapes). Process-wide and idempotent: every app this process makes uses it."""
     from kombu.serialization import register
 
+    # Events (``event_serializer``): the same content type and reader, written without the
+    # non-finite walk (shared.schema.dumps_event). Registered before ``json`` so that the
+    # content type's name stays ``json`` (kombu names a content type by its last register).
+    register(
+        EVENT_SERIALIZER,
+        schema.dumps_event,
+        schema.loads,
+        content_type="application/json",
+        content_encoding="utf-8",
+    )
     register(
         "json",
         schema.dumps,
@@ -67,7 +80,7 @@ def make_app(settings: Settings, name: str = "fleet", *, role: str) -> Celery:
         result_serializer="json",
         accept_content=["json"],
         result_accept_content=["json"],
-        event_serializer="json",
+        event_serializer=EVENT_SERIALIZER,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,

@@ -119,3 +119,29 @@ def test_decode_result_matches_celerys_backend() -> None:
             assert ours.pop("result").args == celerys.pop("result").args
         assert ours == celerys
     assert kombu_loads(schema.dumps(DOCS[0])) == DOCS[0]
+
+
+def test_events_are_json_of_the_same_content_type_read_back_as_kombus_own() -> None:
+    """Task events (``EVENT_SERIALIZER``): the ``application/json`` content type and reader
+    of ``json``, so Flower and any Celery event receiver decode them; ``json`` keeps naming
+    the content type."""
+    from kombu.serialization import dumps as k_dumps
+    from kombu.serialization import registry
+
+    from shared.celery_app import EVENT_SERIALIZER, use_fast_json
+
+    use_fast_json()
+    now = 1765000000.123456
+    events = [
+        {"hostname": "text@h", "utcoffset": 0, "pid": 7, "clock": 12, "uuid": str(uuid.uuid4()),
+         "result": "{'batch_id': 'h-1-2', 'run_ms': 0.5}", "runtime": 0.0005,
+         "timestamp": now, "type": "task-succeeded"},
+        {"uuid": "x", "root_id": "x", "parent_id": None, "args": "()", "eta": None,
+         "kwargs": "{'request': {'text': 'é'}}", "timestamp": now, "type": "task-received"},
+    ]  # fmt: skip
+    ctype, encoding, data = k_dumps(events, serializer=EVENT_SERIALIZER)
+    assert (ctype, encoding) == ("application/json", "utf-8")
+    assert kombu_loads(data) == kombu_loads(kombu_dumps(events)) == events
+    assert registry.type_to_name["application/json"] == "json"
+    stamped = {"eta": dt.datetime(2026, 12, 7, tzinfo=dt.UTC)}  # orjson leaves it to kombu
+    assert kombu_loads(schema.dumps_event(stamped)) == kombu_loads(kombu_dumps(stamped))
