@@ -61,6 +61,8 @@ log = logging.getLogger("fleet.tracing")
 
 TRACEPARENT = "traceparent"
 
+_NO_SPAN = contextlib.nullcontext()  # in_request with tracing off (reentrant, reusable)
+
 
 _lock = threading.Lock()
 
@@ -246,15 +248,13 @@ class Tracing:
             },
         )
 
-    @contextlib.contextmanager
-    def in_request(self, req: Any) -> Iterator[None]:
-        """Make ``req``'s span current (its input's ``shm.get`` becomes a child)."""
+    def in_request(self, req: Any) -> contextlib.AbstractContextManager[Any]:
+        """Make ``req``'s span current (its input's ``shm.get`` becomes a child); with
+        tracing off, a context that does nothing (shared: no generator per request)."""
         span = self._requests.get(req.id) if self.on else None
         if span is None:
-            yield
-            return
-        with self._trace.use_span(span, end_on_exit=False):
-            yield
+            return _NO_SPAN
+        return self._trace.use_span(span, end_on_exit=False)
 
     def finished(self, req: Any, code: str | None, outcome: str = "ok") -> None:
         """End ``req``'s span with its outcome (``code``: an error code, None = success;
