@@ -15,8 +15,11 @@
 -- Returns a flat array: list key, message, list key, message, ... in the order taken.
 --
 -- Keys touched:
---   KEYS[1..n]  RPOP; a message whose properties cannot be read is RPUSHed back where it
---               was and the take stops there (kombu's own fetch takes it next)
+--   KEYS[1..n]  RPOP with a count (Redis 6.2 or later): what may be taken in one pop; a
+--               message whose properties cannot be read, and those popped after it, are
+--               RPUSHed back where they were and the take stops there (kombu's own fetch takes
+--               it next); under a byte budget the messages popped beyond it go back the same
+--               way (each pop asks for as many as the sizes taken so far say would fit)
 --   KEYS[n+1]   HSET <delivery tag> = [<message>,<exchange>,<routing key>]: kombu's entry,
 --               the message's JSON kept byte for byte
 --   KEYS[n+2]   ZADD ARGV[2] <delivery tag>
@@ -94,25 +97,52 @@ local function record()
     redis.call('ZADD', index, unpack(scores, i, math.min(i + 1999, #scores)))
   end
 end
+-- the popped items from ``from`` on go back where they were, the first of them at the list's
+-- right end again (RPUSH appends its arguments in turn: the last one ends rightmost)
+local function restore(key, items, from)
+  local back = {}
+  for i = #items, from, -1 do back[#back + 1] = items[i] end
+  for i = 1, #back, 1000 do
+    redis.call('RPUSH', key, unpack(back, i, math.min(i + 999, #back)))
+  end
+end
 for k = 1, n do
   local key = KEYS[k]
+  local sized = 0  -- messages taken from this list so far (their bytes are in ``taken``)
   while left > 0 and (budget <= 0 or taken < budget) do
-    local item = redis.call('RPOP', key)
-    if not item then break end
-    local tag, ex, rk = props(item)
-    if not tag then
-      redis.call('RPUSH', key, item)
-      record()
-      return out
+    -- as many as may be taken in one pop; under a byte budget, as many as the messages
+    -- taken so far say would fit (one at first), so that few are popped only to go back
+    local want = left
+    if budget > 0 then
+      want = 1
+      if sized > 0 then
+        want = math.max(1, math.min(left, math.floor((budget - taken) * sized / taken)))
+      end
     end
-    entries[#entries + 1] = tag
-    entries[#entries + 1] = '[' .. item .. ',' .. quoted(ex) .. ',' .. quoted(rk) .. ']'
-    scores[#scores + 1] = ARGV[2]
-    scores[#scores + 1] = tag
-    out[#out + 1] = key
-    out[#out + 1] = item
-    left = left - 1
-    taken = taken + #item
+    local items = redis.call('RPOP', key, want)
+    if not items then break end
+    for i, item in ipairs(items) do
+      if budget > 0 and taken >= budget then
+        restore(key, items, i)
+        break
+      end
+      local tag, ex, rk = props(item)
+      if not tag then
+        restore(key, items, i)
+        record()
+        return out
+      end
+      entries[#entries + 1] = tag
+      entries[#entries + 1] = '[' .. item .. ',' .. quoted(ex) .. ',' .. quoted(rk) .. ']'
+      scores[#scores + 1] = ARGV[2]
+      scores[#scores + 1] = tag
+      out[#out + 1] = key
+      out[#out + 1] = item
+      left = left - 1
+      taken = taken + #item
+      sized = sized + 1
+    end
+    if #items < want then break end  -- the list is empty
   end
   if left == 0 or (budget > 0 and taken >= budget) then break end
 end
