@@ -28,20 +28,21 @@ local out = {}
 for i = 1, #KEYS / 2 do
   local marker, doc = KEYS[2 * i - 1], KEYS[2 * i]
   local a = 4 * i - 2
-  local meta, ttl, keep, token = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3]
+  local meta, ttl, keep, token = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local expires = tonumber(ttl) > 0  -- ttl passed on as given: a Lua number would be formatted
   local held = redis.call('GET', marker)
   if held then
     out[i] = (held == token) and 2 or 0
   else
     local kept = keep == '1' and redis.call('EXISTS', doc) == 1
     if not kept then
-      if ttl > 0 then
+      if expires then
         redis.call('SETEX', doc, ttl, meta)
       else
         redis.call('SET', doc, meta)
       end
     end
-    if ttl > 0 then
+    if expires then
       redis.call('SET', marker, token, 'EX', ttl)
     else
       redis.call('SET', marker, token)
