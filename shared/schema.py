@@ -361,7 +361,7 @@ PRIORITY_SEP = "\x06\x16"  # kombu's default separator; kept so plain Celery cli
 TASK_PREFIX = "fleet."
 
 
-# Poison accounting (workers.batching.execution.InFlight): each worker process incarnation's
+# Poison accounting (workers.batching.admission.InFlight): each worker process incarnation's
 # records of the task ids it is decoding or running, and the set of every record's name.
 BLAME_PREFIX = "fleet:blame:"
 BLAME_INDEX_KEY = "fleet:blame:index"

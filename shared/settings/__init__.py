@@ -85,7 +85,7 @@ __all__ = [
 
 MODALITIES: tuple[str, ...] = ("text", "image", "video", "xmodal")
 PRIORITY_NAMES: tuple[str, ...] = ("realtime", "high", "normal", "bulk")
-# A poison message is refused on its 4th delivery (workers.batching.execution.MAX_DELIVERIES + 1).
+# A poison message is refused on its 4th delivery (workers.batching.admission.MAX_DELIVERIES + 1).
 DELIVERIES_COVERED = 4
 # A renewed tensor lease must outlast a janitor's renewal margin (shared.transport.lifetime:
 # 2 intervals) by one interval: default_ttl_s >= this many janitor intervals.

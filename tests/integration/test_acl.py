@@ -80,7 +80,7 @@ def test_workers_and_operators_cannot_reconfigure_or_wipe_redis(stack: Any) -> N
 
 
 def test_a_worker_keeps_its_blame_records(stack: Any) -> None:
-    """Poison accounting's records (``workers.batching.execution.InFlight``): a worker sets,
+    """Poison accounting's records (``workers.batching.admission.InFlight``): a worker sets,
     reads and indexes them, and runs the scripts that do."""
     w = _as(stack.s, "worker")
     key = schema.blame_record_key("acl-test:1:ab", "lane-1")

@@ -1,4 +1,4 @@
-"""Poison accounting's blame records on a real Redis (``workers.batching.execution.InFlight``,
+"""Poison accounting's blame records on a real Redis (``workers.batching.admission.InFlight``,
 its scripts ``blame_arrive.lua`` and ``inflight_begin.lua``), as the worker's ACL user: a dead
 incarnation's record counts for a redelivered message only, own records never, expired
 records leave the index, decoded and released ids leave the records, and the gate is one
@@ -20,7 +20,7 @@ import redis
 
 from shared import schema
 from tests.conftest import own_redis as own_redis_stack
-from workers.batching.execution import FINAL, InFlight
+from workers.batching.admission import FINAL, InFlight
 
 pytestmark = pytest.mark.integration
 

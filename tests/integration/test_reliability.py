@@ -74,7 +74,7 @@ def redis_of(st: Any) -> redis.Redis:
 
 
 def blamed(r: redis.Redis, task_id: str) -> list[str]:
-    """The blame records (``workers.batching.execution.InFlight``) that name ``task_id``."""
+    """The blame records (``workers.batching.admission.InFlight``) that name ``task_id``."""
     names = sorted(n.decode() for n in r.smembers(schema.BLAME_INDEX_KEY))
     return [n for n in names if task_id.encode() in (r.get(n) or b"").split()]
 

@@ -19,16 +19,10 @@ from shared.metrics import FleetMetrics
 from shared.schema import TaskEnvelope
 from shared.settings import DeviceConfig, Settings
 from shared.tracing import Tracing
+from workers.batching.admission import DECODE_SLOT, FINAL, BlameBook
 from workers.batching.batcher import LatencyModel, Pending, Work
-from workers.batching.completion import EngineStats, Observers, Posted
-from workers.batching.execution import (
-    DECODE_SLOT,
-    FINAL,
-    BatchRunner,
-    BlameBook,
-    CircuitBreaker,
-    RetryPolicy,
-)
+from workers.batching.completion import Done, EngineStats, Observers, Outcome, Posted
+from workers.batching.execution import BatchRunner, CircuitBreaker, RetryPolicy
 from workers.batching.inject import RequestInjector
 from workers.models.base import ModelAdapter, Prepared
 from workers.models.runtime import DeviceRuntime
@@ -164,6 +158,15 @@ class Rig:
         return self.host.scheduled
 
 
+def finals(r: Rig) -> dict[str, Outcome]:
+    """The final outcome of each request posted so far, by task id."""
+    return {i.req.id: i.outcome for i in r.posted if isinstance(i, Done)}
+
+
+def codes(r: Rig) -> dict[str, str]:
+    return {tid: (o.error.code if o.error else "ok") for tid, o in finals(r).items()}
+
+
 def rig(
     adapter: Doubler,
     *,
@@ -193,7 +196,7 @@ def rig(
 
 
 class MemoryCounters:
-    """Blame records in a dict, with ``workers.batching.execution.InFlight``'s semantics
+    """Blame records in a dict, with ``workers.batching.admission.InFlight``'s semantics
     (its Lua scripts and Redis round trips are covered by the integration tests). It plays one
     worker process incarnation at a time: :meth:`die` starts the next one, and the dead one's
     records stay, as they do in Redis until their TTL passes."""

@@ -1,8 +1,8 @@
-"""``workers.batching.admission`` and ``workers.batching.execution``: a received request ->
+"""``workers.batching.admission``: a received request ->
 pending or a coded refusal; a message that keeps killing workers is refused; a suspect runs alone.
 
 A fake model and fake requests; the blame records are kept in a dict with the Redis semantics
-of ``workers.batching.execution`` (``engine_fakes.MemoryCounters``); the real scripts on a real
+of ``workers.batching.admission`` (``engine_fakes.MemoryCounters``); the real scripts on a real
 Redis are covered by tests/integration/test_blame_records.py, real worker crashes by
 tests/integration/test_faults.py.
 """
@@ -17,9 +17,8 @@ from shared.errors import FleetError, WorkerLost
 from shared.schema import Priority
 from shared.settings import Settings
 from shared.tracing import Tracing
-from workers.batching.admission import Admission, Refusal, Served, screen
+from workers.batching.admission import Admission, Deliveries, Refusal, Served, screen
 from workers.batching.batcher import Batcher, Pending, Policy, Work
-from workers.batching.execution import Deliveries
 from workers.batching.inject import RequestInjector
 
 SERVED = Served(MODALITY, "minilm")

@@ -1,4 +1,4 @@
-"""Blame records' bookkeeping (``workers.batching.execution``: ``BlameBook``, ``encode_id``,
+"""Blame records' bookkeeping (``workers.batching.admission``: ``BlameBook``, ``encode_id``,
 ``redelivered``) and poison accounting over them (``engine_fakes.MemoryCounters``). The Lua
 scripts on a real Redis: tests/integration/test_blame_records.py."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from engine_fakes import MemoryCounters
 
-from workers.batching.execution import (
+from workers.batching.admission import (
     FINAL,
     BlameBook,
     Deliveries,

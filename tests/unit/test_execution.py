@@ -13,35 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fakes import Doubler, Rig, rig, work
+from engine_fakes import Doubler, Rig, codes, finals, rig, work
 
 from shared.errors import (
-    CircuitOpen,
     DeviceOOM,
     InvalidInput,
     ModelError,
     TransientError,
 )
 from workers.batching.batcher import Work
-from workers.batching.completion import Done, Outcome, Retry, Started
-from workers.batching.execution import (
-    CircuitBreaker,
-    RetryPolicy,
-    State,
-    as_fleet_error,
-    judge_breaker,
-)
+from workers.batching.completion import Done, Retry, Started
+from workers.batching.execution import RetryPolicy, as_fleet_error
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def finals(r: Rig) -> dict[str, Outcome]:
-    """The final outcome of each request posted so far, by task id."""
-    return {i.req.id: i.outcome for i in r.posted if isinstance(i, Done)}
-
-
-def codes(r: Rig) -> dict[str, str]:
-    return {tid: (o.error.code if o.error else "ok") for tid, o in finals(r).items()}
 
 
 def retries(r: Rig) -> list[Retry]:
@@ -150,65 +134,6 @@ def test_a_model_fault_is_not_retried() -> None:
     r.runner.run(batch(r.adapter, "poison"), None)
     assert codes(r) == {"r0": "MODEL_ERROR"}
     assert retries(r) == [] and r.scheduled == []
-
-
-# -- circuit breaker -------------------------------------------------------------------------
-def test_the_circuit_opens_after_failed_batches_and_fails_fast_without_the_model() -> None:
-    r = rig(Doubler(), breaker=CircuitBreaker(threshold=2, cooldown_s=10.0))
-    for i in range(2):
-        r.runner.run([work(f"p{i}", "poison", r.adapter)], None)
-    assert r.breaker.state is State.OPEN
-    calls = len(r.adapter.calls)
-    r.runner.run([work("a", 1, r.adapter), work("b", 2, r.adapter)], None)
-    assert len(r.adapter.calls) == calls  # the model was not called
-    assert codes(r)["a"] == codes(r)["b"] == "CIRCUIT_OPEN"
-    assert isinstance(finals(r)["a"].error, CircuitOpen)
-    assert not any(isinstance(i, Started) and i.batch[0].req.id == "a" for i in r.posted)
-
-
-def test_after_the_cooldown_one_probe_runs_and_its_success_closes_the_circuit() -> None:
-    r = rig(Doubler(), breaker=CircuitBreaker(threshold=1, cooldown_s=10.0))
-    r.runner.run([work("p", "poison", r.adapter)], None)
-    r.clock.now += 9.9
-    r.runner.run([work("early", 1, r.adapter)], None)
-    assert codes(r)["early"] == "CIRCUIT_OPEN"
-    r.clock.now += 0.1
-    r.runner.run([work("probe", 3, r.adapter)], None)
-    assert finals(r)["probe"].result == {"y": 6}
-    assert r.breaker.state is State.CLOSED
-
-
-def test_a_failed_probe_opens_the_circuit_for_another_cooldown() -> None:
-    r = rig(Doubler(), breaker=CircuitBreaker(threshold=3, cooldown_s=10.0))
-    for i in range(3):
-        r.runner.run([work(f"p{i}", "poison", r.adapter)], None)
-    r.clock.now += 10.0
-    r.runner.run([work("probe", "poison", r.adapter)], None)
-    assert codes(r)["probe"] == "MODEL_ERROR"  # the probe ran
-    assert r.breaker.state is State.OPEN and r.breaker.opened_at == r.clock.now
-    r.clock.now += 5.0
-    r.runner.run([work("later", 1, r.adapter)], None)
-    assert codes(r)["later"] == "CIRCUIT_OPEN"
-
-
-def test_bad_input_never_opens_the_circuit() -> None:
-    r = rig(Doubler(), breaker=CircuitBreaker(threshold=2, cooldown_s=10.0))
-    for i in range(5):
-        r.runner.run([work(f"b{i}", "bad", r.adapter)], None)
-        r.runner.run([work(f"u{i}", "undecodable", r.adapter)], None)
-    assert r.breaker.state is State.CLOSED and r.breaker.failures == 0
-
-
-def test_one_success_in_a_batch_resets_the_failure_count() -> None:
-    breaker = CircuitBreaker(threshold=2, cooldown_s=10.0)
-    fault = Done(None, None, Outcome("x", error=ModelError("boom")))
-    judge_breaker(breaker, [fault], 1.0)
-    assert breaker.failures == 1
-    judge_breaker(breaker, [fault, Done(None, None, Outcome("y", result={}))], 2.0)
-    assert breaker.failures == 0 and breaker.state is State.CLOSED
-    judge_breaker(breaker, [Done(None, None, Outcome("z", error=DeviceOOM("big")))], 3.0)
-    judge_breaker(breaker, [fault], 4.0)
-    assert breaker.state is State.OPEN and breaker.opened_at == 4.0
 
 
 # -- the gate, labels, latency ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``workers.batching.execution.Isolation``: a suspect batch runs alone, so a worker's death
+"""``workers.batching.admission.Isolation``: a suspect batch runs alone, so a worker's death
 while it runs is blamed on it only (real threads, no servers).
 
 Before it, a suspect's batch could run while the next arrival group was still counted and
@@ -16,8 +16,7 @@ from engine_fakes import MODALITY, Doubler, FakeReq, MemoryCounters, envelope
 
 from shared.settings import Settings
 from shared.tracing import Tracing
-from workers.batching.admission import Admission
-from workers.batching.execution import Deliveries, Isolation
+from workers.batching.admission import Admission, Deliveries, Isolation
 from workers.batching.inject import RequestInjector
 
 

@@ -675,9 +675,9 @@ class Work:
         attempts: in-place retries so far (0 on the first run).
         started_s: when its (last) batch started (monotonic seconds; 0.0 before).
         counted: a lane's blame record named it (it ran or runs in this delivery;
-        ``workers.batching.execution``).
+        ``workers.batching.admission``).
         suspect: an earlier delivery's worker died with it: it runs alone
-        (``workers.batching.execution``).
+        (``workers.batching.admission``).
         twins: more copies of this task id, held: acked (or given back) with it.
     """
 

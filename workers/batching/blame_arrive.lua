@@ -1,6 +1,6 @@
 -- blame_arrive: an arrival group's decode record is written, and the deaths of its
--- redelivered members are counted (workers.batching.execution.InFlight.arrive; loaded there
--- as _ARRIVE). Only called when some member was redelivered; otherwise a plain SET does.
+-- redelivered members are counted (workers.batching.admission.InFlight.arrive; loaded there as
+-- _ARRIVE). Only called when some member was redelivered; otherwise a plain SET does.
 --
 -- KEYS[1]   this incarnation's decode record (fleet:blame:<incarnation>:decode)
 -- KEYS[2]   the index of record names (fleet:blame:index)

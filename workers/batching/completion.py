@@ -425,9 +425,9 @@ class Handoff:
     def wait_handled(self, timeout_s: float) -> bool:
         """Wait until the loop thread handled every item posted before this call (results
         stored, or their retry scheduled); ``False`` if ``timeout_s`` passed first (any
-        thread but the loop's). A suspect runs only after this (``workers.batching.execution``):
-        a batch that ended, but whose results were not yet stored, would be blamed for a
-        death the suspect causes."""
+        thread but the loop's). The runner (``workers.batching.execution``) starts a suspect
+        only after this (``workers.batching.admission``): a batch that ended, but whose results
+        were not yet stored, would be blamed for a death the suspect causes."""
         with self._counts:
             target = self._posted
             return self._counts.wait_for(lambda: self._handled >= target, timeout_s)

@@ -1,6 +1,6 @@
 -- inflight_begin: before a batch runs, for each of its requests: is its final result stored
 -- already (then it is not run, only acked); the lane's blame record then names the others
--- (workers.batching.execution.InFlight.begin; loaded there as _BEGIN).
+-- (workers.batching.admission.InFlight.begin; loaded there as _BEGIN).
 --
 -- KEYS[i]     request i's final marker (fleet:final:<id>), i = 1..n
 -- KEYS[n+1]   the lane's blame record (fleet:blame:<incarnation>:<lane>)

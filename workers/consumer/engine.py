@@ -6,9 +6,9 @@ One concern per module; of them only this one imports Celery or kombu::
     lanes (threads) --batch--> execution.BatchRunner --post--> completion.Handoff
     event loop --drain--> completion.Completer: events, result store, acks, log line
 
-Also :mod:`workers.batching.execution` (blame records, ``WORKER_LOST``, suspects) and
-:mod:`workers.batching.completion` (what the parts pass each other). The engine is the parts' host
-(``execution.RunnerHost``, ``completion.CompletionHost``): it owns what is held.
+Also :mod:`workers.batching.admission` (blame records, ``WORKER_LOST``, suspects) and
+:mod:`workers.batching.completion` (what the parts pass each other). The engine is the parts'
+host (``execution.RunnerHost``, ``completion.CompletionHost``): it owns what is held.
 
 Threads
 -------
@@ -27,8 +27,8 @@ Each request stays its own Celery task (its events, result and ``acks_late`` ack
 result is stored); a bad request fails alone (``workers.batching.execution``). Leases
 (``workers.consumer.lease``) bring a dead worker's messages back within ``lease_s``; results
 are first-wins (``workers.batching.completion``) and a copy with a final result is acked
-without running (``workers.batching.execution``; a task id already held is a *twin* and
-settles with the first copy); poison and suspects: ``workers.batching.execution``; unsettled
+without running (``workers.batching.admission``; a task id already held is a *twin* and
+settles with the first copy); poison and suspects: ``workers.batching.admission``; unsettled
 results or acks: ``workers.batching.completion``.
 On SIGTERM (:meth:`Engine.stop`) the running batch and the window run for up to
 ``soft_shutdown_timeout_s``, the rest is given back; revoked requests held never run.
@@ -101,7 +101,17 @@ from shared.schema import TaskEnvelope
 from shared.settings import Settings
 from shared.tracing import Tracing
 from workers.batching import refusals
-from workers.batching.admission import Admission, Refusal, Served, screen
+from workers.batching.admission import (
+    MAX_DELIVERIES,
+    Admission,
+    Deliveries,
+    InFlight,
+    Isolation,
+    Refusal,
+    Served,
+    redelivered,
+    screen,
+)
 from workers.batching.batcher import (
     Batcher,
     Lanes,
@@ -126,16 +136,7 @@ from workers.batching.completion import (
     ProgressThrottle,
     ResultWriter,
 )
-from workers.batching.execution import (
-    MAX_DELIVERIES,
-    BatchRunner,
-    CircuitBreaker,
-    Deliveries,
-    InFlight,
-    Isolation,
-    RetryPolicy,
-    redelivered,
-)
+from workers.batching.execution import BatchRunner, CircuitBreaker, RetryPolicy
 from workers.batching.inject import RequestInjector
 from workers.consumer import stats
 from workers.consumer.lease import LeaseKeeper, ack_batch, give_back
@@ -148,7 +149,7 @@ __all__ = ["Engine"]
 log = logging.getLogger("fleet.engine")
 
 
-IN_FLIGHT_TTL_S = 7 * 86400  # least TTL of a blame record (workers.batching.execution)
+IN_FLIGHT_TTL_S = 7 * 86400  # least TTL of a blame record (workers.batching.admission)
 
 
 def lease_client(settings: Settings) -> Any:
@@ -449,7 +450,7 @@ class Engine:
         """Record the messages that arrived as being decoded (counting the deaths of the
         redelivered ones), decode them, take them out of the decode record, and only then hold
         them for the batcher: none of a group runs while its group-mates are still recorded
-        (``workers.batching.execution``). Suspects (a worker died with them before) are decoded
+        (``workers.batching.admission``). Suspects (a worker died with them before) are decoded
         one at a time, each recorded alone, so a decoder one of them kills blames no group-mate.
 
         While a suspect runs (or waits to) the arrivals wait unread, unless ``block``."""
