@@ -2,7 +2,7 @@
 their results. Entry point ``fleet = "producer.cli:app"``; ``python -m producer.cli`` too.
 
 Modules: ``base`` (the apps, exit codes, settings), ``diagnose`` (why the stack is not
-usable), ``stack_cmds`` (worker, up, down, status, flower, gateway, demo), ``submit``,
+usable), ``stack_cmds`` (worker, up, down, status, flower, redis-url, gateway, demo), ``submit``,
 ``results`` (result, watch), ``tools`` (bench, soak, chaos, shm), ``output``.
 
 Exit codes: 0 ok, 1 the request failed or timed out, 2 refused input, 3 the stack or broker

@@ -1,4 +1,5 @@
-"""``fleet worker|up|down|status|flower|gateway|exporter|demo``: the processes of a stack."""
+"""``fleet worker|up|down|status|flower|redis-url|gateway|exporter|demo``: the processes of a
+stack and how to reach them."""
 
 from __future__ import annotations
 
@@ -247,6 +248,33 @@ def flower_info() -> None:
     typer.echo(f"url:      {stack.flower_url()}")
     typer.echo(f"user:     {settings.flower.user}")
     typer.echo(f"password: {password}")
+
+
+@app.command("redis-url")
+def redis_url_cmd(
+    role: Annotated[
+        str, typer.Argument(help="the Redis user: producer, operator, worker or admin")
+    ] = "producer",
+) -> None:
+    """Print the redis:// URL, password included, that a process of ROLE connects to the
+    running stack's Redis with (a Celery client of another language: producer)."""
+    from shared.acl import ADMIN, ROLES
+
+    if role not in (*ROLES, ADMIN):
+        raise CliProblem(
+            f"unknown Redis role {role!r}; expected one of {', '.join((*ROLES, ADMIN))}",
+            ExitCode.REFUSED,
+        )
+    settings = cli_settings()
+    try:
+        url = settings.redis_url(role)
+    except FileNotFoundError:
+        raise CliProblem(
+            f"no {settings.redis_password_file(role).name} in {settings.run_dir} "
+            f"({settings.run_dir_source}): no stack was started there; start one with "
+            "`make up` (or `fleet up`)"
+        ) from None
+    typer.echo(url)
 
 
 @app.command("gateway")

@@ -341,3 +341,24 @@ def test_an_empty_id_is_refused_as_input_without_a_traceback(command: str, given
     assert out.exception is None or isinstance(out.exception, SystemExit)
     assert json.loads(out.stdout.splitlines()[0])["error"]["code"] == "INVALID_INPUT"
     assert "Traceback" not in out.output
+
+
+def test_redis_url_prints_the_role_url_of_the_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a Celery client of another language connects with (README: Celery-native
+    # producers): the producer's password file and the stack's port.
+    from typer.testing import CliRunner
+
+    from producer.cli import app
+
+    monkeypatch.setenv("FLEET_STACK__RUN_DIR", str(tmp_path))
+    (tmp_path / "redis-producer.password").write_text("pr0d-pw\n")
+    monkeypatch.setenv("FLEET_REDIS__PORT", "6411")
+    out = CliRunner().invoke(app, ["redis-url"])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.strip() == "redis://producer:pr0d-pw@127.0.0.1:6411/0"
+    worker = CliRunner().invoke(app, ["redis-url", "worker"])  # no file: no stack there
+    assert worker.exit_code == 3 and "no redis-worker.password in" in worker.output
+    guest = CliRunner().invoke(app, ["redis-url", "guest"])
+    assert guest.exit_code == 2 and "unknown Redis role 'guest'" in guest.output
