@@ -12,8 +12,10 @@ producer    enqueue (``LPUSH`` onto the modality queues, kombu's bindings), read
             ``WATCH``/``MULTI`` transaction: the final marker on ``fleet:final:*`` and the
             REVOKED result, unless a final result stands), read worker liveness
             (``fleet:live:*``) and Redis' clock (``TIME``), publish ``task-sent`` events,
-            ``WAIT`` for a replica after a publish (Redis behind Sentinel). Nothing else: no
-            ``EVAL``, ``CONFIG``, ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, no other key or channel.
+            ``WAIT`` for a replica after a publish (Redis behind Sentinel), ``INFO`` (the
+            ready check of ioredis, celery-node's client: server statistics, no key's data;
+            an ACL cannot narrow a bare ``INFO`` to sections). Nothing else: no ``EVAL``,
+            ``CONFIG``, ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, no other key or channel.
 worker      every key and channel, every command but Redis's ``@dangerous`` ones (``CONFIG``,
             ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, ``DEBUG``, ``ACL``, ``CLIENT KILL``...):
             workers run the fleet's Lua scripts (fetch, result writes, batch gate, the
@@ -68,6 +70,7 @@ PRODUCER_COMMANDS: tuple[str, ...] = (
     "zrangebyscore",
     "time",  # Redis' clock: submit times, deadlines and liveness are on it (shared.clock)
     "wait",  # with Sentinel: a publish waits for a replica (shared.ha)
+    "info",  # ioredis' ready check (celery-node): server statistics, no key's data
 )  # fmt: skip
 
 
