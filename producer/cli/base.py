@@ -32,7 +32,7 @@ import typer
 from typer.core import TyperGroup
 
 from shared.errors import ERROR_CLASSES, FleetError, InvalidInput
-from shared.settings import Settings, load_settings
+from shared.settings import REDIS_URL_VARIABLE, Settings, load_settings
 
 
 class ExitCode(IntEnum):
@@ -200,11 +200,12 @@ def cli_settings() -> Settings:
 
 def recorded_overrides(state: dict[str, Any], env: Any) -> dict[str, dict[str, Any]]:
     """The recorded values of ``state`` (``{section: {key: value}}``) that no
-    ``FLEET_<SECTION>__<KEY>`` variable in ``env`` sets (those win)."""
+    ``FLEET_<SECTION>__<KEY>`` variable in ``env`` sets (those win), nor, for the Redis
+    address, ``FLEET_REDIS_URL``."""
     names = {k.upper() for k in env}
     out: dict[str, dict[str, Any]] = {}
     for section, values in state.items():
-        if not isinstance(values, dict):
+        if not isinstance(values, dict) or (section == "redis" and REDIS_URL_VARIABLE in names):
             continue
         kept = {k: v for k, v in values.items() if f"FLEET_{section}__{k}".upper() not in names}
         if kept:

@@ -1,10 +1,12 @@
 """Typed fleet settings: ``configs/fleet.toml`` with ``FLEET_*`` environment overrides.
 
 Sources, highest first: keyword arguments to :func:`load_settings`, environment variables
-(``FLEET_REDIS__PORT=6400``; nested keys joined by ``__``), the TOML file named by
-``FLEET_CONFIG`` (one file or several joined by ``:``, deep-merged in order; default
-``configs/fleet.toml`` under the current directory or the nearest directory above it that
-holds one, then the one shipped beside this package's source tree), then the defaults below.
+(``FLEET_REDIS__PORT=6400``; nested keys joined by ``__``), ``FLEET_REDIS_URL`` (the
+``[redis]`` keys its ``redis://`` or ``sentinel://`` URL names: :func:`url_fields`), the TOML
+file named by ``FLEET_CONFIG`` (one file or several joined by ``:``, deep-merged in
+order; default ``configs/fleet.toml`` under the current directory or the nearest directory
+above it that holds one, then the one beside this package's source tree in a checkout, else
+the copy of it packaged in the wheel), then the defaults below.
 
 Model names in environment variables: a shell variable name cannot hold ``-``, so in a
 ``FLEET_MODELS__<NAME>__<KEY>`` override ``_`` stands for ``-`` (and case does not matter):
@@ -33,9 +35,18 @@ import os
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -52,13 +63,14 @@ from shared.settings.paths import (
     project_root,
     user_run_dir,
 )
-from shared.settings.redis import RedisAccess, RedisSettings
+from shared.settings.redis import RedisAccess, RedisSettings, url_fields
 
 __all__ = [
     "DELIVERIES_COVERED",
     "MIN_TTL_JANITOR_INTERVALS",
     "MODALITIES",
     "PRIORITY_NAMES",
+    "REDIS_URL_VARIABLE",
     "BatchingConfig",
     "DebugSettings",
     "DeviceConfig",
@@ -80,6 +92,7 @@ __all__ = [
     "locate_run_dir",
     "merge_model_aliases",
     "project_root",
+    "url_fields",
     "user_run_dir",
 ]
 
@@ -352,7 +365,7 @@ class Settings(RedisAccess, BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml = TomlConfigSettingsSource(settings_cls, toml_file=config_paths(), deep_merge=True)
-        return (init_settings, env_settings, toml)
+        return (init_settings, env_settings, RedisUrlSource(settings_cls), toml)
 
     # -- derived values ---------------------------------------------------------------
     @cached_property
@@ -394,6 +407,39 @@ class Settings(RedisAccess, BaseSettings):
             KeyError: the modality is not configured.
         """
         return self.modalities[name]
+
+
+REDIS_URL_VARIABLE = "FLEET_REDIS_URL"
+
+
+"""The variable whose URL names the fleet's Redis (:class:`RedisUrlSource`)."""
+
+
+_URL_VARIABLE = TypeAdapter(
+    dict[str, Annotated[dict[str, Any], BeforeValidator(url_fields)]],
+    config=ConfigDict(hide_input_in_errors=True),  # the URL may hold a password
+)
+
+
+class RedisUrlSource(PydanticBaseSettingsSource):
+    """``FLEET_REDIS_URL`` (any case): the ``[redis]`` keys its URL names
+    (:func:`shared.settings.redis.url_fields`: host, port, db, credentials; or the sentinels,
+    the master name and the sentinels' password). Below the ``FLEET_REDIS__<KEY>``
+    variables (a key one of them sets wins), above the TOML files.
+
+    Raises:
+        pydantic.ValidationError: a URL :func:`url_fields` refuses (its location the variable).
+    """
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # the whole source is read at once (__call__)
+
+    def __call__(self) -> dict[str, Any]:
+        url = next((v for k, v in os.environ.items() if k.upper() == REDIS_URL_VARIABLE), None)
+        if not url:
+            return {}
+        fields = _URL_VARIABLE.validate_python({REDIS_URL_VARIABLE: url})
+        return {"redis": fields[REDIS_URL_VARIABLE]}
 
 
 def _norm_model_name(name: str) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = [
+    "PACKAGED_CONFIG",
     "REPO_CONFIG",
     "config_paths",
     "ensure_secret",
@@ -22,8 +23,13 @@ __all__ = [
     "user_run_dir",
 ]
 
-# The defaults shipped beside this package's source tree.
+# The defaults beside this package's source tree (a checkout).
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "fleet.toml"
+
+
+# The same file packaged in the wheel (in a checkout, a link to REPO_CONFIG): what an
+# installed package reads when no configs/fleet.toml is found.
+PACKAGED_CONFIG = Path(__file__).resolve().parent / "fleet.toml"
 
 
 def project_root(cwd: Path, package_root: Path) -> Path | None:
@@ -83,7 +89,8 @@ def config_paths() -> list[Path]:
     ``$FLEET_CONFIG`` is one path or several joined by ``:`` (e.g. the defaults plus an
     overlay: ``configs/fleet.toml:configs/overlays/gpu.toml``); without it,
     ``configs/fleet.toml`` of the current directory or the nearest one above it, else the
-    copy beside this package's source tree.
+    one beside this package's source tree (a checkout), else the copy packaged with it (an
+    installed wheel: :data:`PACKAGED_CONFIG`).
 
     Raises:
         FileNotFoundError: a file named in ``$FLEET_CONFIG`` does not exist.
@@ -99,7 +106,7 @@ def config_paths() -> list[Path]:
     for d in (cwd, *cwd.parents):
         if (d / "configs" / "fleet.toml").is_file():
             return [d / "configs" / "fleet.toml"] if d != cwd else [Path("configs/fleet.toml")]
-    return [REPO_CONFIG]
+    return [REPO_CONFIG] if REPO_CONFIG.is_file() else [PACKAGED_CONFIG]
 
 
 def ensure_secret(path: Path) -> str:

@@ -2,20 +2,22 @@
 
 :class:`RedisSettings` is the ``[redis]`` table; :class:`RedisAccess` gives
 :class:`shared.settings.Settings` (which mixes it in) the per-role credentials (``shared.acl``),
-the ``redis://`` or ``sentinel://`` URL and the Sentinel addresses and password. Secrets come
-from ``FLEET_REDIS__*`` variables or from files under the run directory that ``fleet up``
-creates; never from the TOML file. Import these names from ``shared.settings``.
+the ``redis://`` or ``sentinel://`` URL and the Sentinel addresses and password;
+:func:`url_fields` reads such a URL back into ``[redis]`` keys (``FLEET_REDIS_URL``,
+``FleetClient.from_url``). Secrets come from ``FLEET_REDIS__*`` variables, from such a URL or
+from files under the run directory that ``fleet up`` creates; never from the TOML file.
+Import these names from ``shared.settings``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["RedisAccess", "RedisSettings"]
+__all__ = ["URL_QUERY_KEYS", "RedisAccess", "RedisSettings", "url_fields"]
 
 
 class RedisSettings(BaseModel):
@@ -170,3 +172,109 @@ class RedisAccess:
                 f"sentinel://{auth}@{h}:{p}/{self.redis.db}" for h, p in self.sentinel_addresses()
             )
         return f"redis://{auth}@{self.redis.host}:{self.redis.port}/{self.redis.db}"
+
+
+URL_QUERY_KEYS = ("master_name", "sentinel_password")
+
+
+"""The ``[redis]`` keys a ``sentinel://`` URL may carry in its query (what kombu and Celery take
+as transport options beside the URL)."""
+
+
+def url_fields(url: str) -> dict[str, Any]:
+    """The ``[redis]`` keys ``url`` names: what :meth:`RedisAccess.redis_url` writes, read back.
+
+    - ``redis://[user][:password]@host[:port][/db]``: ``host``, ``port`` (6379 when absent,
+      as every Redis client reads such a URL), ``db`` (0), ``user``, ``password``, and no
+      ``sentinels``.
+    - ``sentinel://[user][:password]@host[:port][/db]``, one per sentinel joined by ``;``
+      (kombu's and Celery's form; port 26379 when absent): ``sentinels``, ``db``, ``user``
+      and ``password`` (the primary's credentials: the parts that name them agree), and
+      from a query (``?master_name=mmfleet&sentinel_password=...``, on any part)
+      ``master_name`` and ``sentinel_password``.
+
+    A user or password the URL does not name is left out (the settings' own stand: without a
+    password, the role's file under the run dir). Percent-escapes are decoded (``%40`` in a
+    password is ``@``).
+
+    Raises:
+        ValueError: another scheme, no host, a port or db that is not a number, parts of a
+            sentinel URL that disagree on the credentials or db, an unknown query key.
+    """
+    parts = [p.strip() for p in url.split(";") if p.strip()]
+    if not parts:
+        raise ValueError("a Redis URL is empty")
+    split = [urlsplit(p) for p in parts]
+    schemes = {s.scheme for s in split}
+    if schemes == {"redis"} and len(split) == 1:
+        found = _address(split[0], 6379)
+        return _present({**found, "db": found["db"] or 0, "sentinels": []})
+    if schemes != {"sentinel"}:
+        raise ValueError(
+            f"{_redacted(url)}: expected redis://[user:password@]host[:port][/db], or "
+            f"sentinel://[user:password@]host[:port][/db] parts joined by ';'"
+        )
+    addresses = [_address(s, 26379) for s in split]
+    out: dict[str, Any] = {"sentinels": [f"{a['host']}:{a['port']}" for a in addresses]}
+    for key in ("db", "user", "password"):  # a part that names none takes the others'
+        given = {a[key] for a in addresses if a[key] is not None}
+        if len(given) > 1:
+            raise ValueError(f"{_redacted(url)}: the sentinel URLs name different {key}s")
+        out[key] = given.pop() if given else (0 if key == "db" else None)
+    out = _present(out)
+    for s in split:
+        for key, value in parse_qsl(s.query, keep_blank_values=True, strict_parsing=False):
+            if key not in URL_QUERY_KEYS:
+                raise ValueError(
+                    f"{_redacted(url)}: unknown query key {key!r} (known: "
+                    f"{', '.join(URL_QUERY_KEYS)})"
+                )
+            out[key] = value
+    return out
+
+
+def _present(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` without a user or password the URL does not name (the settings' stand)."""
+    return {k: v for k, v in fields.items() if v is not None or k not in ("user", "password")}
+
+
+def _address(part: Any, default_port: int) -> dict[str, Any]:
+    """Host, port, db and credentials of one ``urlsplit`` result.
+
+    Raises:
+        ValueError: no host, or a port or db that is not a number.
+    """
+    try:
+        port = part.port
+    except ValueError:
+        port = -1
+    db_text = part.path.strip("/")
+    if not part.hostname or port == -1 or not (db_text.isdigit() or not db_text):
+        raise ValueError(
+            f"{_redacted(part.geturl())}: a Redis URL needs a host, a numeric port and a "
+            f"numeric db (redis://host:6390/0)"
+        )
+    if part.scheme == "redis" and part.query:
+        raise ValueError(f"{_redacted(part.geturl())}: a redis:// URL takes no query")
+    return {
+        "host": part.hostname,
+        "port": default_port if port is None else port,
+        "db": int(db_text) if db_text else None,
+        "user": unquote(part.username) if part.username else None,
+        "password": unquote(part.password) if part.password else None,
+    }
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its passwords (for error messages): the URL's own as ``***``, its
+    query (a sentinel password, maybe misspelled) as ``?...``."""
+    return ";".join(_redact_one(p) for p in url.split(";"))
+
+
+def _redact_one(url: str) -> str:
+    part = urlsplit(url)
+    if part.query:
+        part = part._replace(query="...")
+    if part.password:
+        part = part._replace(netloc=part.netloc.replace(f":{part.password}@", ":***@", 1))
+    return part.geturl()
