@@ -12,13 +12,15 @@ both on Redis' clock (``client.clock``, ``shared.clock``: one ``TIME`` every 15 
 request), which workers check it against: a host whose own clock is off changes nothing.
 
 This module builds, routes and publishes requests (:class:`FleetClient`,
-:class:`SubmitRequest`) and owns the client's /dev/shm store. :class:`Publishing` (composed
-into FleetClient) is its broker side: task messages out (many in pipelined transactions, or one
-through kombu), the queue depths and the backpressure check before a submission, the live
-workers of a modality. :func:`image_inputs`, :func:`video_inputs` and :func:`xmodal_inputs`
-build a request's inputs from files (a video above :data:`VIDEO_INLINE_MAX_BYTES` goes through
-/dev/shm). The package's other modules are listed in ``producer/client/__init__.py``, which
-every public name is imported from.
+:class:`SubmitRequest`). :class:`ClientBase` is what both clients (this one and
+``producer.client.asyncio_client.AsyncFleetClient``) are without I/O: validation, task ids,
+the messages (``producer.client.wire``), the queue-length check to ask, the client's /dev/shm
+store. :class:`Publishing` (composed into FleetClient) is the blocking broker side: task
+messages out (many in pipelined transactions, or one through kombu), the queue depths and the
+backpressure check before a submission, the live workers of a modality. :func:`image_inputs`,
+:func:`video_inputs` and :func:`xmodal_inputs` build a request's inputs from files (a video
+above :data:`VIDEO_INLINE_MAX_BYTES` goes through /dev/shm). The package's other modules are
+listed in ``producer/client/__init__.py``, which every public name is imported from.
 
 Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
     kombu.connection.Connection: _reraise_as_library_errors
@@ -31,10 +33,10 @@ import contextlib
 import itertools
 import math
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from celery import Celery
 
@@ -47,7 +49,7 @@ from shared.errors import FleetError, InvalidInput, PayloadTooLarge, Unsupported
 from shared.queue_stats import fleet_headers
 from shared.redis_refusal import BROKER_FAULTS, broker_unavailable, reason_of
 from shared.schema import Priority, TaskEnvelope
-from shared.settings import MODALITIES, Settings, load_settings
+from shared.settings import MODALITIES, Settings, load_settings, url_fields
 from shared.tensor_wire import SHM
 
 if TYPE_CHECKING:
@@ -56,11 +58,15 @@ if TYPE_CHECKING:
 __all__ = [
     "CHUNK",
     "VIDEO_INLINE_MAX_BYTES",
+    "ClientBase",
     "FleetClient",
     "Outgoing",
     "Publishing",
+    "Submission",
     "SubmitRequest",
     "image_inputs",
+    "node_names",
+    "push_messages",
     "video_inputs",
     "xmodal_inputs",
 ]
@@ -106,213 +112,42 @@ CHUNK = 250  # requests per MULTI/EXEC transaction of publish_many
 BUILD_BATCH = 50  # messages outgoing builds in one PayloadBuilder.build_many call
 
 
-class Publishing:
-    """Publishing and queue state of a :class:`producer.client.FleetClient` (mixed into it):
-    reads its ``app`` (the Celery app, its broker pool) and ``settings``."""
-
-    if TYPE_CHECKING:
-        app: Celery
-        settings: Settings
-        clock: RedisClock
-
-    def publish(
-        self, producer: Any, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int
-    ) -> None:
-        """Send one task message (Celery protocol 2, with its ``task-sent`` event) through
-        kombu's publish: the bench generator's path, one request per call. ``submit`` and
-        ``submit_many`` send the same bytes pipelined (:meth:`publish_many`).
-
-        ``app.send_task`` without the result subscription: Celery's ``send_task`` also
-        subscribes to the task's result channel on the backend's pubsub (and unsubscribes
-        when the returned ``AsyncResult`` is collected), two commands per request that a
-        client reading results by polling (``poll``/``wait_all``) never uses; a quarter of
-        the bench generator's sending thread, on the cores the workers need. ``get()``
-        subscribes when it is called (Celery's ``AsyncResult.get`` reads a result that is
-        already stored, then waits on the channel).
-
-        Args:
-            producer: a kombu producer from ``app.producer_or_acquire()``.
-            env: the validated request; travels as the task's kwargs.
-            queue: a queue name from :mod:`shared.schema`; celery_priority: 0 (first) .. 9.
-
-        Raises:
-            kombu/redis connection errors, as ``send_task``.
-        """
-        amqp = self.app.amqp
-        name = schema.task_name(env.modality)
-        message = amqp.create_task_message(
-            task_id,
-            name,
-            (),
-            env.to_kwargs(),
-            reply_to=self.app.thread_oid,
-            create_sent_event=self.app.conf.task_send_sent_event,
-        )
-        message.headers.update(fleet_headers(env))
-        with (
-            tracing.producer_span(message.headers, env.modality, task_id),
-            producer.connection._reraise_as_library_errors(),
-        ):
-            amqp.send_task_message(producer, name, message, queue=queue, priority=celery_priority)
-
-    def payloads(self) -> PayloadBuilder:
-        """This client's message builder (``producer.client.wire``), made on first use."""
-        builder = self.__dict__.get("_payloads")
-        if builder is None:
-            builder = self.__dict__["_payloads"] = PayloadBuilder(self.app)
-        return builder
-
-    def outgoing(
-        self,
-        envs: Iterable[TaskEnvelope],
-        ids: Iterable[str],
-        inputs_json: Iterable[bytes | None] | None = None,
-    ) -> Iterator[Outgoing]:
-        """The messages of validated requests ``envs`` with task ids ``ids``, built as they
-        are consumed (``producer.client.wire``, :data:`BUILD_BATCH` at a time), each with its
-        ``task-sent`` event when the app sends them (``task_send_sent_event``).
-        ``inputs_json``: each request's inputs as its validation wrote them
-        (``FleetClient._validated_many``), when the caller has them."""
-        builder = self.payloads()
-        events = bool(self.app.conf.task_send_sent_event)
-        reply_to = self.app.thread_oid
-        route = self._routes()
-        datas = itertools.repeat(None) if inputs_json is None else inputs_json
-        requests = zip(envs, ids, datas, strict=False)
-        while part := list(itertools.islice(requests, BUILD_BATCH)):
-            yield from builder.build_many(part, route, reply_to, events)
-
-    def _routes(self) -> dict[tuple[str, str], tuple[str, int]]:
-        """(modality, priority label) -> (queue, Celery priority), for every pair: made once
-        per settings (they are frozen)."""
-        cached = self.__dict__.get("_route_table")
-        if cached is None or cached[0] is not self.settings:
-            prios = {p.label: p.celery_priority(self.settings) for p in Priority}
-            table = {
-                (modality, label): (schema.queue_for(modality, label), prio)
-                for modality in MODALITIES
-                for label, prio in prios.items()
-            }
-            cached = self.__dict__["_route_table"] = (self.settings, table)
-        return cached[1]
-
-    def publish_many(
-        self,
-        messages: Iterable[Outgoing],
-        chunk: int = CHUNK,
-        check: DepthCheck | None = None,
-    ) -> Iterator[int]:
-        """Push ``messages`` (from :meth:`outgoing`) in chunks of ``chunk``, one
-        ``MULTI``/``EXEC`` transaction each (one round trip) on a pooled broker connection:
-        a chunk is on Redis whole or not at all. Yields, after each chunk, how many messages
-        are on Redis so far; stop iterating to send no more. Each chunk is built (``messages``
-        consumed) while Redis takes the one before it. ``check``: ``submit_many``'s
-        queue-length check, asked before the first chunk is built and judged before it is
-        sent (``QueueFull``: nothing is sent). All on one connection (``producer.client.wire``).
-
-        A chunk is one ``LPUSH`` per list kombu's publish would use (its messages in
-        order: ``LPUSH k a b`` is ``LPUSH k a; LPUSH k b``) and one ``PUBLISH`` of the
-        chunk's ``task-sent`` events as a group (``PayloadBuilder.sent_group``). Behind
-        Sentinel (``wait_replicas``), a chunk is followed by ``WAIT`` on the same
-        connection, with the waiter of kombu's publishes on that channel
-        (``shared.ha.WaitingPut``): its backoff, and ``ReplicationUncertain`` (the chunk may
-        be lost in a failover) retried as a connection error.
-
-        Faults: a connection error retries the chunk as kombu's publish retries a message:
-        ``task_publish_retry_policy`` (none when ``task_publish_retry`` is off), through
-        kombu's ``Connection.ensure`` (reconnect, next failover URL, the policy's sleeps). A
-        chunk whose ``EXEC`` ran but whose reply was lost is then pushed twice: the workers
-        run a task id once and ack the other copy as a duplicate (``workers.batching.completion``).
-
-        A refusal (Redis answered ``OOM``, ``MISCONF``, ``READONLY``, ``NOPERM``) is raised at
-        once, never retried: sending it again gets the same answer (``shared.kombu_redis``).
-
-        Raises:
-            BrokerUnavailable: Redis refused a chunk (nothing of it applied), or stayed
-                unreachable through the retries (the chunks yielded before are on Redis;
-                the failing one may be; later ones were not sent). ``reason`` says which.
-        """
-        conf = self.app.conf
-        retry = conf.task_publish_retry  # as Celery's send_task: retry=False, no retries
-        policy = dict(conf.task_publish_retry_policy or {}) if retry else {"max_retries": 0}
-        try:
-            with self.app.pool.acquire(block=True) as conn:
-                pusher = Pusher(conn, policy, conf.event_exchange, self.payloads().sent_group)
-                try:
-                    yield from pusher.chunks(iter(messages), chunk, check)
-                finally:
-                    pusher.close()
-        except BROKER_FAULTS as exc:
-            if reason_of(exc) is None:
-                raise
-            raise broker_unavailable(exc, "could not publish") from exc
-
-    def queue_depth(self, modality: str) -> dict[str, int]:
-        """Messages waiting in ``modality``'s queue, per priority class (one round trip).
-
-        Uses a pooled broker connection: cheap enough to call before every submission.
-
-        Raises:
-            BrokerUnavailable: Redis refused it or could not be reached.
-        """
-        names = [p.label for p in Priority]
-        prios = [Priority.parse(n).celery_priority(self.settings) for n in names]
-        try:
-            with self.app.pool.acquire(block=True) as conn:
-                client = conn.default_channel.client
-                with client.pipeline(transaction=False) as pipe:
-                    for name, p in zip(names, prios, strict=True):
-                        queue = schema.queue_for(modality, name)
-                        pipe.llen(schema.priority_list_key(queue, p))
-                    counts = pipe.execute()
-        except BROKER_FAULTS as exc:
-            if reason_of(exc) is None:
-                raise
-            raise broker_unavailable(exc, "could not read the queue depth") from exc
-        return dict(zip(names, (int(c) for c in counts), strict=True))
-
-    def live_workers(self, modality: str) -> list[str]:
-        """Node names of ``modality``'s batching workers that are ready and alive: those
-        whose last heartbeat (``fleet:live:<modality>``, written with every lease renewal)
-        is younger than ``[redis] lease_s``, both on Redis' clock (``self.clock``; a
-        producer or worker whose own clock is off sees the same). One round trip.
-
-        Raises:
-            BrokerUnavailable: Redis is unreachable or refused the read (``MISCONF``
-                refuses a new connection's first ``PING``).
-        """
-        since = self.clock.now() - self.settings.redis.lease_s
-        try:
-            with self.app.pool.acquire(block=True) as conn:
-                client = conn.default_channel.client
-                nodes = client.zrangebyscore(schema.live_key(modality), since, "+inf")
-        except BROKER_FAULTS as exc:
-            if reason_of(exc) is None:
-                raise
-            raise broker_unavailable(exc, "could not read worker liveness") from exc
-        return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in nodes)
-
-    def _depth_check(self, envs: Sequence[TaskEnvelope]) -> DepthCheck | None:
-        """The queue-length check of a submission of ``envs`` (for :meth:`publish_many`):
-        the priority lists of its modalities that have limits. ``None``: none has."""
-        limited = []
-        for modality in {e.modality for e in envs}:
-            cfg = self.settings.modalities.get(modality)
-            if cfg is not None and (cfg.max_queue_length or cfg.max_queue_length_by_priority):
-                limited.append(modality)
-        if not limited:
-            return None
-        prios = {p.label: p.celery_priority(self.settings) for p in Priority}
-        rows = [
-            (modality, label, schema.priority_list_key(schema.queue_for(modality, label), step))
-            for modality in sorted(limited)
-            for label, step in prios.items()
-        ]
-        return DepthCheck(self.settings, envs, rows)
+H = TypeVar("H")
 
 
-class FleetClient(Publishing, ResultReading):
-    """Submit inference requests to the fleet and read their results.
+@dataclass(slots=True)
+class Submission(Generic[H]):
+    """One ``submit_many`` call before its I/O: the requests validated (``envs``), their task
+    ids, the queue-length check to ask (``None``: no limit applies), the messages (built as
+    they are consumed), and the handles of the requests on Redis so far (:meth:`sent`).
+
+    Both clients make one with :meth:`ClientBase._submission` and differ only in how the
+    messages reach Redis; ``handle(client, task_id, envelope)`` makes a handle of theirs.
+    """
+
+    client: ClientBase
+    envs: list[TaskEnvelope]
+    ids: list[str]
+    check: DepthCheck | None
+    messages: Iterator[Outgoing]
+    handle: Callable[[Any, str, TaskEnvelope], H]
+    unbind: bool  # some video input waits for its request (see ClientBase.video_inputs)
+    handles: list[H] = field(default_factory=list)
+
+    def sent(self, n: int) -> None:
+        """The first ``n`` requests are on Redis: a handle for each one not counted yet."""
+        for i in range(len(self.handles), n):
+            self.handles.append(self.handle(self.client, self.ids[i], self.envs[i]))
+            if self.unbind:
+                self.client._unbind(self.envs[i].inputs)
+
+
+class ClientBase:
+    """What :class:`FleetClient` and ``AsyncFleetClient`` share, without I/O: the settings,
+    the Celery app (its message templates and result decoding; only FleetClient uses its
+    connections), Redis' clock (each client samples it its own way), validation, task ids,
+    the messages and their ``task-sent`` events (``producer.client.wire``), the queue-length
+    check to ask before sending, and the client's /dev/shm store.
 
     Args:
         settings: fleet settings (Redis address and password, priorities, limits).
@@ -321,25 +156,37 @@ class FleetClient(Publishing, ResultReading):
             results, cancel) unless a harness needs more (the bench purges and flushes).
     """
 
+    clock: RedisClock
+
     def __init__(
         self, settings: Settings, app: Celery | None = None, *, role: str = "producer"
     ) -> None:
         self.settings = settings
         self.role = role
         self.app = app or make_app(settings, name="fleet-producer", role=role)
-        # Redis' clock: submit times, deadlines and liveness are compared across hosts
-        self.clock = RedisClock(self._redis_time)
         tracing.configure(settings, "fleet-producer")  # off unless [tracing] says so
 
-    def _redis_time(self) -> Any:
-        """Redis' ``TIME`` (one round trip on a pooled broker connection)."""
-        with self.app.pool.acquire(block=True) as conn:
-            return conn.default_channel.client.time()
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Self:
+        """A client for the fleet the settings describe: ``configs/fleet.toml`` (the copy
+        packaged with the client outside a checkout), ``FLEET_REDIS_URL`` and ``FLEET_*``."""
+        return cls(settings or load_settings())
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> FleetClient:
-        """A client for the fleet described by ``configs/fleet.toml`` and ``FLEET_*``."""
-        return cls(settings or load_settings())
+    def from_url(cls, url: str, **overrides: Any) -> Self:
+        """A client of the fleet whose Redis ``url`` names, e.g.
+        ``redis://producer:<password>@host:6390/0``, or behind Sentinel
+        ``sentinel://producer:<password>@host:26379;sentinel://...@host2:26379/0?master_name=mmfleet&sentinel_password=<password>``
+        (``shared.settings.url_fields``). The URL's keys win over ``FLEET_*`` and the config;
+        the rest of the settings are read as :meth:`from_settings` reads them. ``overrides``:
+        other settings sections, as :func:`shared.settings.load_settings` takes them.
+
+        Raises:
+            ValueError: a URL that is not one of those forms (the message says why; the
+                password is not in it).
+        """
+        redis = {**url_fields(url), **overrides.pop("redis", {})}
+        return cls(load_settings(redis=redis, **overrides))
 
     # -- building envelopes -----------------------------------------------------------
     def envelope(
@@ -437,65 +284,84 @@ class FleetClient(Publishing, ResultReading):
             table = self.__dict__["_class_table"] = (self.settings, rows)
         return table[1]
 
-    # -- submitting -----------------------------------------------------------------
-    def submit(
+    def payloads(self) -> PayloadBuilder:
+        """This client's message builder (``producer.client.wire``), made on first use."""
+        builder = self.__dict__.get("_payloads")
+        if builder is None:
+            builder = self.__dict__["_payloads"] = PayloadBuilder(self.app)
+        return builder
+
+    def outgoing(
         self,
-        modality: str,
-        inputs: dict[str, Any],
-        priority: str = "normal",
-        timeout_s: float | None = None,
-        task_id: str | None = None,
-    ) -> ResultHandle:
-        """Enqueue one request; returns at once with its handle.
+        envs: Iterable[TaskEnvelope],
+        ids: Iterable[str],
+        inputs_json: Iterable[bytes | None] | None = None,
+    ) -> Iterator[Outgoing]:
+        """The messages of validated requests ``envs`` with task ids ``ids``, built as they
+        are consumed (``producer.client.wire``, :data:`BUILD_BATCH` at a time), each with its
+        ``task-sent`` event when the app sends them (``task_send_sent_event``).
+        ``inputs_json``: each request's inputs as its validation wrote them
+        (``FleetClient._validated_many``), when the caller has them."""
+        builder = self.payloads()
+        events = bool(self.app.conf.task_send_sent_event)
+        reply_to = self.app.thread_oid
+        route = self._routes()
+        datas = itertools.repeat(None) if inputs_json is None else inputs_json
+        requests = zip(envs, ids, datas, strict=False)
+        while part := list(itertools.islice(requests, BUILD_BATCH)):
+            yield from builder.build_many(part, route, reply_to, events)
 
-        Args:
-            task_id: the request's id (default: the one :meth:`video_inputs` bound its video
-                input to, else a fresh uuid4).
+    def _routes(self) -> dict[tuple[str, str], tuple[str, int]]:
+        """(modality, priority label) -> (queue, Celery priority), for every pair: made once
+        per settings (they are frozen)."""
+        cached = self.__dict__.get("_route_table")
+        if cached is None or cached[0] is not self.settings:
+            prios = {p.label: p.celery_priority(self.settings) for p in Priority}
+            table = {
+                (modality, label): (schema.queue_for(modality, label), prio)
+                for modality in MODALITIES
+                for label, prio in prios.items()
+            }
+            cached = self.__dict__["_route_table"] = (self.settings, table)
+        return cached[1]
+
+    def _depth_check(self, envs: Sequence[TaskEnvelope]) -> DepthCheck | None:
+        """The queue-length check of a submission of ``envs`` (for :meth:`publish_many`):
+        the priority lists of its modalities that have limits. ``None``: none has."""
+        limited = []
+        for modality in {e.modality for e in envs}:
+            cfg = self.settings.modalities.get(modality)
+            if cfg is not None and (cfg.max_queue_length or cfg.max_queue_length_by_priority):
+                limited.append(modality)
+        if not limited:
+            return None
+        prios = {p.label: p.celery_priority(self.settings) for p in Priority}
+        rows = [
+            (modality, label, schema.priority_list_key(schema.queue_for(modality, label), step))
+            for modality in sorted(limited)
+            for label, step in prios.items()
+        ]
+        return DepthCheck(self.settings, envs, rows)
+
+    def _submission(
+        self,
+        requests: list[SubmitRequest],
+        now_ms: float,
+        handle: Callable[[Any, str, TaskEnvelope], H],
+    ) -> Submission[H]:
+        """``requests`` validated (their submit time ``now_ms``, on Redis' clock), their ids,
+        the queue-length check and the messages: everything before the I/O of
+        ``submit_many``. ``handle(client, task_id, envelope)`` makes each request's handle.
 
         Raises:
-            FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
-                modality's queue holds ``max_queue_length`` messages.
-            BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
-                ``READONLY``, ``NOPERM``; at once, never retried) or stayed unreachable
-                through the publish retries (``UNREACHABLE``; see :meth:`submit_many`).
+            FleetError: as :meth:`envelope`, for the first request that is not valid.
         """
-        return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s, task_id)])[0]
-
-    def submit_many(self, requests: Iterable[SubmitRequest]) -> list[ResultHandle]:
-        """Enqueue many requests: pipelined, ``CHUNK`` requests per Redis transaction.
-
-        Every request is validated, and the queue-length limits checked, before any is sent:
-        one invalid request raises and none is sent. The messages are the bytes kombu's
-        publish would push, with their ``task-sent`` events (:meth:`outgoing`), sent in
-        chunks that each reach Redis whole or not at all, retried on connection errors
-        and, behind Sentinel, confirmed by a replica (:meth:`publish_many`).
-
-        Raises:
-            FleetError: as :meth:`submit`, before anything is sent.
-            BrokerUnavailable: Redis refused a chunk or stayed unreachable through the
-                publish retries. Requests of the chunks sent before are queued (their handles
-                are the exception's ``submitted`` attribute); the failing chunk's may be
-                (a lost ``EXEC`` reply; a refused one was not applied); the rest were not
-                sent.
-        """
-        requests = list(requests)
-        # Redis' clock, sampled when due (one TIME every refresh period, none per call)
-        envs, datas = self._validated_many(requests, self.clock.now() * 1000.0)
+        envs, datas = self._validated_many(requests, now_ms)
         ids = self._task_ids(requests)
         unbind = bool(self._bound)  # some video input waits for its request
-        check = self._depth_check(envs)  # its answer comes while the first chunk is built
+        check = self._depth_check(envs)
         messages = self.outgoing(envs, ids, datas)
-        handles: list[ResultHandle] = []
-        try:
-            for sent in self.publish_many(messages, check=check):
-                for i in range(len(handles), sent):
-                    handles.append(ResultHandle(self, ids[i], envs[i]))
-                    if unbind:
-                        self._unbind(envs[i].inputs)
-        except Exception as exc:
-            exc.submitted = handles  # type: ignore[attr-defined]
-            raise
-        return handles
+        return Submission(self, envs, ids, check, messages, handle, unbind)
 
     # video inputs are bound to the request that will carry them (see video_inputs)
     @property
@@ -565,18 +431,14 @@ class FleetClient(Publishing, ResultReading):
             store = self.__dict__["_shm_store"] = store_from_settings(self.settings)
         return store
 
-    def close(self) -> None:
-        """Give back what this client holds: its store's mappings and the released segment
-        files it kept for reuse (``[transport] recycle_bytes``; other producers' stay), and
-        the Celery app's connections. Segments still in flight stay (their TTLs and owners
-        govern them)."""
+    def _close_store(self) -> None:
+        """Give back the /dev/shm store's mappings and the released segment files it kept
+        for reuse (``[transport] recycle_bytes``; other producers' stay). Segments still in
+        flight stay (their TTLs and owners govern them)."""
         store = self.__dict__.pop("_shm_store", None)
-        try:
-            if store is not None:
-                store.trim_pool(only_own=True)
-                store.close()
-        finally:
-            self.app.close()
+        if store is not None:
+            store.trim_pool(only_own=True)
+            store.close()
 
     def video_inputs(
         self,
@@ -641,6 +503,259 @@ class FleetClient(Publishing, ResultReading):
             with contextlib.suppress(FleetError):
                 removed += bool(store.release(ref))
         return removed
+
+
+class Publishing:
+    """Publishing and queue state of a :class:`producer.client.FleetClient` (mixed into it),
+    blocking: reads its ``app`` (the Celery app, its broker pool), ``settings`` and
+    ``clock``, and its messages (:meth:`ClientBase.payloads`)."""
+
+    if TYPE_CHECKING:
+        app: Celery
+        settings: Settings
+        clock: RedisClock
+
+        def payloads(self) -> PayloadBuilder: ...
+
+    def publish(
+        self, producer: Any, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int
+    ) -> None:
+        """Send one task message (Celery protocol 2, with its ``task-sent`` event) through
+        kombu's publish: the bench generator's path, one request per call. ``submit`` and
+        ``submit_many`` send the same bytes pipelined (:meth:`publish_many`).
+
+        ``app.send_task`` without the result subscription: Celery's ``send_task`` also
+        subscribes to the task's result channel on the backend's pubsub (and unsubscribes
+        when the returned ``AsyncResult`` is collected), two commands per request that a
+        client reading results by polling (``poll``/``wait_all``) never uses; a quarter of
+        the bench generator's sending thread, on the cores the workers need. ``get()``
+        subscribes when it is called (Celery's ``AsyncResult.get`` reads a result that is
+        already stored, then waits on the channel).
+
+        Args:
+            producer: a kombu producer from ``app.producer_or_acquire()``.
+            env: the validated request; travels as the task's kwargs.
+            queue: a queue name from :mod:`shared.schema`; celery_priority: 0 (first) .. 9.
+
+        Raises:
+            kombu/redis connection errors, as ``send_task``.
+        """
+        amqp = self.app.amqp
+        name = schema.task_name(env.modality)
+        message = amqp.create_task_message(
+            task_id,
+            name,
+            (),
+            env.to_kwargs(),
+            reply_to=self.app.thread_oid,
+            create_sent_event=self.app.conf.task_send_sent_event,
+        )
+        message.headers.update(fleet_headers(env))
+        with (
+            tracing.producer_span(message.headers, env.modality, task_id),
+            producer.connection._reraise_as_library_errors(),
+        ):
+            amqp.send_task_message(producer, name, message, queue=queue, priority=celery_priority)
+
+    def publish_many(
+        self,
+        messages: Iterable[Outgoing],
+        chunk: int = CHUNK,
+        check: DepthCheck | None = None,
+    ) -> Iterator[int]:
+        """Push ``messages`` (from :meth:`outgoing`) in chunks of ``chunk``, one
+        ``MULTI``/``EXEC`` transaction each (one round trip) on a pooled broker connection:
+        a chunk is on Redis whole or not at all. Yields, after each chunk, how many messages
+        are on Redis so far; stop iterating to send no more. Each chunk is built (``messages``
+        consumed) while Redis takes the one before it. ``check``: ``submit_many``'s
+        queue-length check, asked before the first chunk is built and judged before it is
+        sent (``QueueFull``: nothing is sent). All on one connection (``producer.client.wire``).
+
+        A chunk is one ``LPUSH`` per list kombu's publish would use (its messages in
+        order: ``LPUSH k a b`` is ``LPUSH k a; LPUSH k b``) and one ``PUBLISH`` of the
+        chunk's ``task-sent`` events as a group (``PayloadBuilder.sent_group``). Behind
+        Sentinel (``wait_replicas``), a chunk is followed by ``WAIT`` on the same
+        connection, with the waiter of kombu's publishes on that channel
+        (``shared.ha.WaitingPut``): its backoff, and ``ReplicationUncertain`` (the chunk may
+        be lost in a failover) retried as a connection error.
+
+        Faults: a connection error retries the chunk as kombu's publish retries a message:
+        ``task_publish_retry_policy`` (none when ``task_publish_retry`` is off), through
+        kombu's ``Connection.ensure`` (reconnect, next failover URL, the policy's sleeps). A
+        chunk whose ``EXEC`` ran but whose reply was lost is then pushed twice: the workers
+        run a task id once and ack the other copy as a duplicate (``workers.batching.completion``).
+
+        A refusal (Redis answered ``OOM``, ``MISCONF``, ``READONLY``, ``NOPERM``) is raised at
+        once, never retried: sending it again gets the same answer (``shared.kombu_redis``).
+
+        Raises:
+            BrokerUnavailable: Redis refused a chunk (nothing of it applied), or stayed
+                unreachable through the retries (the chunks yielded before are on Redis;
+                the failing one may be; later ones were not sent). ``reason`` says which.
+        """
+        return push_messages(self.app, self.payloads(), messages, chunk, check)
+
+    def queue_depth(self, modality: str) -> dict[str, int]:
+        """Messages waiting in ``modality``'s queue, per priority class (one round trip).
+
+        Uses a pooled broker connection: cheap enough to call before every submission.
+
+        Raises:
+            BrokerUnavailable: Redis refused it or could not be reached.
+        """
+        names = [p.label for p in Priority]
+        prios = [Priority.parse(n).celery_priority(self.settings) for n in names]
+        try:
+            with self.app.pool.acquire(block=True) as conn:
+                client = conn.default_channel.client
+                with client.pipeline(transaction=False) as pipe:
+                    for name, p in zip(names, prios, strict=True):
+                        queue = schema.queue_for(modality, name)
+                        pipe.llen(schema.priority_list_key(queue, p))
+                    counts = pipe.execute()
+        except BROKER_FAULTS as exc:
+            if reason_of(exc) is None:
+                raise
+            raise broker_unavailable(exc, "could not read the queue depth") from exc
+        return dict(zip(names, (int(c) for c in counts), strict=True))
+
+    def live_workers(self, modality: str) -> list[str]:
+        """Node names of ``modality``'s batching workers that are ready and alive: those
+        whose last heartbeat (``fleet:live:<modality>``, written with every lease renewal)
+        is younger than ``[redis] lease_s``, both on Redis' clock (``self.clock``; a
+        producer or worker whose own clock is off sees the same). One round trip.
+
+        Raises:
+            BrokerUnavailable: Redis is unreachable or refused the read (``MISCONF``
+                refuses a new connection's first ``PING``).
+        """
+        since = self.clock.now() - self.settings.redis.lease_s
+        try:
+            with self.app.pool.acquire(block=True) as conn:
+                client = conn.default_channel.client
+                nodes = client.zrangebyscore(schema.live_key(modality), since, "+inf")
+        except BROKER_FAULTS as exc:
+            if reason_of(exc) is None:
+                raise
+            raise broker_unavailable(exc, "could not read worker liveness") from exc
+        return node_names(nodes)
+
+
+def push_messages(
+    app: Celery,
+    builder: PayloadBuilder,
+    messages: Iterable[Outgoing],
+    chunk: int = CHUNK,
+    check: DepthCheck | None = None,
+) -> Iterator[int]:
+    """:meth:`Publishing.publish_many` on ``app``'s broker pool (kombu's connection, its
+    publish retry policy and, behind Sentinel, its ``WAIT``), the ``task-sent`` groups made
+    by ``builder``: a blocking call (``AsyncFleetClient`` runs it on a thread where a publish
+    waits for a replica)."""
+    conf = app.conf
+    retry = conf.task_publish_retry  # as Celery's send_task: retry=False, no retries
+    policy = dict(conf.task_publish_retry_policy or {}) if retry else {"max_retries": 0}
+    try:
+        with app.pool.acquire(block=True) as conn:
+            pusher = Pusher(conn, policy, conf.event_exchange, builder.sent_group)
+            try:
+                yield from pusher.chunks(iter(messages), chunk, check)
+            finally:
+                pusher.close()
+    except BROKER_FAULTS as exc:
+        if reason_of(exc) is None:
+            raise
+        raise broker_unavailable(exc, "could not publish") from exc
+
+
+def node_names(raw: Iterable[Any]) -> list[str]:
+    """A liveness set's members (``fleet:live:<modality>``) as sorted node names."""
+    return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in raw)
+
+
+class FleetClient(ClientBase, Publishing, ResultReading):
+    """Submit inference requests to the fleet and read their results (blocking calls; the
+    asyncio client is ``producer.client.AsyncFleetClient``).
+
+    Args:
+        settings: fleet settings (Redis address and password, priorities, limits).
+        app: a Celery app to reuse; built from ``settings`` when omitted.
+        role: the Redis ACL user to connect as (``shared.acl``): ``producer`` (enqueue,
+            results, cancel) unless a harness needs more (the bench purges and flushes).
+    """
+
+    def __init__(
+        self, settings: Settings, app: Celery | None = None, *, role: str = "producer"
+    ) -> None:
+        super().__init__(settings, app, role=role)
+        # Redis' clock: submit times, deadlines and liveness are compared across hosts
+        self.clock = RedisClock(self._redis_time)
+
+    def _redis_time(self) -> Any:
+        """Redis' ``TIME`` (one round trip on a pooled broker connection)."""
+        with self.app.pool.acquire(block=True) as conn:
+            return conn.default_channel.client.time()
+
+    # -- submitting -----------------------------------------------------------------
+    def submit(
+        self,
+        modality: str,
+        inputs: dict[str, Any],
+        priority: str = "normal",
+        timeout_s: float | None = None,
+        task_id: str | None = None,
+    ) -> ResultHandle:
+        """Enqueue one request; returns at once with its handle.
+
+        Args:
+            task_id: the request's id (default: the one :meth:`video_inputs` bound its video
+                input to, else a fresh uuid4).
+
+        Raises:
+            FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
+                modality's queue holds ``max_queue_length`` messages.
+            BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
+                ``READONLY``, ``NOPERM``; at once, never retried) or stayed unreachable
+                through the publish retries (``UNREACHABLE``; see :meth:`submit_many`).
+        """
+        return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s, task_id)])[0]
+
+    def submit_many(self, requests: Iterable[SubmitRequest]) -> list[ResultHandle]:
+        """Enqueue many requests: pipelined, ``CHUNK`` requests per Redis transaction.
+
+        Every request is validated, and the queue-length limits checked, before any is sent:
+        one invalid request raises and none is sent. The messages are the bytes kombu's
+        publish would push, with their ``task-sent`` events (:meth:`outgoing`), sent in
+        chunks that each reach Redis whole or not at all, retried on connection errors
+        and, behind Sentinel, confirmed by a replica (:meth:`publish_many`).
+
+        Raises:
+            FleetError: as :meth:`submit`, before anything is sent.
+            BrokerUnavailable: Redis refused a chunk or stayed unreachable through the
+                publish retries. Requests of the chunks sent before are queued (their handles
+                are the exception's ``submitted`` attribute); the failing chunk's may be
+                (a lost ``EXEC`` reply; a refused one was not applied); the rest were not
+                sent.
+        """
+        # Redis' clock, sampled when due (one TIME every refresh period, none per call)
+        sub = self._submission(list(requests), self.clock.now() * 1000.0, ResultHandle)
+        try:  # the check's answer comes while the first chunk is built
+            for sent in self.publish_many(sub.messages, check=sub.check):
+                sub.sent(sent)
+        except Exception as exc:
+            exc.submitted = sub.handles  # type: ignore[attr-defined]
+            raise
+        return sub.handles
+
+    def close(self) -> None:
+        """Give back what this client holds: its store's mappings and the released segment
+        files it kept for reuse (``[transport] recycle_bytes``; other producers' stay), and
+        the Celery app's connections. Segments still in flight stay (their TTLs and owners
+        govern them)."""
+        try:
+            self._close_store()
+        finally:
+            self.app.close()
 
 
 def image_inputs(path_or_bytes: str | Path | bytes) -> dict[str, Any]:

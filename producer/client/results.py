@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import redis
 from celery import Celery
@@ -48,6 +48,7 @@ __all__ = [
     "READY_STATES",
     "ResultHandle",
     "ResultReading",
+    "Revocation",
     "outcome_from_meta",
     "resolve_tensors",
     "tensor_wires",
@@ -284,35 +285,20 @@ class ResultReading:
             BrokerUnavailable: Redis refused the transaction (nothing applied; ``reason``) or
                 could not be reached.
         """
-        from datetime import UTC, datetime
-
         import redis
 
-        from shared.errors import Revoked
-
         backend = self.app.backend
-        ttl = int(self.settings.redis.result_expires_s)
-        meta = {
-            "status": "REVOKED",
-            "result": error_to_wire(Revoked(reason)),
-            "traceback": None,
-            "children": [],
-            "date_done": datetime.now(UTC).isoformat(),
-            "task_id": task_id,
-        }
-        value = backend.encode(meta)
-        key, final = backend.get_key_for_task(task_id), schema.final_key(task_id)
+        revoking = Revocation.of(self.app, self.settings, task_id, reason)
         try:
             with backend.client.pipeline(transaction=True) as pipe:
                 while True:
                     try:
-                        pipe.watch(final)
-                        if pipe.exists(final):
+                        pipe.watch(revoking.final)
+                        if pipe.exists(revoking.final):
                             return False
                         pipe.multi()
-                        pipe.setex(key, ttl, value)
-                        pipe.set(final, "1", ex=ttl)
-                        pipe.publish(key, value)
+                        for command in revoking.commands():
+                            pipe.execute_command(*command)
                         pipe.execute()
                         return True
                     except redis.WatchError:
@@ -321,6 +307,49 @@ class ResultReading:
             if reason_of(exc) is None:
                 raise
             raise broker_unavailable(exc, f"could not cancel {task_id}") from exc
+
+
+class Revocation(NamedTuple):
+    """What a producer's cancel writes (``FleetClient.cancel``, ``AsyncFleetClient.cancel``):
+    the REVOKED document ``value`` under the result ``key``, the final marker ``final``, both
+    for ``ttl`` seconds, in one transaction that ``WATCH``es ``final``."""
+
+    key: str
+    final: str
+    ttl: int
+    value: bytes | str
+
+    @classmethod
+    def of(cls, app: Celery, settings: Settings, task_id: str, reason: str) -> Revocation:
+        """The revocation of ``task_id``: Celery's result meta (the shape
+        ``workers.batching.completion`` stores) with ``Revoked``'s exception encoding (code
+        ``REVOKED``), encoded by ``app``'s result backend."""
+        from datetime import UTC, datetime
+
+        from shared.errors import Revoked
+
+        backend = app.backend
+        meta = {
+            "status": "REVOKED",
+            "result": error_to_wire(Revoked(reason)),
+            "traceback": None,
+            "children": [],
+            "date_done": datetime.now(UTC).isoformat(),
+            "task_id": task_id,
+        }
+        ttl = int(settings.redis.result_expires_s)
+        key = backend.get_key_for_task(task_id)
+        return cls(key, schema.final_key(task_id), ttl, backend.encode(meta))
+
+    def commands(self) -> list[tuple[Any, ...]]:
+        """Inside ``MULTI``: the document (``SETEX``), the marker ``1`` claiming the one final
+        result (same TTL), and a ``PUBLISH`` of the document on the result key (what Celery's
+        result consumers and the clients' subscriptions wait on)."""
+        return [
+            ("SETEX", self.key, self.ttl, self.value),
+            ("SET", self.final, "1", "EX", self.ttl),
+            ("PUBLISH", self.key, self.value),
+        ]
 
 
 def _epoch_ms(date_done: Any) -> float | None:

@@ -505,6 +505,37 @@ def _uuid4s(raw: bytes) -> list[str]:
 _VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}  # 10xx: RFC 4122
 
 
+def push_commands(
+    part: Sequence[Outgoing], group: bytes | None, topics: Sequence[str]
+) -> list[tuple[Any, ...]]:
+    """The commands that put ``part`` on Redis, for one ``MULTI``/``EXEC`` (both clients
+    send these): an ``LPUSH`` per list (its messages in order: ``LPUSH k a b`` is ``LPUSH k
+    a; LPUSH k b``), then a ``PUBLISH`` of ``group`` (the part's ``task-sent`` events,
+    :meth:`PayloadBuilder.sent_group`; ``None``: none) on each of ``topics``."""
+    lists: dict[str, list[bytes]] = {}
+    for m in part:
+        lists.setdefault(m.key, []).append(m.payload)
+    commands: list[tuple[Any, ...]] = [("LPUSH", k, *v) for k, v in lists.items()]
+    if group is not None:
+        commands += [("PUBLISH", t, group) for t in topics]
+    return commands
+
+
+def sent_topics(app: Celery, db: int) -> list[str]:
+    """The channels a ``task-sent`` group is published on, for a client that has no kombu
+    channel to ask (``AsyncFleetClient``): kombu's Redis fanout topic of the event exchange's
+    ``task.sent`` routing key as its channel makes it (``fanout_prefix``: ``/<db>.`` or a
+    string of the transport options, formatted with ``db``; ``fanout_patterns``: ``/<routing
+    key>``; both on unless ``broker_transport_options`` turn them off; ``shared.acl`` grants
+    the producer ``/<db>.celeryev/*``).
+    ``tests/integration/test_async_client.py`` holds it to kombu's own answer."""
+    options = app.conf.broker_transport_options or {}
+    prefix = options.get("fanout_prefix", True)
+    prefix = prefix if isinstance(prefix, str) else "/{db}." if prefix else ""
+    topic = f"{prefix.format(db=db)}{app.conf.event_exchange}"
+    return [f"{topic}/task.sent" if options.get("fanout_patterns", True) else topic]
+
+
 class Nothing:
     """What kombu's ``Connection.ensure`` revives after a reconnect: nothing (each attempt
     takes the connection's channel afresh)."""
@@ -577,18 +608,14 @@ class Chunk:
         self.sent: SentTransaction | BaseException | None = None
 
     def commands(self, channel: Any) -> list[tuple[Any, ...]]:
-        """An ``LPUSH`` per list (messages in order), then the group's ``PUBLISH``es (on the
-        event exchange's ``task.sent`` topics, kombu's fanout topics)."""
+        """:func:`push_commands` of the chunk (the group on the event exchange's
+        ``task.sent`` topics, as kombu's ``channel`` names them)."""
         if self._commands is not None:
             return self._commands
-        lists: dict[str, list[bytes]] = {}
-        for m in self.part:
-            lists.setdefault(m.key, []).append(m.payload)
-        commands: list[tuple[Any, ...]] = [("LPUSH", k, *v) for k, v in lists.items()]
+        topics = []
         if self.group is not None:
             topics = channel._get_publish_topics(self.exchange, "task.sent")
-            commands += [("PUBLISH", t, self.group) for t in topics]
-        return commands
+        return push_commands(self.part, self.group, topics)
 
     def send(self, line: Line) -> None:
         """The first attempt's send; a failure is kept for :func:`attempt` to raise (where
