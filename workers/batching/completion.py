@@ -40,7 +40,7 @@ marker, never a marker without a document (a request that would read ``PENDING``
 marker's whole TTL while every copy of it is acked as a duplicate). Celery's own
 ``backend.store_result`` refuses only to overwrite a SUCCESS, and with a GET before the write
 (two round trips, not atomic). A batch of N costs one script call. ``PROGRESS`` states are not
-final: they are plain SETEX and never overwrite a final result (``_WRITE_PROGRESS``).
+final: a SETEX and its PUBLISH, never over a final result (``_WRITE_PROGRESS``).
 
 The stored document is Celery's result meta, so ``AsyncResult``, Flower and clients in other
 languages read it unchanged::
