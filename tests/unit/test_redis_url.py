@@ -1,6 +1,6 @@
-"""A Redis URL instead of a config file: ``url_fields`` (what ``FLEET_REDIS_URL`` reads), the
-variable's place among the settings' sources, and the defaults packaged for a client
-installed outside a checkout."""
+"""A Redis URL instead of a config file: ``url_fields`` (what ``FleetClient.from_url`` and
+``FLEET_REDIS_URL`` read), the variable's place among the settings' sources, and the
+defaults packaged for a client installed outside a checkout."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from producer.cli.base import recorded_overrides
+from producer.client import AsyncFleetClient, FleetClient
 from shared.settings import config_paths, load_settings, url_fields
 from shared.settings import paths as settings_paths
 
@@ -111,6 +112,21 @@ def test_a_bad_fleet_redis_url_is_a_configuration_error_naming_the_variable(
     (error,) = err.value.errors()
     assert error["loc"] == ("FLEET_REDIS_URL",) and "numeric port" in error["msg"]
     assert "secret" not in str(err.value)  # neither in the message nor as the input
+
+
+def test_from_url_builds_either_client_without_a_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLEET_REDIS__PASSWORD", "from-env")
+    sync = FleetClient.from_url("redis://producer@10.9.8.7:6391/0")
+    aio = AsyncFleetClient.from_url("redis://producer:pw@10.9.8.7:6391/0")
+    try:
+        assert sync.settings.redis_credentials("producer") == ("producer", "from-env")
+        assert aio.settings.redis_url("producer") == "redis://producer:pw@10.9.8.7:6391/0"
+        assert isinstance(sync, FleetClient) and isinstance(aio, AsyncFleetClient)
+    finally:
+        sync.close()
+        aio.app.close()
 
 
 def test_a_recorded_stack_address_yields_to_fleet_redis_url() -> None:
