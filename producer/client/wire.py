@@ -22,7 +22,8 @@ both alike).
 Celery's message is built once per template, not once per request; it also makes each
 request's ``task-sent`` event, sent per chunk as one group (:meth:`PayloadBuilder.sent_group`).
 ``FleetClient.submit_many`` sends both in pipelined transactions
-(``producer.client.fleet``); the gateway pushes the message alone.
+(``producer.client.fleet``), ``AsyncFleetClient.submit_many`` the same commands
+(:func:`push_commands`) on ``redis.asyncio``; the gateway pushes the message alone.
 
 Why: kombu's publish is synchronous (a thread per in-flight publish for an asyncio caller),
 costs a second round trip for the ``task-sent`` event, and a few hundred microseconds of
