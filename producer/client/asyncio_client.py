@@ -116,18 +116,9 @@ class AsyncFleetClient(ClientBase):
         timeout_s: float | None = None,
         task_id: str | None = None,
     ) -> AsyncResultHandle:
-        """Enqueue one request; returns once it is on Redis, with its handle.
-
-        Args:
-            task_id: the request's id (default: the one :meth:`video_inputs` bound its video
-                input to, else a fresh uuid4).
-
-        Raises:
-            FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
-                modality's queue holds ``max_queue_length`` messages; nothing is sent.
-            BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
-                ``READONLY``, ``NOPERM``) or could not be reached (``UNREACHABLE``).
-        """
+        """``FleetClient.submit`` on asyncio: one request (``task_id``: its id, default the
+        one :meth:`video_inputs` bound its video input to, else a fresh uuid4), returned
+        once it is on Redis as its handle. Raises as :meth:`submit_many`."""
         request = SubmitRequest(modality, inputs, priority, timeout_s, task_id)
         return (await self.submit_many([request]))[0]
 
@@ -139,8 +130,11 @@ class AsyncFleetClient(ClientBase):
         at all.
 
         Raises:
-            FleetError: as :meth:`submit`, before anything is sent.
-            BrokerUnavailable: Redis refused a chunk or could not be reached. Requests of the
+            FleetError: an invalid request (see :meth:`envelope`), or ``QueueFull`` when a
+                modality's queue holds ``max_queue_length`` messages; nothing is sent.
+            BrokerUnavailable: Redis refused a chunk (``reason``: ``OOM``, ``MISCONF``,
+                ``READONLY``, ``NOPERM``) or could not be reached (``UNREACHABLE``, after
+                redis-py's retries). Requests of the
                 chunks sent before are queued (their handles are the exception's
                 ``submitted`` attribute); the failing chunk's may be (a lost ``EXEC`` reply);
                 the rest were not sent.

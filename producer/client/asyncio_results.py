@@ -95,6 +95,7 @@ class AsyncResultHandle:
         self.id = task_id
         self.envelope = envelope
         self._final: Event | None = None  # kept: its tensors are mapped and released once
+        self._settling = asyncio.Lock()  # two waiters on one handle settle it once
 
     def __repr__(self) -> str:
         return f"AsyncResultHandle(id={self.id!r}, modality={self.envelope.modality!r})"
@@ -195,12 +196,13 @@ class AsyncResultHandle:
             return Event(self.id, status, progress if isinstance(progress, dict) else None)
         if status not in READY_STATES:
             return None
-        if self._final is None:
-            outcome = outcome_from_meta(meta)
-            if any(True for _ in iter_wires(self.envelope.inputs, SHM)):
-                await asyncio.to_thread(self.client.release_inputs, self.envelope.inputs)
-            if "result" in outcome and any(True for _ in iter_wires(outcome["result"])):
-                resolved = await asyncio.to_thread(self.client.resolve, outcome["result"])
-                outcome = {"result": resolved}
-            self._final = Event(self.id, status, None, outcome)
-        return self._final
+        async with self._settling:
+            if self._final is None:
+                outcome = outcome_from_meta(meta)
+                if any(True for _ in iter_wires(self.envelope.inputs, SHM)):
+                    await asyncio.to_thread(self.client.release_inputs, self.envelope.inputs)
+                if "result" in outcome and any(True for _ in iter_wires(outcome["result"])):
+                    resolved = await asyncio.to_thread(self.client.resolve, outcome["result"])
+                    outcome = {"result": resolved}
+                self._final = Event(self.id, status, None, outcome)
+            return self._final

@@ -32,6 +32,7 @@ from producer.client import (
     xmodal_inputs,
 )
 from producer.client.fleet import CHUNK
+from producer.client.results import Revocation
 from producer.client.wire import sent_topics
 from shared import schema
 from shared.errors import (
@@ -423,3 +424,36 @@ def test_no_fleet_variable_is_needed_beyond_the_url(
             return await aio.live_workers("text")
 
     assert asyncio.run(test()) == []  # answered by that Redis (no worker there)
+
+
+def test_a_final_result_published_while_the_connection_was_away_still_arrives(
+    bare_redis: Any,
+) -> None:
+    """The subscription's connection is killed and the request revoked in one transaction
+    (the kill first: the ``PUBLISH`` reaches nobody). redis-py reconnects and subscribes
+    again; Redis' confirmation of a channel confirmed before makes the client read the
+    stored document once more: the waiter gets the outcome."""
+    s = bare_redis.s
+    admin = redis.Redis.from_url(s.redis_url("admin"))
+
+    async def test() -> list[Event]:
+        async with AsyncFleetClient.from_url(url_of(bare_redis)) as aio:
+            h = await aio.submit("xmodal", xmodal_inputs(COFFEE, ["a cup"]), "bulk")
+            follow = asyncio.create_task(_collect(h.events(timeout_s=30)))
+            await asyncio.sleep(0.3)  # subscribed, nothing stored
+            revoking = Revocation.of(aio.app, aio.settings, h.id, "while away")
+            with admin.pipeline(transaction=True) as pipe:
+                pipe.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                for command in revoking.commands():
+                    pipe.execute_command(*command)
+                killed, *_, receivers = pipe.execute()
+            assert killed >= 1 and receivers == 0
+            return await follow
+
+    try:
+        seen = asyncio.run(test())
+        assert [e.state for e in seen] == ["REVOKED"]
+        assert seen[0].outcome is not None and seen[0].outcome["error"]["code"] == "REVOKED"
+    finally:
+        for key in admin.keys("xmodal*"):
+            admin.delete(key)

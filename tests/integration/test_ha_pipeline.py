@@ -2,19 +2,23 @@
 ``producer.stack.sentinel``; no workers): each pipelined chunk is followed by ``WAIT`` on its
 connection, so the chunk is on the replica when the call returns, as kombu's publish is
 (``shared.ha``); without a replica a chunk stands on the primary and the waiter backs off.
+The gateway's push and ``AsyncFleetClient``'s (made from a ``sentinel://`` URL) too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 import redis
 
-from producer.client import FleetClient, SubmitRequest
+from producer.client import AsyncFleetClient, Event, FleetClient, SubmitRequest
 from producer.client.fleet import CHUNK
 from producer.stack.local import Stack
 from producer.stack.sentinel import node_port, start_node
@@ -158,3 +162,50 @@ def test_the_gateways_push_is_on_the_replica_when_it_returns(ha_stack: Stack) ->
     finally:
         primary.delete(BULK_LIST, *(schema.job_key(i) for i in ["gw-1", *warm]))
         client.close()
+
+
+def test_the_async_client_from_a_sentinel_url_alone_waits_for_the_replica(
+    ha_stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AsyncFleetClient`` made from a ``sentinel://`` URL, no ``FLEET_*`` variable (the
+    master's name and the sentinels' password in its query): its submissions are on the
+    replica when they return (the blocking path's ``WAIT``, on a thread), and a cancel
+    reaches a waiter on the primary the sentinels name."""
+    s = ha_stack.s
+    query = {"master_name": s.redis.master_name, "sentinel_password": s.sentinel_password()}
+    url = f"{s.redis_url('producer')}?{urlencode(query)}"
+    primary, replica = node(ha_stack, "redis"), node(ha_stack, "redis-replica")
+    for name in list(os.environ):
+        if name.upper().startswith("FLEET_"):
+            monkeypatch.delenv(name)
+
+    async def run() -> tuple[int, int, int, list[Event]]:
+        async with AsyncFleetClient.from_url(url) as aio:
+            assert aio.settings.ha and aio.settings.redis.sentinels == s.redis.sentinels
+            deadline = time.monotonic() + 10
+            while True:  # until a submission waits (a short WAIT earlier backs the waiter off)
+                before = waits(ha_stack)
+                await aio.submit_many(texts(1))
+                if waits(ha_stack) > before:
+                    break
+                assert time.monotonic() < deadline, "no submission waited for the replica"
+                await asyncio.sleep(0.3)
+            before = waits(ha_stack)
+            handles = await aio.submit_many(texts(2 * CHUNK + 1))  # three chunks
+            waited, lengths = waits(ha_stack) - before, replica.llen(BULK_LIST)
+            follow = asyncio.create_task(_events(handles[0].events(timeout_s=30)))
+            await asyncio.sleep(0.3)  # subscribed
+            assert await aio.cancel(handles[0].id) is True
+            return waited, lengths, primary.llen(BULK_LIST), await follow
+
+    wait_for_replica(primary)
+    try:
+        waited, on_replica, on_primary, seen = asyncio.run(run())
+        assert waited == 3 and on_replica == on_primary
+        assert [e.state for e in seen] == ["REVOKED"]
+    finally:
+        primary.delete(BULK_LIST)
+
+
+async def _events(events: Any) -> list[Event]:
+    return [e async for e in events]
