@@ -4,9 +4,9 @@ Blocks marked ``<!-- doctest: NAME -->`` in README.md and in the pages under ``d
 ``docs/measurements/``) run in this order on one stack: the README's quick start (``make
 up``, ``fleet status``, two submits), *Running the stack by hand* (a second text replica,
 results read later, ``fleet watch``; then a video worker and a video), *From Python* and its
-*asyncio* service (FastAPI, driven by its test client), the gateway's curl examples
-(docs/gateway.md: health, metadata, a sync text, a binary image, an async video polled,
-streamed and cancelled), then ``make down``; then *Real weights*
+*asyncio* block, the FastAPI service of docs/clients.md (driven by its test client), the
+gateway's curl examples (docs/gateway.md: health, metadata, a sync text, a binary image, an
+async video polled, streamed and cancelled), then ``make down``; then *Real weights*
 (docs/models.md: a folder saved with ``save_pretrained``, served by an image worker of a new
 stack) and ``make down`` again.
 Each shell block runs under ``bash -e`` from the repository root, so any command exiting
@@ -125,7 +125,7 @@ def test_readme_marks_the_blocks_this_test_runs() -> None:
     assert where == {
         "quick-start": "README.md", "down": "README.md", "by-hand": "README.md",
         "video": "README.md", "python": "README.md", "asyncio": "README.md",
-        "gateway": "docs/gateway.md",
+        "fastapi": "docs/clients.md", "gateway": "docs/gateway.md",
         "real-weights": "docs/models.md",
     }  # fmt: skip
 
@@ -158,7 +158,8 @@ def test_readme_first_hour_runs_as_written(shell: Shell) -> None:
     assert (dim_text, dim_image) == ("384", "1280")
     assert f"text-1@{HOST}" in live
 
-    service = shell.run("asyncio")  # the FastAPI service, one good and one refused request
+    assert shell.run("asyncio").stdout.splitlines() == ["384"]
+    service = shell.run("fastapi")  # docs/clients.md: one good and one refused request
     assert service.stdout.splitlines() == ["384", "INVALID_INPUT"]
 
     check_gateway_block(shell)
