@@ -357,6 +357,47 @@ def test_same_idempotency_key_runs_once(gw: Gw) -> None:
         assert (r.status_code, r.json()["code"]) == (409, "ID_CONFLICT")
 
 
+def test_a_repeated_post_of_a_finished_job_answers_its_outcome_not_pending(gw: Gw) -> None:
+    """The README's async curl block sent twice: the second POST of the finished job (same
+    id, ``Prefer: respond-async`` again) answers its result, 200, as GET /v2/jobs/{id} says
+    SUCCESS; never 202 PENDING. Sent once, run once."""
+    job_id = f"v-{uuid.uuid4().hex[:8]}"
+    body = {
+        "id": job_id,
+        "inputs": [
+            {
+                "name": "video",
+                "datatype": "BYTES",
+                "shape": [1],
+                "data": [base64.b64encode(NASA.read_bytes()).decode()],
+            }
+        ],
+    }
+    url = "/v2/models/video-efficientnet-lite0/infer"
+    with gw.http() as h:
+        first = h.post(url, json=body, headers={"Prefer": "respond-async"})
+        assert first.status_code == 202 and first.json()["state"] == "PENDING", first.text
+        for _ in range(600):
+            job = h.get(first.headers["Location"]).json()
+            if job["state"] == "SUCCESS":
+                break
+            time.sleep(0.1)
+        assert job["state"] == "SUCCESS", job
+        again = h.post(url, json=body, headers={"Prefer": "respond-async"})
+        assert again.status_code == 200, again.text
+        assert "Preference-Applied" not in again.headers  # answered synchronously
+        out = again.json()
+        assert out["id"] == job_id and out["parameters"]["job_id"] == job_id
+        shapes = {o["name"]: o["shape"] for o in out["outputs"]}
+        assert shapes["frame_embeddings"] == [32, 1280]
+        assert out["outputs"] == job["result"]["outputs"]
+        sync = h.post(url, json=body)  # without the preference: the same answer
+        assert sync.status_code == 200 and sync.json()["outputs"] == out["outputs"]
+    time.sleep(0.5)  # the worker's log line follows its result
+    runs = re.findall(rf"request id={job_id} state=(\w+)", gw.worker_log("video"))
+    assert runs == ["SUCCESS"], runs
+
+
 def test_async_video_progress_over_sse(gw: Gw) -> None:
     body = {
         "inputs": [
