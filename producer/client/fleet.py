@@ -136,8 +136,20 @@ class Publishing:
             queue: a queue name from :mod:`shared.schema`; celery_priority: 0 (first) .. 9.
 
         Raises:
-            kombu/redis connection errors, as ``send_task``.
+            BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
+                ``READONLY``, ``NOPERM``; at once) or could not be reached (``UNREACHABLE``),
+                as :meth:`publish_many`.
         """
+        try:
+            self._publish_one(producer, env, task_id, queue, celery_priority)
+        except BROKER_FAULTS as exc:
+            if reason_of(exc) is None:
+                raise
+            raise broker_unavailable(exc, "could not publish") from exc
+
+    def _publish_one(
+        self, producer: Any, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int
+    ) -> None:
         amqp = self.app.amqp
         name = schema.task_name(env.modality)
         message = amqp.create_task_message(
