@@ -100,6 +100,26 @@ def _check_texts(modality: str, inputs: dict[str, Any], limit: int) -> None:
             )
 
 
+def _inline_too_large(inputs: dict[str, Any], size: int, limit: int) -> PayloadTooLarge:
+    """The refusal of inputs whose JSON is ``size`` bytes, over ``limit`` (``[limits]
+    max_inline_bytes``), naming the sizes that matter: a file travels as base64 (4 bytes for
+    every 3), so each ``*_b64`` input's file size and encoded size are named too, and how
+    large a file may be to fit."""
+    files = [(k, v) for k, v in inputs.items() if k.endswith("_b64") and isinstance(v, str)]
+    parts = []
+    for key, encoded in files:
+        raw = len(encoded) // 4 * 3 - encoded[-2:].count("=")
+        parts.append(f"{key}: a {raw:,}-byte file is {len(encoded):,} bytes as base64")
+    message = f"inline inputs are {size:,} bytes as JSON"
+    if parts:
+        message += f" ({'; '.join(parts)})"
+    message += f"; the limit is {limit:,} bytes ([limits] max_inline_bytes)"
+    if len(files) == 1:
+        room = limit - (size - len(files[0][1]))  # what the rest of the JSON leaves
+        message += f": a file of at most {max(room, 0) // 4 * 3:,} bytes fits"
+    return PayloadTooLarge(message)
+
+
 CHUNK = 250  # requests per MULTI/EXEC transaction of publish_many
 
 
@@ -424,9 +444,7 @@ class FleetClient(Publishing, ResultReading):
             except (TypeError, ValueError) as exc:
                 raise InvalidInput(f"inputs are not JSON-serializable: {exc}") from None
             if len(data) > max_inline:
-                raise PayloadTooLarge(
-                    f"inline inputs are {len(data)} bytes; the limit is {max_inline}"
-                )
+                raise _inline_too_large(inputs, len(data), max_inline)
             if modality in _TEXT_MODALITIES:
                 _check_texts(modality, inputs, max_chars)
             fields = {

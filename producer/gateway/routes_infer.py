@@ -42,13 +42,18 @@ async def read_body(request: Request, limit: int) -> bytes:
     Content-Length first, then while reading)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the body is {int(declared):,} bytes; the limit is {limit:,}")
+        raise PayloadTooLarge(
+            f"the body is {int(declared):,} bytes; the limit is {limit:,} bytes "
+            "([gateway] max_body_bytes)"
+        )
     parts: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"the body is over the limit of {limit:,} bytes")
+            raise PayloadTooLarge(
+                f"the body is over the limit of {limit:,} bytes ([gateway] max_body_bytes)"
+            )
         parts.append(chunk)
     return b"".join(parts)
 

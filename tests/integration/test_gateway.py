@@ -32,6 +32,7 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 COFFEE = DATA / "images" / "skimage_coffee.png"
 NASA = DATA / "videos" / "torchcodec_nasa_13013.mp4"
 MAX_BODY = 4 * 1024 * 1024
+MAX_INLINE = 2 * 1024 * 1024  # the gateway's [limits] max_inline_bytes: under MAX_BODY
 IMAGE_QUEUE_LIMIT = 8
 
 
@@ -73,6 +74,8 @@ def gw(stack: Any) -> Iterator[Gw]:
         "FLEET_GATEWAY__MAX_BODY_BYTES": str(MAX_BODY),
         # the gateway's own limit only (submit-side): lets a test fill the image queue
         "FLEET_MODALITIES__IMAGE__MAX_QUEUE_LENGTH": str(IMAGE_QUEUE_LIMIT),
+        # an upload the body limit lets through can be over the inline limit once base64
+        "FLEET_LIMITS__MAX_INLINE_BYTES": str(MAX_INLINE),
     }.items():
         mp.setenv(k, v)
     try:
@@ -292,6 +295,30 @@ def test_refusals_are_coded(gw: Gw) -> None:
     # the worker kept serving after the bad inputs
     with gw.http() as h:
         assert h.post("/v2/models/minilm/infer", json=infer_body("Still here.")).status_code == 200
+
+
+def test_an_upload_too_large_once_base64_is_413_with_its_raw_and_encoded_sizes(gw: Gw) -> None:
+    """A 1.6 MiB image as binary data fits the body limit, but travels to the workers as
+    base64 in the message, over the inline limit: the 413 says both sizes and the limit."""
+    image = bytes(1_600_000)
+    header = json.dumps(
+        {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                     "parameters": {"binary_data_size": len(image) + 4}}]}
+    ).encode()  # fmt: skip
+    with gw.http() as h:
+        r = h.post(
+            "/v2/models/efficientnet-lite0/infer",
+            content=header + len(image).to_bytes(4, "little") + image,
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Inference-Header-Content-Length": str(len(header)),
+            },
+        )
+    assert (r.status_code, r.json()["code"]) == (413, "PAYLOAD_TOO_LARGE"), r.text
+    message = r.json()["error"]
+    assert "a 1,600,000-byte file is 2,133,336 bytes as base64" in message, message
+    assert f"the limit is {MAX_INLINE:,} bytes ([limits] max_inline_bytes)" in message, message
+    assert "a file of at most 1,572,852 bytes fits" in message, message
 
 
 def test_prefer_wait_zero_answers_202_then_the_job_completes(gw: Gw) -> None:
