@@ -257,6 +257,16 @@ def infer_body(text: str, **params: Any) -> dict[str, Any]:
     return body
 
 
+def job_when_final(h: httpx.Client, location: str, timeout_s: float) -> dict[str, Any]:
+    """The job at ``location`` once final, or as it is after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while True:
+        job: dict[str, Any] = h.get(location).json()
+        if job["state"] in ("SUCCESS", "FAILURE", "REVOKED") or time.monotonic() > end:
+            return job
+        time.sleep(0.05)
+
+
 def test_refusals_are_coded(gw: Gw) -> None:
     bad_png = (DATA / "images" / "bad" / "pillow_broken.png").read_bytes()
     bomb = (DATA / "images" / "bad" / "pillow_decompression_bomb.gif").read_bytes()
@@ -329,11 +339,7 @@ def test_prefer_wait_zero_answers_202_then_the_job_completes(gw: Gw) -> None:
             headers={"Prefer": "wait=0"},
         )
         assert r.status_code == 202 and r.headers["Location"] == r.json()["location"]
-        for _ in range(200):
-            job = h.get(r.headers["Location"]).json()
-            if job["state"] == "SUCCESS":
-                break
-            time.sleep(0.05)
+        job = job_when_final(h, r.headers["Location"], timeout_s=10)
         assert job["state"] == "SUCCESS", job
         out = job["result"]["outputs"][0]
         assert out["name"] == "embedding" and out["shape"] == [1, 384] and len(out["data"]) == 384
@@ -404,11 +410,7 @@ def test_a_repeated_post_of_a_finished_job_answers_its_outcome_not_pending(gw: G
     with gw.http() as h:
         first = h.post(url, json=body, headers={"Prefer": "respond-async"})
         assert first.status_code == 202 and first.json()["state"] == "PENDING", first.text
-        for _ in range(600):
-            job = h.get(first.headers["Location"]).json()
-            if job["state"] == "SUCCESS":
-                break
-            time.sleep(0.1)
+        job = job_when_final(h, first.headers["Location"], timeout_s=60)
         assert job["state"] == "SUCCESS", job
         again = h.post(url, json=body, headers={"Prefer": "respond-async"})
         assert again.status_code == 200, again.text
