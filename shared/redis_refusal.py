@@ -26,6 +26,7 @@ from shared.errors import BrokerUnavailable
 
 __all__ = [
     "BROKER_FAULTS",
+    "FIXES",
     "REFUSALS",
     "WORDS",
     "answer_of",
@@ -49,6 +50,23 @@ WORDS: dict[str, str] = {
     "NOPERM": "Redis' ACL rules deny the command to this user",
     "UNREACHABLE": "Redis cannot be reached",
     "REFUSED": "Redis refused the command",
+}
+
+# What ends each reason, for the message a producer's caller reads (the CLI says it in its
+# own words: producer.cli.diagnose). Nothing of a refused call was applied: once the cause is
+# gone, the same call (the same task id) goes through.
+FIXES: dict[str, str] = {
+    "OOM": "let the workers drain the queues or raise Redis' maxmemory (CONFIG SET maxmemory "
+    "as its admin), then send it again with the same id",
+    "MISCONF": "free space on the disk under Redis' data directory (its log names the file); "
+    "it takes writes again by itself, then send it again with the same id",
+    "READONLY": "point the producer at the primary ([redis] host and port, or sentinels) or "
+    "promote this node (REPLICAOF NO ONE), then send it again with the same id",
+    "NOPERM": "restore this user's ACL rules (shared/acl.py: `fleet down` and `fleet up` "
+    "write them again; an external Redis: its ACL file)",
+    "UNREACHABLE": "check that Redis runs and answers at the configured address (`fleet "
+    "status`), then send it again with the same id (it runs once)",
+    "REFUSED": "see Redis' answer; send it again with the same id once that is fixed",
 }
 
 # A refusal's code inside another error's text: a pipeline's ("Command # 1 (ZADD ...) of
@@ -122,8 +140,11 @@ def answer_of(exc: BaseException) -> str:
 
 def broker_unavailable(exc: BaseException, what: str) -> BrokerUnavailable:
     """``exc`` (a broker fault: :func:`reason_of` is not ``None``) as the coded error a
-    producer raises: ``<what>: <the reason in words> (<Redis' answer>)``."""
+    producer raises: ``<what>: <the reason in words> (<Redis' answer>); fix: <what ends it>``
+    (:data:`FIXES`)."""
     if isinstance(exc, BrokerUnavailable):
         return exc
     reason = reason_of(exc) or "UNREACHABLE"
-    return BrokerUnavailable(f"{what}: {WORDS[reason]} ({answer_of(exc)})", reason=reason)
+    return BrokerUnavailable(
+        f"{what}: {WORDS[reason]} ({answer_of(exc)}); fix: {FIXES[reason]}", reason=reason
+    )

@@ -167,15 +167,21 @@ def _report_up(stack: Stack, started: list[Proc], running: set[str]) -> None:
 
 @app.command()
 def down() -> None:
-    """Stop every process `fleet up` started in the run dir (replicas too; Redis last)."""
+    """Stop every process `fleet up` started in the run dir (replicas too; Redis last).
+    Before Redis stops, /dev/shm is collected: the inputs of requests that are final and
+    segments whose lease lapsed go (as `fleet shm gc`, renewing nothing)."""
+    from producer.cli.tools import shm_at_down
     from producer.stack.local import Stack
 
     settings = cli_settings()
-    stopped = Stack(settings).down()
+    swept: list[str | None] = []
+    stopped = Stack(settings).down(before_redis=lambda: swept.append(shm_at_down(settings)))
     where = f"run dir {settings.run_dir} ({settings.run_dir_source})"
     typer.echo(
         f"stopped: {', '.join(stopped)} ({where})" if stopped else f"nothing was running ({where})"
     )
+    for line in filter(None, swept):
+        typer.echo(line, err=line.startswith("warning:"))
 
 
 @app.command()

@@ -10,6 +10,7 @@ that is refused.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -193,23 +194,90 @@ def _wait(handle: Any, wait_s: float) -> Any:
         )
 
 
+def read_text_file(path: Path, settings: Settings) -> str:
+    """The UTF-8 text of ``path`` (``-``: standard input), read no further than a text over
+    ``[limits] max_text_chars`` needs (4 bytes a character at most).
+
+    Raises:
+        InvalidInput: a missing or empty file, or bytes that are not UTF-8.
+        PayloadTooLarge: more than ``max_text_chars`` characters.
+    """
+    limit = settings.limits.max_text_chars
+    most = 4 * limit  # a longer file holds more than `limit` characters
+    where = "standard input" if str(path) == "-" else f"text file {str(path)!r}"
+    if str(path) == "-":
+        data = sys.stdin.buffer.read(most + 1)
+    else:
+        check_file(path, "text file")
+        with path.open("rb") as f:
+            data = f.read(most + 1)
+    if len(data) > most:
+        raise PayloadTooLarge(
+            f"{where} holds more than {limit} characters (over {most} bytes); the limit is "
+            f"{limit} ([limits] max_text_chars)"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        why = f"{exc.reason} at byte {exc.start}"
+        raise InvalidInput(f"{where} is not UTF-8 text ({why})") from None
+    check_text(text, settings, where)
+    return text
+
+
+def one_text(text: str | None, text_file: Path | None, settings: Settings) -> str:
+    """The text to embed: ``--text`` or the content of ``--text-file``, exactly one of them.
+
+    Raises:
+        InvalidInput: both or neither given, or a bad file (:func:`read_text_file`).
+        PayloadTooLarge: the text is over ``[limits] max_text_chars``.
+    """
+    if (text is None) == (text_file is None):
+        given = "both --text and --text-file" if text is not None else "neither"
+        raise InvalidInput(
+            f"give the text with --text TEXT or --text-file PATH (- for standard input), "
+            f"exactly one of them; got {given}"
+        )
+    if text_file is not None:
+        return read_text_file(text_file, settings)
+    check_text(text or "", settings)
+    return text or ""
+
+
 @submit_app.command("text")
 def submit_text(
-    text: Annotated[str, typer.Option(help="the text to embed")],
+    text: Annotated[
+        str | None, typer.Option(help="the text to embed (or --text-file)", show_default=False)
+    ] = None,
+    text_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--text-file",
+            help="read the text to embed from this UTF-8 file, - for standard input (a text "
+            "longer than the shell's argument limit); instead of --text",
+            show_default=False,
+        ),
+    ] = None,
     priority: PriorityOpt = "normal",
     timeout_s: TimeoutOpt = None,
     wait_s: WaitOpt = 30.0,
     queue_anyway: QueueAnywayOpt = False,
 ) -> None:
-    """Embed a text with all-MiniLM-L6-v2 (384 floats, unit norm)."""
+    """Embed a text with all-MiniLM-L6-v2 (384 floats, unit norm): --text TEXT, or
+    --text-file PATH (- reads standard input)."""
+    read: list[str] = []  # the text, once the precheck read it (before anything is sent)
+
+    def precheck(settings: Settings) -> None:
+        read.append(one_text(text, text_file, settings))
+
     run_submit(
         "text",
-        lambda _c: {"text": text},
+        lambda _c: {"text": read[0]},
         priority=priority,
         timeout_s=timeout_s,
         wait_s=wait_s,
         queue_anyway=queue_anyway,
-        precheck=lambda s: check_text(text, s),
+        precheck=precheck,
     )
 
 
@@ -345,4 +413,4 @@ def submit_raw(
     )
 
 
-__all__ = ["check_file", "check_text", "run_submit"]
+__all__ = ["check_file", "check_text", "one_text", "read_text_file", "run_submit"]

@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from producer.cli.base import MODEL_ENV, CliProblem, ExitCode, app, cli_settings, emit, shm_app
-from shared.settings import MODALITIES
+from shared.settings import MODALITIES, Settings
+
+if TYPE_CHECKING:
+    from shared.transport import ShmStore
+    from workers.batching.tensor_lease import Collected
 
 
 @app.command()
@@ -166,18 +170,26 @@ def shm_ls() -> None:
 
 @shm_app.command("gc")
 def shm_gc() -> None:
-    """Remove expired segments, segments whose owner process is gone, and released files
-    kept for reuse but unused for 30 s; then say what was kept and why. Like the workers'
-    janitor, it first renews the video inputs of requests that may still run."""
+    """Remove expired segments, the inputs of requests that are final (even before their
+    lease ends), segments whose owner process is gone, and released files kept for reuse
+    but unused for 30 s; then say what was kept and why. Like the workers' janitor, it first
+    renews the video inputs of requests Redis says may still run; when Redis cannot tell (the
+    stack is down), it renews nothing and removes only what lapsed."""
     from shared.transport import store_from_settings
-    from workers.batching.tensor_lease import SegmentRenewer
 
     settings = cli_settings()
     store = store_from_settings(settings)
-    renewer = SegmentRenewer(settings, settings.transport.janitor_interval_s, role="operator")
-    renewer.renew_due(store)
-    removed = store.gc()
+    done = collect_shm(settings, store, renew=True)
+    removed = done.removed
     typer.echo(f"removed {len(removed)} segment(s)" + (": " + " ".join(removed) if removed else ""))
+    if done.finished:
+        typer.echo(f"of which {len(done.finished)} the inputs of requests that are final")
+    if done.cause is not None:
+        typer.echo(
+            f"Redis could not tell which requests are final ({done.cause}): their inputs stay "
+            "until their leases end (lapsed ones were removed); with the stack up, "
+            "`fleet shm gc` removes those of finished requests at once"
+        )
     now = time.time()
     for seg in store.ls():
         left = f"expires in {seg.expires_at - now:.0f} s"
@@ -189,8 +201,8 @@ def shm_gc() -> None:
             )
         elif seg.pid == 0:
             why = (
-                "detached (a video input sent without waiting, or a worker's output not read "
-                f"yet): kept until its TTL, {left}"
+                "detached (a worker's output not read yet, or a tensor put without a "
+                f"request): kept until its TTL, {left}"
             )
         else:
             why = f"its owner {seg.owner} is alive: kept until it releases it or {left}"
@@ -201,3 +213,45 @@ def shm_gc() -> None:
             f"kept {pooled} B of released files for reuse ([transport] recycle_bytes): "
             "removed after 30 s unused"
         )
+
+
+def collect_shm(settings: Settings, store: ShmStore, renew: bool) -> Collected:
+    """An operator's collection of ``store`` as Redis's ``operator`` user (see
+    ``SegmentRenewer.collect``): the inputs of final requests and lapsed leases go; with
+    ``renew``, due inputs of requests Redis says are not final are renewed first.
+
+    Raises:
+        TransportError: the store's directory cannot be listed.
+    """
+    from workers.batching.tensor_lease import SegmentRenewer
+
+    renewer = SegmentRenewer(settings, settings.transport.janitor_interval_s, role="operator")
+    try:
+        return renewer.collect(store, renew=renew)
+    finally:
+        renewer.close()
+
+
+def shm_at_down(settings: Settings) -> str | None:
+    """``fleet down``'s collection of the stack's /dev/shm root, run after the other
+    processes stopped and before Redis does (it alone can tell which requests are final):
+    the inputs of final requests and lapsed leases go, nothing is renewed. Returns the line
+    to print, or None (no root: nothing was ever written, or the host shares no /dev/shm).
+    """
+    from shared.transport import default_root, store_from_settings
+
+    t = settings.transport
+    root = t.shm_root or default_root()
+    if not t.shared_host or not root.is_dir():
+        return None
+    try:
+        store = store_from_settings(settings)
+        done = collect_shm(settings, store, renew=False)
+        left = len(store.ls())
+    except Exception as exc:  # `fleet down` goes on to stop Redis whatever happened here
+        return f"warning: could not collect {root}: {exc}; run `fleet shm gc` later"
+    note = "" if done.cause is None else f"; Redis could not tell which are final: {done.cause}"
+    return (
+        f"shm: removed {len(done.removed)} file(s) from {root} ({len(done.finished)} the "
+        f"inputs of final requests), {left} segment(s) left (`fleet shm ls`){note}"
+    )

@@ -106,6 +106,26 @@ def _check_texts(modality: str, inputs: dict[str, Any], limit: int) -> None:
             )
 
 
+def _inline_too_large(inputs: dict[str, Any], size: int, limit: int) -> PayloadTooLarge:
+    """The refusal of inputs whose JSON is ``size`` bytes, over ``limit`` (``[limits]
+    max_inline_bytes``), naming the sizes that matter: a file travels as base64 (4 bytes for
+    every 3), so each ``*_b64`` input's file size and encoded size are named too, and how
+    large a file may be to fit."""
+    files = [(k, v) for k, v in inputs.items() if k.endswith("_b64") and isinstance(v, str)]
+    parts = []
+    for key, encoded in files:
+        raw = len(encoded) // 4 * 3 - encoded[-2:].count("=")
+        parts.append(f"{key}: a {raw:,}-byte file is {len(encoded):,} bytes as base64")
+    message = f"inline inputs are {size:,} bytes as JSON"
+    if parts:
+        message += f" ({'; '.join(parts)})"
+    message += f"; the limit is {limit:,} bytes ([limits] max_inline_bytes)"
+    if len(files) == 1:
+        room = limit - (size - len(files[0][1]))  # what the rest of the JSON leaves
+        message += f": a file of at most {max(room, 0) // 4 * 3:,} bytes fits"
+    return PayloadTooLarge(message)
+
+
 CHUNK = 250  # requests per MULTI/EXEC transaction of publish_many
 
 
@@ -259,9 +279,7 @@ class ClientBase:
             except (TypeError, ValueError) as exc:
                 raise InvalidInput(f"inputs are not JSON-serializable: {exc}") from None
             if len(data) > max_inline:
-                raise PayloadTooLarge(
-                    f"inline inputs are {len(data)} bytes; the limit is {max_inline}"
-                )
+                raise _inline_too_large(inputs, len(data), max_inline)
             if modality in _TEXT_MODALITIES:
                 _check_texts(modality, inputs, max_chars)
             fields = {
@@ -538,8 +556,20 @@ class Publishing:
             queue: a queue name from :mod:`shared.schema`; celery_priority: 0 (first) .. 9.
 
         Raises:
-            kombu/redis connection errors, as ``send_task``.
+            BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
+                ``READONLY``, ``NOPERM``; at once) or could not be reached (``UNREACHABLE``),
+                as :meth:`publish_many`.
         """
+        try:
+            self._publish_one(producer, env, task_id, queue, celery_priority)
+        except BROKER_FAULTS as exc:
+            if reason_of(exc) is None:
+                raise
+            raise broker_unavailable(exc, "could not publish") from exc
+
+    def _publish_one(
+        self, producer: Any, env: TaskEnvelope, task_id: str, queue: str, celery_priority: int
+    ) -> None:
         amqp = self.app.amqp
         name = schema.task_name(env.modality)
         message = amqp.create_task_message(

@@ -462,6 +462,14 @@ class JobService:
             return None
         return Snapshot(job, decode_meta(raw_meta))
 
+    async def current(self, job: Job) -> Snapshot:
+        """``job``'s state now (one GET of its result document); releases its input segments
+        when it is final (a repeated POST of a finished job answers its result)."""
+        snap = Snapshot(job, decode_meta(await self.redis.get(schema.result_key(job.id))))
+        if snap.final:
+            await self._release(job.input_refs)
+        return snap
+
     async def wait(self, job: Job, timeout_s: float) -> dict[str, Any] | None:
         """The final result document, or ``None`` after ``timeout_s``; releases the job's
         input segments once it is final."""

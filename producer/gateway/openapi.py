@@ -156,8 +156,16 @@ BROKER = {
 }
 
 INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"description": "the result", "model": InferenceResponse},
-    202: {"description": "accepted: poll Location (/v2/jobs/{id})", "model": JobView},
+    200: {
+        "description": "the result (also for a repeated POST of a finished job, "
+        "Prefer: respond-async or not)",
+        "model": InferenceResponse,
+    },
+    202: {
+        "description": "accepted, not final yet: poll Location (/v2/jobs/{id}); the body is "
+        "the job's state now (PENDING, PROGRESS)",
+        "model": JobView,
+    },
     400: err("invalid input (INVALID_INPUT, INVALID_PRIORITY, IMAGE_DECODE, ...)"),
     **AUTH,
     404: err("unknown model (MODEL_NOT_FOUND)"),

@@ -2,8 +2,11 @@
 
 A request is parsed (JSON, or Triton's binary extension), submitted as a job, and answered
 with its result when it comes within the wait budget (``Prefer: wait=N``, the deadline,
-``[gateway] default_wait_s``), else ``202`` with the job's ``Location``; ``Prefer:
-respond-async`` answers ``202`` at once. Registered by :func:`producer.gateway.app.create_app`.
+``[gateway] default_wait_s``), else ``202`` with the job's ``Location`` and its state now;
+``Prefer: respond-async`` answers ``202`` at once. A repeated POST (the same ``id`` or
+``Idempotency-Key``) of a job that is final answers its outcome as a synchronous request
+would, ``respond-async`` or not (nothing is left to wait for: the preference is not applied).
+Registered by :func:`producer.gateway.app.create_app`.
 """
 
 from __future__ import annotations
@@ -39,13 +42,18 @@ async def read_body(request: Request, limit: int) -> bytes:
     Content-Length first, then while reading)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the body is {int(declared):,} bytes; the limit is {limit:,}")
+        raise PayloadTooLarge(
+            f"the body is {int(declared):,} bytes; the limit is {limit:,} bytes "
+            "([gateway] max_body_bytes)"
+        )
     parts: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"the body is over the limit of {limit:,} bytes")
+            raise PayloadTooLarge(
+                f"the body is over the limit of {limit:,} bytes ([gateway] max_body_bytes)"
+            )
         parts.append(chunk)
     return b"".join(parts)
 
@@ -80,25 +88,33 @@ async def run_infer(gw: Gateway, spec: ModelSpec, request: Request) -> Response:
     timeout_s = timeout_seconds(req.parameters.get("timeout"))
     prefer = parse_prefer(request.headers.getlist("prefer"))
     task_id = _task_id(request, req.id)
-    job, _created = await jobs.submit(
+    job, created = await jobs.submit(
         spec, req.inputs, priority, timeout_s, task_id, len(body), req.parameters
     )
     if job.model != spec.name:
         raise IdConflict(f"id {job.id!r} already names a job of model {job.model!r}")
-    snap = Snapshot(job, None)
     if prefer.respond_async:
-        return accepted(job_view(snap, spec), True)
-    left_s = None
-    if job.deadline_ms is not None:
-        left_s = max(0.0, (job.deadline_ms - jobs.client.clock.peek() * 1000.0) / 1000.0)
-    wait_s = wait_budget(
-        prefer, left_s, settings.gateway.default_wait_s, settings.gateway.max_wait_s
-    )
-    if prefer.wait_s is None:  # a result stored right at the deadline still makes it
-        wait_s += WAIT_GRACE_S
-    meta = await jobs.wait(job, wait_s)
-    if meta is None:
-        return accepted(job_view(snap, spec), False)
+        # a new job is queued; a repeated one may be running or final already
+        snap = Snapshot(job, None) if created else await jobs.current(job)
+        if not snap.final:
+            return accepted(job_view(snap, spec), True)
+        meta = snap.meta
+    else:
+        left_s = None
+        if job.deadline_ms is not None:
+            left_s = max(0.0, (job.deadline_ms - jobs.client.clock.peek() * 1000.0) / 1000.0)
+        wait_s = wait_budget(
+            prefer, left_s, settings.gateway.default_wait_s, settings.gateway.max_wait_s
+        )
+        if prefer.wait_s is None:  # a result stored right at the deadline still makes it
+            wait_s += WAIT_GRACE_S
+        meta = await jobs.wait(job, wait_s)
+        if meta is None:
+            snap = await jobs.current(job)  # PENDING, or a video's PROGRESS
+            if not snap.final:
+                return accepted(job_view(snap, spec), False)
+            meta = snap.meta
+    assert meta is not None  # final
     if meta.get("status") != "SUCCESS":
         view = job_view(Snapshot(job, meta), spec)
         err = view["error"]

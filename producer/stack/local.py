@@ -32,7 +32,7 @@ import socket
 import sys
 import urllib.request
 from base64 import b64encode
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 
 from producer.stack import sentinel
 from producer.stack.ports import (
@@ -323,9 +323,16 @@ class Stack(ProcessTable, RedisNode, StackState):
 
     # -- the state file -----------------------------------------------------------------
 
-    def down(self, timeout_s: float = 20.0, keep: Set[str] = frozenset()) -> list[str]:
+    def down(
+        self,
+        timeout_s: float = 20.0,
+        keep: Set[str] = frozenset(),
+        before_redis: Callable[[], object] | None = None,
+    ) -> list[str]:
         """Stop every process with a pidfile here (Redis last) but those named in ``keep``;
-        return their names."""
+        return their names. ``before_redis`` runs once the others stopped, before Redis (and
+        its sentinels) stop, when Redis is among the processes stopped (``fleet down``
+        collects /dev/shm then, while Redis can still tell which requests are final)."""
         names = sorted(p.stem for p in self.pids.glob("*.pid")) if self.pids.exists() else []
         names = [n for n in names if n not in keep]
         # Redis last (workers ack on their way out); with HA the sentinels before the data
@@ -333,6 +340,9 @@ class Stack(ProcessTable, RedisNode, StackState):
         last = (*sorted(n for n in names if n.startswith("sentinel-")), "redis-replica", "redis")
         order = [n for n in names if n not in last] + [n for n in last if n in names]
         for name in order:
+            if name in last and before_redis is not None:
+                before_redis()
+                before_redis = None
             self.stop(name, timeout_s)
         if not keep:
             (self.dir / STATE_FILE).unlink(missing_ok=True)

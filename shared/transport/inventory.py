@@ -13,6 +13,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -134,11 +135,13 @@ class Inventory:
         out.sort(key=lambda s: s.created_at)
         return out
 
-    def gc(self, now: float | None = None) -> list[str]:
+    def gc(self, now: float | None = None, finished: Collection[str] = ()) -> list[str]:
         """Reclaim what is stale at ``now`` (epoch seconds, default: the current time):
         segments past their TTL or lease (:mod:`shared.transport.lifetime`) or whose owner
-        died, unreadable segment files older than ``default_ttl_s``, temp files of writers that
-        died or stalled longer than that, and pool files idle past ``recycle_idle_s``.
+        died, segments bound to a request of ``finished`` (ids of requests known to have
+        their final result: ``fleet shm gc``, ``fleet down``), unreadable segment files older
+        than ``default_ttl_s``, temp files of writers that died or stalled longer than that,
+        and pool files idle past ``recycle_idle_s``.
 
         Returns:
             Segment ids, and the names of temp (``.tmp-``) and pool (``.pool-``) files.
@@ -156,7 +159,7 @@ class Inventory:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue  # never follow or delete anything we did not create
-            gone = self._stale(entry.name, st, now)
+            gone = self._stale(entry.name, st, now, finished)
             if gone is not None:
                 unlink_quiet(self.root / entry.name)
                 removed.append(gone)
@@ -164,13 +167,16 @@ class Inventory:
             log.info("shm gc removed %d file(s) from %s", len(removed), self.root)
         return removed
 
-    def _stale(self, name: str, st: os.stat_result, now: float) -> str | None:
+    def _stale(
+        self, name: str, st: os.stat_result, now: float, finished: Collection[str]
+    ) -> str | None:
         """What to report when the file ``name`` is stale (its id or name), else None."""
         if m := SEGMENT_RE.fullmatch(name):
             try:
                 meta, _, mtime = self.read_meta(m[1])
                 expires = meta.leased_until(mtime, self.reader.max_lifetime_s)
-                stale = now >= expires or not owner_alive(meta)
+                done = bool(meta.request) and meta.request in finished
+                stale = done or now >= expires or not owner_alive(meta)
             except TensorRefError:
                 stale = now - st.st_mtime > self.default_ttl_s  # corrupt: give it time
             return m[1] if stale else None

@@ -22,13 +22,16 @@ Who renews (``workers.batching.tensor_lease``):
   result yet (``fleet:final:<id>`` absent; when Redis cannot tell, it renews: the cap bounds
   that). Renewing that far ahead means no collection, in any process, sees a live request's
   lease lapse; the settings refuse a TTL under ``MIN_TTL_JANITOR_INTERVALS`` (3) janitor
-  intervals. ``fleet shm gc`` renews the same way before it collects.
+  intervals. ``fleet shm gc`` renews those of requests Redis says are not final (see below).
 - the worker that takes a request renews that request's own inputs before it maps them: on a
   host where no worker ran while the request waited, nobody renewed them (nobody collected
   them either). A lapsed lease is renewed too, as long as the file is still there.
 
-Once its request is final a segment lives out its last lease, unless its producer releases it
-first (``ResultHandle.get`` does).
+Once its request is final a segment is renewed no more and lives out its last lease, unless
+its producer releases it first (``ResultHandle.get`` and the gateway's result read do) or an
+operator collects it: ``fleet shm gc`` and ``fleet down`` (before it stops Redis) remove the
+segments whose requests are final (:func:`finished`) and those whose lease lapsed, and renew
+none whose request Redis could not tell final or not (:func:`renewable`).
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ __all__ = [
     "due",
     "expires_at",
     "extends",
+    "finished",
     "renew",
+    "renewable",
     "still_running",
     "validate_request_id",
 ]
@@ -132,6 +137,29 @@ def still_running(segments: Iterable[L], final: Mapping[str, bool | None]) -> li
             guess, and letting a queued request's input lapse would fail the request).
     """
     return [s for s in segments if final.get(s.request) is not True]
+
+
+def finished(final: Mapping[str, bool | None]) -> set[str]:
+    """The request ids of ``final`` known to have their final result (True): their inputs
+    may go now (``fleet shm gc``, ``fleet down``)."""
+    return {r for r, done in final.items() if done is True}
+
+
+def renewable(
+    segments: Iterable[L],
+    final: Mapping[str, bool | None],
+    now: float,
+    margin_s: float,
+    max_lifetime_s: float,
+) -> list[L]:
+    """The segments an operator's collection (``fleet shm gc``) renews at ``now``: due
+    (:func:`due`), their lease not lapsed yet, and their request known not to be final
+    (False). Unlike a janitor's, an unknown answer (None: Redis could not tell, e.g. the
+    stack is down) renews nothing, and a lapsed lease is left to lapse."""
+    return [
+        s for s in due(segments, now, margin_s, max_lifetime_s)
+        if s.expires_at > now and final.get(s.request) is False
+    ]  # fmt: skip
 
 
 def renew(path: Path, now: float) -> bool:

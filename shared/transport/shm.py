@@ -14,7 +14,7 @@ import os
 import stat
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -353,10 +353,11 @@ class ShmStore:
         return self._inventory.ls()
 
     @_os_errors_as_transport_errors
-    def gc(self, now: float | None = None) -> list[str]:
-        """Reclaim what is stale at ``now`` (epoch seconds; default: the current time) and
-        return what went (see :meth:`.inventory.Inventory.gc`)."""
-        removed = self._inventory.gc(now)
+    def gc(self, now: float | None = None, finished: Collection[str] = ()) -> list[str]:
+        """Reclaim what is stale at ``now`` (epoch seconds; default: the current time), and
+        the segments bound to the requests of ``finished`` (known to be final), and return
+        what went (see :meth:`.inventory.Inventory.gc`)."""
+        removed = self._inventory.gc(now, finished)
         self._kept.sweep()
         return removed
 

@@ -347,6 +347,54 @@ def test_inputs_are_checked_before_anything_is_sent(traps: Traps, tmp_path: Path
     assert err["code"] == "PAYLOAD_TOO_LARGE" and "max_text_chars" in err["message"]
 
 
+def test_submit_text_reads_the_text_from_a_file_or_standard_input(
+    traps: Traps, tmp_path: Path
+) -> None:
+    """``--text-file PATH`` (``-``: standard input) for a text the command line cannot carry
+    (its length is bounded by the shell's argument limit): the same embedding as ``--text``;
+    exactly one of the two, else a coded refusal before anything is sent."""
+    import numpy as np
+
+    text = "A man is playing a guitar in the park. " * 450  # 17,550 characters
+    path = tmp_path / "long.txt"
+    path.write_text(text, encoding="utf-8")
+    stdin = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "submit", "text", "--text-file", "-"],
+        input=text, capture_output=True, text=True, env=traps.env, timeout=120,
+    )  # fmt: skip
+    runs = [fleet("submit", "text", "--text-file", str(path), env=traps.env), stdin,
+            fleet("submit", "text", "--text", text, env=traps.env)]  # fmt: skip
+    embeddings = []
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        result = json.loads(proc.stdout)["result"]
+        assert result["truncated"] is True and len(result["embedding"]) == 384
+        embeddings.append(np.asarray(result["embedding"], dtype=np.float32))
+    for other in embeddings[1:]:
+        np.testing.assert_allclose(other, embeddings[0], atol=1e-4)
+
+    # refused before Redis is asked (it is unreachable here): nothing was sent
+    closed = {**traps.env, "FLEET_REDIS__PORT": str(free_port())}
+    huge = tmp_path / "huge.txt"
+    huge.write_bytes(b"x" * (1 << 20))
+    missing = tmp_path / "missing.txt"
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9".encode("latin-1"))
+    cases = [
+        (["--text", "hi", "--text-file", str(path)], "INVALID_INPUT", "got both"),
+        ([], "INVALID_INPUT", "got neither"),
+        (["--text-file", str(missing)], "INVALID_INPUT", "missing.txt"),
+        (["--text-file", str(latin1)], "INVALID_INPUT", "is not UTF-8 text"),
+        (["--text-file", str(huge)], "PAYLOAD_TOO_LARGE", "max_text_chars"),
+    ]
+    for args, code, says in cases:
+        proc = fleet("submit", "text", *args, env=closed)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        err = json.loads(proc.stdout)["error"]
+        assert err["code"] == code and says in err["message"], (args, err)
+        assert "Traceback" not in proc.stderr
+
+
 def test_a_decompression_bomb_names_our_setting_and_the_worker_keeps_serving(
     traps: Traps, tmp_path: Path
 ) -> None:

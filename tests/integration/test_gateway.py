@@ -32,6 +32,7 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 COFFEE = DATA / "images" / "skimage_coffee.png"
 NASA = DATA / "videos" / "torchcodec_nasa_13013.mp4"
 MAX_BODY = 4 * 1024 * 1024
+MAX_INLINE = 2 * 1024 * 1024  # the gateway's [limits] max_inline_bytes: under MAX_BODY
 IMAGE_QUEUE_LIMIT = 8
 
 
@@ -73,6 +74,8 @@ def gw(stack: Any) -> Iterator[Gw]:
         "FLEET_GATEWAY__MAX_BODY_BYTES": str(MAX_BODY),
         # the gateway's own limit only (submit-side): lets a test fill the image queue
         "FLEET_MODALITIES__IMAGE__MAX_QUEUE_LENGTH": str(IMAGE_QUEUE_LIMIT),
+        # an upload the body limit lets through can be over the inline limit once base64
+        "FLEET_LIMITS__MAX_INLINE_BYTES": str(MAX_INLINE),
     }.items():
         mp.setenv(k, v)
     try:
@@ -254,6 +257,16 @@ def infer_body(text: str, **params: Any) -> dict[str, Any]:
     return body
 
 
+def job_when_final(h: httpx.Client, location: str, timeout_s: float) -> dict[str, Any]:
+    """The job at ``location`` once final, or as it is after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while True:
+        job: dict[str, Any] = h.get(location).json()
+        if job["state"] in ("SUCCESS", "FAILURE", "REVOKED") or time.monotonic() > end:
+            return job
+        time.sleep(0.05)
+
+
 def test_refusals_are_coded(gw: Gw) -> None:
     bad_png = (DATA / "images" / "bad" / "pillow_broken.png").read_bytes()
     bomb = (DATA / "images" / "bad" / "pillow_decompression_bomb.gif").read_bytes()
@@ -294,6 +307,30 @@ def test_refusals_are_coded(gw: Gw) -> None:
         assert h.post("/v2/models/minilm/infer", json=infer_body("Still here.")).status_code == 200
 
 
+def test_an_upload_too_large_once_base64_is_413_with_its_raw_and_encoded_sizes(gw: Gw) -> None:
+    """A 1.6 MiB image as binary data fits the body limit, but travels to the workers as
+    base64 in the message, over the inline limit: the 413 says both sizes and the limit."""
+    image = bytes(1_600_000)
+    header = json.dumps(
+        {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                     "parameters": {"binary_data_size": len(image) + 4}}]}
+    ).encode()  # fmt: skip
+    with gw.http() as h:
+        r = h.post(
+            "/v2/models/efficientnet-lite0/infer",
+            content=header + len(image).to_bytes(4, "little") + image,
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Inference-Header-Content-Length": str(len(header)),
+            },
+        )
+    assert (r.status_code, r.json()["code"]) == (413, "PAYLOAD_TOO_LARGE"), r.text
+    message = r.json()["error"]
+    assert "a 1,600,000-byte file is 2,133,336 bytes as base64" in message, message
+    assert f"the limit is {MAX_INLINE:,} bytes ([limits] max_inline_bytes)" in message, message
+    assert "a file of at most 1,572,852 bytes fits" in message, message
+
+
 def test_prefer_wait_zero_answers_202_then_the_job_completes(gw: Gw) -> None:
     with gw.http() as h:
         r = h.post(
@@ -302,11 +339,7 @@ def test_prefer_wait_zero_answers_202_then_the_job_completes(gw: Gw) -> None:
             headers={"Prefer": "wait=0"},
         )
         assert r.status_code == 202 and r.headers["Location"] == r.json()["location"]
-        for _ in range(200):
-            job = h.get(r.headers["Location"]).json()
-            if job["state"] == "SUCCESS":
-                break
-            time.sleep(0.05)
+        job = job_when_final(h, r.headers["Location"], timeout_s=10)
         assert job["state"] == "SUCCESS", job
         out = job["result"]["outputs"][0]
         assert out["name"] == "embedding" and out["shape"] == [1, 384] and len(out["data"]) == 384
@@ -355,6 +388,43 @@ def test_same_idempotency_key_runs_once(gw: Gw) -> None:
             },
         )
         assert (r.status_code, r.json()["code"]) == (409, "ID_CONFLICT")
+
+
+def test_a_repeated_post_of_a_finished_job_answers_its_outcome_not_pending(gw: Gw) -> None:
+    """The README's async curl block sent twice: the second POST of the finished job (same
+    id, ``Prefer: respond-async`` again) answers its result, 200, as GET /v2/jobs/{id} says
+    SUCCESS; never 202 PENDING. Sent once, run once."""
+    job_id = f"v-{uuid.uuid4().hex[:8]}"
+    body = {
+        "id": job_id,
+        "inputs": [
+            {
+                "name": "video",
+                "datatype": "BYTES",
+                "shape": [1],
+                "data": [base64.b64encode(NASA.read_bytes()).decode()],
+            }
+        ],
+    }
+    url = "/v2/models/video-efficientnet-lite0/infer"
+    with gw.http() as h:
+        first = h.post(url, json=body, headers={"Prefer": "respond-async"})
+        assert first.status_code == 202 and first.json()["state"] == "PENDING", first.text
+        job = job_when_final(h, first.headers["Location"], timeout_s=60)
+        assert job["state"] == "SUCCESS", job
+        again = h.post(url, json=body, headers={"Prefer": "respond-async"})
+        assert again.status_code == 200, again.text
+        assert "Preference-Applied" not in again.headers  # answered synchronously
+        out = again.json()
+        assert out["id"] == job_id and out["parameters"]["job_id"] == job_id
+        shapes = {o["name"]: o["shape"] for o in out["outputs"]}
+        assert shapes["frame_embeddings"] == [32, 1280]
+        assert out["outputs"] == job["result"]["outputs"]
+        sync = h.post(url, json=body)  # without the preference: the same answer
+        assert sync.status_code == 200 and sync.json()["outputs"] == out["outputs"]
+    time.sleep(0.5)  # the worker's log line follows its result
+    runs = re.findall(rf"request id={job_id} state=(\w+)", gw.worker_log("video"))
+    assert runs == ["SUCCESS"], runs
 
 
 def test_async_video_progress_over_sse(gw: Gw) -> None:

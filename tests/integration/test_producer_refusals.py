@@ -128,3 +128,55 @@ def test_a_refusal_is_coded_with_its_reason_at_once(st: Stack, reason: str) -> N
     finally:
         warm.close()
         admin.close()
+
+
+def test_submits_refused_once_redis_fills_up_are_coded_with_cause_and_fix(st: Stack) -> None:
+    """A tiny ``maxmemory`` (noeviction): the first submits are queued, then Redis is full
+    and every later one is refused. Each refusal, through ``submit``, ``publish`` (kombu's
+    path, one message per call), the gateway and ``fleet submit``, is ``BROKER_UNAVAILABLE``
+    with reason ``OOM``, the cause and the fix; never a raw kombu or redis-py error."""
+    admin = redis_client(st.s, "admin", socket_timeout=10)
+    admin.zadd(schema.live_key("text"), {"text@heartbeat-by-hand": time.time() + 3600})
+    client = FleetClient(st.s)
+    url = f"http://{st.s.gateway.host}:{st.s.gateway.port}/v2/models/minilm/infer"
+    auth = {"Authorization": f"Bearer {st.s.gateway_token()}"}
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
+    text = "A man is playing a guitar. " * 20
+    try:
+        client.submit("text", {"text": "warm"}, "bulk")
+        admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) + 256 * 1024)
+        queued, refused = 0, []
+        with client.app.producer_or_acquire() as producer:
+            for i in range(2000):
+                try:
+                    if i % 2:
+                        client.submit("text", {"text": text}, "bulk")
+                    else:
+                        env = client.envelope("text", {"text": text}, "bulk")
+                        client.publish(producer, env, f"pub-{i}", "text", 9)
+                    queued += 1
+                except BrokerUnavailable as exc:
+                    refused.append(exc)
+        assert queued > 0 and len(refused) > 1000, (queued, len(refused))
+        for exc in refused:
+            assert (exc.code, exc.reason) == ("BROKER_UNAVAILABLE", "OOM"), exc
+            assert "out of memory" in exc.message and "raise Redis' maxmemory" in exc.message
+
+        r = httpx.post(url, json=body, headers=auth)
+        assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1, r.text
+        assert (r.json()["code"], r.json()["reason"]) == ("BROKER_UNAVAILABLE", "OOM")
+        assert "out of memory" in r.json()["error"] and "maxmemory" in r.json()["error"]
+
+        done = subprocess.run(
+            [sys.executable, "-m", "producer.cli", "submit", "text", "--text", "hi"],
+            capture_output=True, text=True, env=st.env(), timeout=60,
+        )  # fmt: skip
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+        assert "out of memory" in lines[0] and "maxmemory" in lines[1], lines
+    finally:
+        admin.config_set("maxmemory", 0)
+        for key in admin.scan_iter("text*"):  # the queued requests: no worker takes them
+            admin.delete(key)
+        client.close()
+        admin.close()

@@ -5,14 +5,17 @@ shared-memory root of its own and short times: inputs live ``TTL_S`` past their 
 and janitors run every ``JANITOR_S``; the orphan test's janitor lets nothing bound to a request
 outlive ``CAP_S`` (``[transport] max_ref_lifetime_s``; the others' cap is a day). A video whose
 request waits in its queue longer than its TTL (no video worker is running) must still
-succeed, and go once it is final; an input whose request never runs must go at the cap. See
-``shared.transport.lifetime``.
+succeed, and go once it is final (renewed no more); an input whose request never runs must go
+at the cap; ``fleet shm gc`` and ``fleet down`` remove the inputs of finished requests and
+lapsed leases at once. See ``shared.transport.lifetime``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -126,11 +129,18 @@ def test_a_video_queued_longer_than_its_ttl_succeeds_and_goes_once_final(
     # Final, and never released by this client (wait_all reads outcomes only): the janitors
     # stop renewing it and it goes at the end of its last lease.
     final_at = time.time()
-    wait_until(
-        lambda: not segment(lclient, ref["id"]).exists(),
-        TTL_S + 3 * JANITOR_S + 2.0,
-        "the finished request's input reclaimed",
-    )
+    path = segment(lclient, ref["id"])
+    last_renewal = path.stat().st_mtime
+    assert last_renewal <= final_at
+
+    def gone_unrenewed() -> bool:
+        try:
+            assert path.stat().st_mtime == last_renewal, "renewed after its request was final"
+        except FileNotFoundError:
+            return True
+        return False
+
+    wait_until(gone_unrenewed, TTL_S + 3 * JANITOR_S + 2.0, "the finished input reclaimed")
     assert time.time() - final_at < TTL_S + 3 * JANITOR_S + 2.0
 
 
@@ -172,3 +182,65 @@ def test_an_input_whose_request_never_runs_goes_at_the_lifetime_cap(
     wait_until(lambda: not path.exists(), 2 * CAP_S, "the orphan reclaimed")
     gone_after = time.time() - ref.created_at
     assert CAP_S <= gone_after < CAP_S + 3 * JANITOR_S + 2.0, gone_after
+
+
+def fleet(*args: str) -> subprocess.CompletedProcess[str]:
+    """``fleet ARGS`` as a user's shell would run it, with this module's ``FLEET_*``."""
+    return subprocess.run(
+        [sys.executable, "-m", "producer.cli", *args],
+        capture_output=True, text=True, env=dict(os.environ), cwd=REPO, timeout=120,
+    )  # fmt: skip
+
+
+def finished_video(stack: Any, client: FleetClient) -> Path:
+    """A video request run to SUCCESS, its input never released, with a minute of lease left
+    (no janitor on the host: only what the test runs collects)."""
+    start_worker(stack, "video", FLEET_TRANSPORT__JANITOR_INTERVAL_S="0")
+    inputs = client.video_inputs(NASA, ttl_s=60.0)
+    handle = client.submit("video", inputs, priority="bulk")
+    [outcome] = client.wait_all([handle], timeout_s=120)
+    assert outcome is not None and "error" not in outcome, outcome
+    path = segment(client, inputs["video_ref"]["id"])
+    assert client.shm().info(path.stem).expires_at > time.time() + 30
+    return path
+
+
+def test_shm_gc_removes_the_inputs_of_finished_requests_and_lapsed_leases(
+    lstack: Any, lclient: FleetClient
+) -> None:
+    finished = finished_video(lstack, lclient)
+    store = lclient.shm()
+    tiny = np.ones(1000, np.uint8)
+    queued = store.put(tiny, detach=True, request_id=f"queued-{uuid.uuid4()}", ttl_s=60.0)
+    lapsed = store.put(tiny, detach=True, request_id=f"lapsed-{uuid.uuid4()}", ttl_s=0.5)
+    sleep_until(lapsed.created_at + 0.6)
+
+    gc = fleet("shm", "gc")
+    assert gc.returncode == 0, gc.stderr
+    removed = gc.stdout.splitlines()[0].partition(": ")[2].split()
+    assert sorted(removed) == sorted([finished.stem, lapsed.id]), gc.stdout
+    assert "of which 1 the inputs of requests that are final" in gc.stdout
+    assert not finished.exists()
+    assert segment(lclient, queued.id).exists()  # its request may still run
+    assert f"kept {queued.id} (1000 B): the input of request queued-" in gc.stdout
+
+
+def test_fleet_down_removes_the_inputs_of_finished_requests_before_redis_stops(
+    lstack: Any, lclient: FleetClient
+) -> None:
+    finished = finished_video(lstack, lclient)
+    queued = lclient.shm().put(
+        np.ones(1000, np.uint8), detach=True, request_id=f"queued-{uuid.uuid4()}", ttl_s=60.0
+    )
+    try:
+        down = fleet("down")
+        assert down.returncode == 0, down.stderr
+        assert "redis" in down.stdout.splitlines()[0]
+        assert not lstack.alive("redis")
+        [shm] = [line for line in down.stdout.splitlines() if line.startswith("shm: removed")]
+        assert "(1 the inputs of final requests)" in shm, down.stdout
+        assert not finished.exists()
+        # a queued request survives `fleet down` (Redis keeps its queue): so does its input
+        assert segment(lclient, queued.id).exists()
+    finally:
+        lstack.up([], flower=False)  # Redis back for the other tests and the fixture's checks

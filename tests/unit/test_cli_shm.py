@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,3 +65,25 @@ def test_shm_ls_and_gc_name_the_request_a_video_input_was_sent_for(
     gc = CliRunner().invoke(app, ["shm", "gc"])
     assert gc.exit_code == 0, gc.output
     assert f"kept {bound.id} (10 B): the input of request req-42: renewed" in gc.output
+
+
+def test_shm_gc_with_no_redis_to_ask_removes_lapsed_inputs_and_renews_none(
+    shm_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After ``fleet down`` nothing can say which requests are final: a lapsed input goes
+    (it used to be renewed for another lease), a live one is left to run out."""
+    from tests.conftest import free_port_block
+
+    monkeypatch.setenv("FLEET_REDIS__PASSWORD", "unused")
+    monkeypatch.setenv("FLEET_REDIS__PORT", str(free_port_block(1)))  # nothing listens
+    store = ShmStore(root=shm_root)
+    lapsed = store.put(np.ones(10, dtype=np.uint8), detach=True, request_id="r-1", ttl_s=0.5)
+    live = store.put(np.ones(10, dtype=np.uint8), detach=True, request_id="r-2", ttl_s=15)
+    time.sleep(0.6)  # r-1's lease lapsed: a renewal now would keep it another 0.5 s
+    mtime = (shm_root / f"{live.id}.arrow").stat().st_mtime  # due: 15 s < 2 janitor intervals
+    gc = CliRunner().invoke(app, ["shm", "gc"])
+    assert gc.exit_code == 0, gc.output
+    assert gc.output.startswith(f"removed 1 segment(s): {lapsed.id}\n"), gc.output
+    assert "Redis could not tell which requests are final" in gc.output
+    assert f"kept {live.id} (10 B): the input of request r-2" in gc.output
+    assert (shm_root / f"{live.id}.arrow").stat().st_mtime == mtime  # not renewed

@@ -72,6 +72,23 @@ def test_the_coded_error_carries_reason_and_redis_answer() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("exc", "fix"),
+    [
+        (wrapped(OOM), "raise Redis' maxmemory"),
+        (redis.ResponseError("MISCONF Errors writing to the AOF file"), "free space on the disk"),
+        (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), "primary"),
+        (redis.exceptions.NoPermissionError("no permissions"), "ACL rules"),
+        (redis.ConnectionError("Error 111 connecting. Connection refused."), "runs and answers"),
+        (redis.ResponseError("WRONGTYPE Operation against a key"), "Redis' answer"),
+    ],
+)
+def test_the_coded_error_says_the_fix_of_its_reason(exc: BaseException, fix: str) -> None:
+    err = broker_unavailable(exc, "could not publish")
+    cause, _, said = err.message.partition("; fix: ")
+    assert cause.startswith("could not publish: Redis") and fix in said, err.message
+
+
 def test_a_rebuilt_error_has_a_reason_and_the_usual_args() -> None:
     err = error_from_code("BROKER_UNAVAILABLE", "from elsewhere")
     assert isinstance(err, BrokerUnavailable) and err.reason == "UNREACHABLE"

@@ -236,6 +236,27 @@ def test_envelope_at_inline_limit_is_accepted_and_one_byte_over_is_too_large() -
     assert err.value.code == "PAYLOAD_TOO_LARGE"
 
 
+def test_an_inline_file_over_the_limit_is_refused_with_its_raw_and_base64_sizes() -> None:
+    """A 10 MiB image sent inline (the gateway's binary upload is re-encoded so): the
+    refusal names the file's size, its base64 size, the limit and the largest file that fits
+    (once, it quoted the JSON's 13,981,032 bytes against the limit and nothing else)."""
+    from producer.client import image_inputs
+
+    client = client_with()  # [limits] max_inline_bytes: 8 MiB
+    inputs = {**image_inputs(bytes(10 * 1024 * 1024)), "top_k": 3}
+    with pytest.raises(PayloadTooLarge) as err:
+        client.envelope("image", inputs)
+    assert err.value.message == (
+        "inline inputs are 13,981,042 bytes as JSON (image_b64: a 10,485,760-byte file is "
+        "13,981,016 bytes as base64); the limit is 8,388,608 bytes ([limits] "
+        "max_inline_bytes): a file of at most 6,291,435 bytes fits"
+    )
+    fits = image_inputs(bytes(6_291_435))
+    client.envelope("image", {**fits, "top_k": 3})
+    with pytest.raises(PayloadTooLarge):
+        client.envelope("image", {**image_inputs(bytes(6_291_436)), "top_k": 3})
+
+
 def test_envelope_rejects_unknown_modality() -> None:
     with pytest.raises(UnsupportedModality):
         client_with().envelope("audio", {"text": "hi"})

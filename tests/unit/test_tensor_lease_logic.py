@@ -80,6 +80,17 @@ def test_only_requests_not_known_final_are_renewed() -> None:
     assert lifetime.still_running([a, b, c], {"a": True, "b": False, "c": None}) == [b, c]
 
 
+def test_an_operators_collection_renews_only_live_leases_of_requests_known_not_final() -> None:
+    margin = 20.0
+    a, b, c, d = seg(C, "a"), seg(C, "b"), seg(C, "c"), seg(C, "d")
+    final = {"a": True, "b": False, "c": None, "d": False}
+    # 19 s left on each: due; only b and d are known not final
+    assert lifetime.renewable([a, b, c, d], final, C + 41, margin, CAP) == [b, d]
+    # lapsed: never renewed by a collection, whatever Redis says (it goes instead)
+    assert lifetime.renewable([a, b, c, d], final, C + TTL, margin, CAP) == []
+    assert lifetime.finished(final) == {"a"}
+
+
 @pytest.mark.parametrize("bad", ["", "-x", "a b", "a/b", "x" * 129, "é"])
 def test_a_request_id_is_checked(bad: str) -> None:
     with pytest.raises(ValueError):
@@ -135,6 +146,18 @@ def test_a_renewed_segment_outlives_its_ttl_until_the_cap(store: ShmStore) -> No
     assert lifetime.renew(path_of(store, capped.id), capped.created_at + 10 * CAP)
     assert store.gc(now=capped.created_at + CAP - 1) == []
     assert store.gc(now=capped.created_at + CAP + 1e-3) == [capped.id]  # metadata: µs
+
+
+def test_gc_takes_the_inputs_of_finished_requests_before_their_lease_ends(
+    store: ShmStore,
+) -> None:
+    arr = np.arange(1000, dtype=np.uint8)
+    done = store.put(arr, detach=True, request_id="done")
+    running = store.put(arr, detach=True, request_id="running")
+    plain = store.put(arr, detach=True)
+    now = done.created_at + 1  # every lease and TTL has a minute left
+    assert store.gc(now=now, finished={"done", "other"}) == [done.id]
+    assert {s.id for s in store.ls()} == {running.id, plain.id}
 
 
 def test_a_read_counts_the_renewals_of_a_bound_segment_only(store: ShmStore) -> None:
@@ -206,6 +229,23 @@ def test_the_janitor_renews_when_redis_cannot_tell(store: ShmStore) -> None:
     assert renewer.renew_due(store, now=now) == [ref.id]
     assert renewer.unknown == 1 and renewer.renewed == 1
     assert store.info(ref.id).expires_at == pytest.approx(now + TTL, abs=1e-3)
+
+
+def test_a_collection_when_redis_cannot_tell_renews_nothing_and_removes_lapsed_leases(
+    store: ShmStore,
+) -> None:
+    """``fleet shm gc`` after ``fleet down``: no Redis to ask. A lapsed lease goes; a live
+    one, due or not, is left to run out, never renewed."""
+    settings = load_settings(transport={"default_ttl_s": TTL, "janitor_interval_s": 10})
+    closed = redis.Redis(port=free_port_block(1), socket_connect_timeout=1, socket_timeout=1)
+    renewer = SegmentRenewer(settings, interval_s=10.0, client=closed)
+    lapsed = store.put(np.ones(100, np.uint8), detach=True, request_id="lapsed", ttl_s=1.0)
+    due = store.put(np.ones(100, np.uint8), detach=True, request_id="due")
+    now = due.created_at + TTL - 15  # 15 s left < 2 intervals; the other lapsed long ago
+    done = renewer.collect(store, now=now)
+    assert done.removed == [lapsed.id] and done.renewed == [] and done.finished == []
+    assert done.final == {"due": None, "lapsed": None} and "ConnectionError" in str(done.cause)
+    assert store.info(due.id).expires_at == pytest.approx(due.created_at + TTL, abs=1e-3)
 
 
 # -- producers bind a video to the request that carries it -------------------------------

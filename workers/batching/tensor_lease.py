@@ -10,6 +10,12 @@ A video a producer put in /dev/shm for one request lives while that request may 
 - :func:`renew_inputs`, the engine's, when it takes a request: that request's own inputs,
   before they are mapped (a host where no worker ran while the request waited renewed
   nothing, and collected nothing either).
+
+An operator's collection (:meth:`SegmentRenewer.collect`: ``fleet shm gc``, and ``fleet down``
+before it stops Redis) asks about every bound segment of the host: those whose request is final
+go at once, lapsed leases go, and only inputs of requests Redis says are not final are renewed
+(an unknown answer renews nothing: after ``fleet down`` no Redis can answer, and renewing
+then would only keep finished requests' inputs another lease).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +78,8 @@ class SegmentRenewer:
         self.margin_s = lifetime.RENEW_MARGIN_INTERVALS * float(interval_s)
         self._client = client
         self.renewed = 0  # renewals so far
-        self.unknown = 0  # lookups Redis could not answer (renewed anyway)
+        self.unknown = 0  # lookups Redis could not answer (a janitor renews them anyway)
+        self.cause: str | None = None  # why the last lookup Redis could not answer failed
 
     def client(self) -> redis.Redis:
         if self._client is None:
@@ -81,6 +89,12 @@ class SegmentRenewer:
                 self.settings, self.role, socket_timeout=5.0, socket_connect_timeout=2.0
             )
         return self._client
+
+    def close(self) -> None:
+        """Close the Redis client it made (a later lookup makes another)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     def finals(self, requests: list[str]) -> dict[str, bool | None]:
         """Request id -> whether it has its final result; None for each when Redis cannot
@@ -92,9 +106,10 @@ class SegmentRenewer:
                 found = pipe.execute()
         except Exception as exc:  # any failure: renew rather than lose the request's input
             self.unknown += len(requests)
-            log.warning("cannot tell whether %d requests are final (%s); renewing their inputs",
-                        len(requests), exc)  # fmt: skip
+            self.cause = f"{type(exc).__name__}: {exc}"
+            log.warning("cannot tell whether %d requests are final (%s)", len(requests), exc)
             return dict.fromkeys(requests)
+        self.cause = None
         return {r: bool(n) for r, n in zip(requests, found, strict=True)}
 
     def renew_due(self, store: ShmStore, now: float | None = None) -> list[str]:
@@ -116,6 +131,55 @@ class SegmentRenewer:
         ]
         self.renewed += len(renewed)
         return renewed
+
+    def collect(self, store: ShmStore, now: float | None = None, renew: bool = True) -> Collected:
+        """An operator's collection of ``store`` at ``now`` (``fleet shm gc``; ``fleet down``
+        with ``renew=False``): every bound segment's request is looked up; with ``renew``,
+        the due inputs of requests Redis says are not final are renewed
+        (:func:`~shared.transport.lifetime.renewable`); then ``gc`` removes what is stale and
+        the inputs of final requests, whatever their lease.
+
+        Raises:
+            TransportError: the store's directory cannot be listed.
+        """
+        now = time.time() if now is None else now
+        segments = store.ls()
+        requests = sorted({s.request for s in segments if s.request})
+        final = self.finals(requests) if requests else {}
+        renewed: list[str] = []
+        if renew:
+            due = lifetime.renewable(segments, final, now, self.margin_s, store.max_lifetime_s)
+            renewed = [s.id for s in due if lifetime.renew(segment_path(store, s.id), now)]
+            self.renewed += len(renewed)
+        done = lifetime.finished(final)
+        removed = store.gc(now, finished=done)
+        gone = set(removed)
+        return Collected(
+            removed=removed,
+            finished=[s.id for s in segments if s.request in done and s.id in gone],
+            renewed=renewed,
+            final=final,
+            cause=self.cause if any(v is None for v in final.values()) else None,
+        )
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What :meth:`SegmentRenewer.collect` did.
+
+    Attributes:
+        removed: what ``gc`` removed (segment ids, temp and pool file names).
+        finished: the removed segments that were inputs of final requests.
+        renewed: the segments renewed (their requests are not final).
+        final: request id -> final (True), not final (False), Redis could not tell (None).
+        cause: why Redis could not tell, when it could not.
+    """
+
+    removed: list[str]
+    finished: list[str] = field(default_factory=list)
+    renewed: list[str] = field(default_factory=list)
+    final: Mapping[str, bool | None] = field(default_factory=dict)
+    cause: str | None = None
 
 
 def _claims_shm(obj: Mapping[str, Any]) -> bool:
