@@ -11,6 +11,9 @@ METRICS_COST ?=
 COST_ROUNDS ?= 4
 COST_ROUND_S ?= 0
 PYTEST_ARGS ?=
+# make test runs its test files in this many processes (pytest-xdist, one file per process at a
+# time: a file's fixtures and its stack stay in one process); 1 runs them in this process.
+TEST_WORKERS ?= 2
 UP_ARGS ?=
 
 .PHONY: venv peers precision up down status flower demo test lint docs bench soak chaos gpu-check coldstart scaleout k8s-render ha-check clean
@@ -59,7 +62,7 @@ docs: venv
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
 test: lint docs
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # Fleet vs plain-Celery baseline vs in-process limit; method: producer/tools/bench/README.md.
 # Through the HTTP gateway too: make bench WORKLOAD=text-saturate MODES=fleet,gateway
