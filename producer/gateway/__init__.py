@@ -8,6 +8,7 @@ Structure (one concern per module)::
       routes_server.py  health, server metadata, model metadata and readiness
       routes_infer.py   inference (sync, or 202 + Location)
       routes_jobs.py    a job's state, its events (SSE), cancel
+      routes_docs.py    the API page (/docs): Swagger UI from a package, no CDN
     codec.py          OIP tensors, the binary extension
     models.py         served models, their inputs and outputs (metadata)
       hf_config.py      what a Hugging Face folder's config.json says: sizes, labels

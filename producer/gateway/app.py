@@ -11,6 +11,7 @@ Routes (every one needs ``Authorization: Bearer <token>`` except ``/v2/health/li
     GET    /v2/jobs/{id}/events                  the same as Server-Sent Events
     DELETE /v2/jobs/{id}                         cancel (200 REVOKED, 409 ALREADY_FINAL)
     GET    /openapi.json                         this API's OpenAPI schema
+    GET    /docs                                 the API page over it (routes_docs: public shell)
 
 Build with :func:`create_app`; ``fleet gateway`` serves it with uvicorn. This module holds the
 app's state (:class:`Gateway`), its error handlers and OpenAPI document; the routes are
@@ -34,6 +35,7 @@ from starlette.responses import Response
 from producer.gateway import openapi as doc
 from producer.gateway.auth import check_bearer
 from producer.gateway.render import error_response, fleet_error_response
+from producer.gateway.routes_docs import add_docs_routes
 from producer.gateway.routes_infer import add_infer_routes, read_body
 from producer.gateway.routes_jobs import add_job_routes
 from producer.gateway.routes_server import (
@@ -84,6 +86,7 @@ def create_app(settings: Settings) -> FastAPI:
     add_model_routes(app, gw, secured)
     add_infer_routes(app, gw, secured)
     add_job_routes(app, gw, secured)
+    add_docs_routes(app)
     install_openapi(app)
     return app
 

@@ -1,4 +1,5 @@
-"""Bearer-token authentication: every route except liveness needs ``Authorization: Bearer``.
+"""Bearer-token authentication: every route except liveness needs ``Authorization: Bearer``
+(and the API page's shell, ``/docs``, which names nothing: ``routes_docs``).
 
 The token is ``[gateway] token`` (``FLEET_GATEWAY__TOKEN``), else ``<run_dir>/gateway.token``,
 a 0600 file created on first start like the Redis password (``Settings.gateway_token``).

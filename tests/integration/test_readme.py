@@ -3,10 +3,10 @@
 Blocks marked ``<!-- doctest: NAME -->`` in README.md and in the pages under ``docs/`` (not
 ``docs/measurements/``) run in this order on one stack: the README's quick start (``make
 up``, ``fleet status``, two submits), *Running the stack by hand* (a second text replica,
-results read later, ``fleet watch``; then a video worker and a video), *From Python* and its
-*asyncio* block, the FastAPI service of docs/clients.md (driven by its test client), the
-gateway's curl examples (docs/gateway.md: health, metadata, a sync text, a binary image, an
-async video polled, streamed and cancelled), then ``make down``; then *Real weights*
+results read later, ``fleet watch``; then a video worker and a video), *From Python*, the
+asyncio script of docs/clients.md, the README's *asyncio* FastAPI service (driven by its test
+client), the gateway's curl examples (docs/gateway.md: health, metadata, a sync text, a binary
+image, an async video polled, streamed and cancelled), then ``make down``; then *Real weights*
 (docs/models.md: a folder saved with ``save_pretrained``, served by an image worker of a new
 stack) and ``make down`` again.
 Each shell block runs under ``bash -e`` from the repository root, so any command exiting
@@ -124,8 +124,8 @@ def test_readme_marks_the_blocks_this_test_runs() -> None:
     where = {name: block[2] for name, block in BLOCKS.items()}
     assert where == {
         "quick-start": "README.md", "down": "README.md", "by-hand": "README.md",
-        "video": "README.md", "python": "README.md", "asyncio": "README.md",
-        "fastapi": "docs/clients.md", "gateway": "docs/gateway.md",
+        "video": "README.md", "python": "README.md", "fastapi": "README.md",
+        "asyncio": "docs/clients.md", "gateway": "docs/gateway.md",
         "real-weights": "docs/models.md",
     }  # fmt: skip
 
@@ -159,7 +159,7 @@ def test_readme_first_hour_runs_as_written(shell: Shell) -> None:
     assert f"text-1@{HOST}" in live
 
     assert shell.run("asyncio").stdout.splitlines() == ["384"]
-    service = shell.run("fastapi")  # docs/clients.md: one good and one refused request
+    service = shell.run("fastapi")  # the README's service: one good and one refused request
     assert service.stdout.splitlines() == ["384", "INVALID_INPUT"]
 
     check_gateway_block(shell)

@@ -9,6 +9,7 @@ kombu's hub: what it would run later, the test runs by hand.
 
 from __future__ import annotations
 
+import ast
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 from engine_fakes import MODALITY, Doubler, FakeReq, work
 
-from shared.errors import ModelError
+from shared.errors import InvalidInput, ModelError
 from shared.metrics import FleetMetrics
 from shared.settings import Settings
 from shared.tracing import Tracing
@@ -199,6 +200,49 @@ def test_a_refused_result_write_is_retried_with_backoff_and_acked_only_after_it(
     fn(*args)  # the loop runs the retry
     assert b.timeline == ["stored:a", "acked:a", "task-failed:a"]
     assert b.stats.errors == {"MODEL_ERROR": 1}
+
+
+@dataclass
+class FieldsReq(EventReq):
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def send_event(self, name: str, **fields: Any) -> None:
+        super().send_event(name)
+        self.fields[name] = fields
+
+
+def test_settled_events_carry_a_summary_as_their_result_never_the_result() -> None:
+    """Flower's result column (producer/ops/flower_app.py): a success's batch and timings;
+    a failure's error code first, with its batch when it ran in one."""
+    b = bench()
+    ran, failed, refused = b.work("ran"), b.work("failed"), b.work("refused")
+    for w in (ran, failed, refused):
+        w.req = FieldsReq(w.req.id, events=b.timeline)
+    for w in (ran, failed):
+        w.started_s, w.batch_id, w.batch_size = 0.25, "b1", 2
+    b.handoff.post(
+        [
+            Done(ran, ran.req, Outcome("ran", result={"y": 2}), run_ms=12.5),
+            Done(failed, failed.req, Outcome("failed", error=ModelError("boom")), run_ms=3.0),
+            Done(refused, refused.req, Outcome("refused", error=InvalidInput("empty"))),
+        ]
+    )
+    b.handoff.drain()
+    ok_fields = ran.req.fields["task-succeeded"]
+    assert ast.literal_eval(ok_fields["result"]) == {
+        "batch_id": "b1",
+        "batch_size": 2,
+        "queued_ms": 250.0,
+        "run_ms": 12.5,
+    }
+    failure = failed.req.fields["task-failed"]
+    summary = ast.literal_eval(failure["result"])
+    assert next(iter(summary)) == "error" and summary["error"] == "MODEL_ERROR"
+    assert summary["batch_size"] == 2 and summary["run_ms"] == 3.0
+    assert "boom" in failure["exception"]  # the exception field is as before
+    assert ast.literal_eval(refused.req.fields["task-failed"]["result"]) == {
+        "error": "INVALID_INPUT"
+    }
 
 
 def test_a_write_whose_reply_was_lost_is_retried_and_counted_once_not_as_a_duplicate() -> None:

@@ -302,24 +302,17 @@ class Completer:
             return f"request id={req.id} state=DUPLICATE (a final result stood; acked)"
         if o.error is None:
             self.stats.succeeded += 1
-            summary = (
-                {
-                    "batch_id": w.batch_id,
-                    "batch_size": w.batch_size,
-                    "queued_ms": round((w.started_s - w.arrival_s) * 1000.0, 2),
-                    "run_ms": round(d.run_ms, 2),
-                }
-                if w
-                else {}
-            )
             events.setdefault("task-succeeded", []).append(
-                (req, {"result": repr(summary), "runtime": d.run_ms / 1000.0})
+                (req, {"result": repr(event_summary(d)), "runtime": d.run_ms / 1000.0})
             )
         else:
             self.stats.failed += 1
             self.stats.errors[o.error.code] += 1
             events.setdefault("task-failed", []).append(
-                (req, {"exception": repr(o.error), "traceback": ""})
+                (
+                    req,
+                    {"exception": repr(o.error), "traceback": "", "result": repr(event_summary(d))},
+                )
             )
         self.host.task_ready(req)
         self.tracing.finished(req, o.error.code if o.error else None)
@@ -685,6 +678,25 @@ class Done:
 
 
 Posted = Done | Progress | Retry | Started
+
+
+def event_summary(d: Done) -> dict[str, Any]:
+    """What a settled request's ``task-succeeded``/``task-failed`` event carries as its
+    ``result``: a summary, never the result (Flower's task list shows it as a column,
+    ``producer/ops/flower_app.py``; ``fleet bench`` reads ``batch_size`` from it). A failure
+    leads with its error code; a request that never ran in a batch (refused before it was
+    held, expired while queued) has none of the batch's fields."""
+    w = d.work
+    head = {"error": d.outcome.error.code} if d.outcome.error is not None else {}
+    if w is None or not w.batch_id:
+        return head
+    return {
+        **head,
+        "batch_id": w.batch_id,
+        "batch_size": w.batch_size,
+        "queued_ms": round((w.started_s - w.arrival_s) * 1000.0, 2),
+        "run_ms": round(d.run_ms, 2),
+    }
 
 
 @dataclass(slots=True)
