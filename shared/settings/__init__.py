@@ -139,7 +139,7 @@ class GatewaySettings(_Section):
     admission_min_samples: int = Field(default=32, ge=1)
     admission_safety: float = Field(default=2.0, ge=1.0)
     retry_after_s: int = Field(default=1, ge=1)  # Retry-After on 429 / 503
-    sse_interval_s: float = Field(default=0.25, gt=0.0)  # progress polling for /events
+    sse_interval_s: float = Field(default=0.25, gt=0.0)  # /events: checks for a gone client
 
 
 class PriorityClass(_Section):
