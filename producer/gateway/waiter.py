@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from producer.client.results import READY_STATES
@@ -86,12 +85,7 @@ class ResultWatch:
         self._listening = await self.client.subscriptions.join(self.channel)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *_exc: object) -> None:
         """Leave the channel, also when the caller is cancelled (an SSE client gone: Starlette
         cancels the stream's scope, which would cancel any wait in it)."""
         if self._listening is not None:
