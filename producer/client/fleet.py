@@ -309,6 +309,15 @@ class ClientBase:
             builder = self.__dict__["_payloads"] = PayloadBuilder(self.app)
         return builder
 
+    def message(self, env: TaskEnvelope, task_id: str) -> Outgoing:
+        """The message of one validated request ``env`` (:meth:`envelope`) with id
+        ``task_id``: the bytes :meth:`outgoing` builds, on the queue and priority of its class,
+        without a ``task-sent`` event. For a caller that puts it on Redis in a transaction of
+        its own (``LPUSH`` of ``key`` and ``payload``): the HTTP gateway's job commit
+        (``producer.gateway.commit``)."""
+        route = self._routes()
+        return self.payloads().build_many([(env, task_id, None)], route, self.app.thread_oid)[0]
+
     def outgoing(
         self,
         envs: Iterable[TaskEnvelope],

@@ -13,10 +13,13 @@ Routes (every one needs ``Authorization: Bearer <token>`` except ``/v2/health/li
     GET    /openapi.json                         this API's OpenAPI schema
     GET    /docs                                 the API page over it (routes_docs: public shell)
 
-Build with :func:`create_app`; ``fleet gateway`` serves it with uvicorn. This module holds the
-app's state (:class:`Gateway`), its error handlers and OpenAPI document; the routes are
-registered by ``routes_server`` (health, server and model metadata, readiness),
-``routes_infer`` (inference) and ``routes_jobs`` (jobs, events, cancel).
+Build with :func:`create_app`; ``fleet gateway`` serves it with uvicorn. The app's state is a
+:class:`Gateway` (``producer.gateway.state``): the settings, the models, and from the app's
+start-up to its shutdown one ``producer.client.AsyncFleetClient``, the producer API every
+route goes through, with the job service (``producer.gateway.jobs``) on it. This module holds
+the error handlers and the OpenAPI document; the routes are registered by ``routes_server``
+(health, server and model metadata, readiness), ``routes_infer`` (inference) and
+``routes_jobs`` (jobs, events, cancel).
 """
 
 from __future__ import annotations

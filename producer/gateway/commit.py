@@ -32,6 +32,16 @@ connection retries through kombu's publish retry, and each retry starts again wi
 ``WATCH``/``GET`` on the (new) primary: a transaction that survived the failover is found
 there (its record is this call's own, byte for byte: nothing is sent again), one that was
 lost with the old primary is sent again.
+
+It runs on the gateway's ``AsyncFleetClient``: :func:`commit` on its ``redis.asyncio``
+connections, :func:`commit_waiting` through its Celery app's broker pool (where the client
+sends its own submissions behind Sentinel), the message built by its builder
+(``ClientBase.message``: the bytes ``submit`` sends). It is not a hook of the client
+("publish this request, with these writes, if this key is absent"): what it must keep is the
+gateway's, between the reads and the ``EXEC``: the admission check overlapped with the
+``WATCH``/``GET`` round trip and judged only for a new job, the crash points the tests stop
+at, and ``Attempt.maybe_sent``, which decides whether the job's /dev/shm inputs may be
+released. A hook taking each as a callback would be this module behind one more indirection.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from producer.client.wire import Line, Nothing, Outgoing
 from producer.gateway.crashpoints import pause, pause_sync
 
 if TYPE_CHECKING:
-    from producer.client import FleetClient
+    from producer.client.fleet import ClientBase
 
 __all__ = ["TRIES", "Attempt", "commit", "commit_waiting"]
 
@@ -76,7 +86,8 @@ class Attempt:
 
 
 async def commit(aredis: Any, job: Attempt, admit: Callable[[], Awaitable[None]]) -> bytes | None:
-    """Write ``job``'s record and message in one transaction unless its id has a record;
+    """Write ``job``'s record and message in one transaction unless its id has a record, on
+    ``aredis`` (a ``redis.asyncio.Redis``: the gateway client's);
     ``admit`` (the queue-depth read and the admission check) runs while the record is read
     and may refuse. Returns ``None`` when this call made the job, else the record found.
 
@@ -119,7 +130,7 @@ async def _watch_get(pipe: Any, key: str) -> bytes | None:
     return found
 
 
-def commit_waiting(client: FleetClient, job: Attempt) -> bytes | None:
+def commit_waiting(client: ClientBase, job: Attempt) -> bytes | None:
     """:func:`commit` behind Sentinel, on a worker thread: the transaction followed by
     ``WAIT`` for a replica on its connection, retried through a failover with the publish
     retry policy (``task_publish_retry_policy``, as ``publish_many``). Admission was judged

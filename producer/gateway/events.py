@@ -1,15 +1,16 @@
 """``GET /v2/jobs/{id}/events``: a job's progress and final state as Server-Sent Events.
 
 Events: ``state`` once (``{"id", "state", "progress"}``), ``progress`` on every change of a
-video's done/total frames (polled every ``[gateway] sse_interval_s``: workers store PROGRESS
-without publishing it), ``final`` last (the job as ``GET /v2/jobs/{id}`` shows it), or
-``timeout`` after ``max_wait_s``. A comment line every 15 s keeps proxies from closing an idle
-stream. The final state arrives over the result waiter's pubsub, not by polling.
+video's done/total frames, ``final`` last (the job as ``GET /v2/jobs/{id}`` shows it), or
+``timeout`` after ``max_wait_s``. Both arrive as the worker publishes them, on the job's
+result channel (``JobService.watch``, ``producer.gateway.waiter``: subscribed, confirmed,
+the stored document read once, then what is published; nothing polls). Between documents
+the stream checks every ``[gateway] sse_interval_s`` whether its client is gone, and sends a
+comment line after 15 s of quiet so that proxies do not close an idle stream.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,28 +40,27 @@ async def job_events(
     if snap.final:
         yield sse("final", await view(snap))
         return
-    waiter = asyncio.ensure_future(jobs.waiter.wait(job.id, gw.max_wait_s))
     last = snap.progress
     quiet_since = time.monotonic()
-    try:
+    end = quiet_since + gw.max_wait_s
+    async with jobs.watch(job.id) as watch:
+        meta = await watch.stored(gw.max_wait_s)
         while True:
-            done, _ = await asyncio.wait({waiter}, timeout=gw.sse_interval_s)
-            if done:
-                meta = waiter.result()
-                if meta is None:
-                    yield sse("timeout", {"id": job.id, "state": "PENDING"})
-                    return
-                yield sse("final", await view(Snapshot(job, meta)))
+            cur = None if meta is None else Snapshot(job, meta)
+            if cur is not None and cur.final:
+                yield sse("final", await view(cur))
                 return
-            if await request.is_disconnected():
-                return
-            cur = (await jobs.snapshot(job.id)) or snap
-            if cur.progress is not None and cur.progress != last:
+            if cur is not None and cur.progress is not None and cur.progress != last:
                 last = cur.progress
                 quiet_since = time.monotonic()
                 yield sse("progress", {"id": job.id, "state": cur.state, **cur.progress})
             elif time.monotonic() - quiet_since > KEEPALIVE_S:
                 quiet_since = time.monotonic()
                 yield b": keep-alive\n\n"
-    finally:
-        waiter.cancel()
+            left = end - time.monotonic()
+            if left <= 0:
+                yield sse("timeout", {"id": job.id, "state": "PENDING"})
+                return
+            if await request.is_disconnected():
+                return
+            meta = await watch.published(min(gw.sse_interval_s, left))

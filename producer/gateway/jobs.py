@@ -9,12 +9,20 @@ shares it through Redis (no other state). Its state is Celery's result document
 (``celery-task-meta-<id>``): absent = ``PENDING`` (queued), ``PROGRESS`` (a video's
 done/total frames), then one final ``SUCCESS`` / ``FAILURE`` / ``REVOKED``.
 
-A new job costs three round trips on the event loop's own ``redis.asyncio`` connections:
-``WATCH`` and ``GET`` of its document (the LLENs admission needs beside them, on another
-connection), then ``MULTI``/``SET``/``LPUSH``/``EXEC`` of the document and the message kombu
-would have sent (``producer.client.wire``). Blocking work (/dev/shm writes,
-``FleetClient.cancel``, large inputs' encoding) runs on a small thread pool, never on the
-event loop.
+The producer API is one ``producer.client.AsyncFleetClient`` (its ``redis.asyncio`` pool,
+its message builder, its result subscriptions): validation and envelopes
+(``client.envelope``), the message (``client.message``, the bytes ``submit`` sends), worker
+liveness and queue depths (``client.live_workers``, ``client.queue_depth``; cached and
+shared here), cancelling (``client.cancel``, on the event loop), the /dev/shm inputs and
+results (``client.video_inputs``, ``release_inputs``, ``resolve``) and waiting
+(``producer.gateway.waiter``, on ``client.subscriptions``). What the client does not do is
+the job: its record and message written together, once per id (``producer.gateway.commit``,
+on the client's connections), and admission (``producer.gateway.admission``).
+
+A new job costs three round trips: ``WATCH`` and ``GET`` of its document (the LLENs
+admission needs beside them, on another connection), then ``MULTI``/``SET``/``LPUSH``/``EXEC``
+of the document and its message. Blocking work (/dev/shm writes and reads, large inputs'
+encoding) runs on a small thread pool, never on the event loop.
 """
 
 from __future__ import annotations
@@ -30,8 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from producer.client import FleetClient
-from producer.client.wire import Outgoing
+from producer.client import AsyncFleetClient
 from producer.gateway import crashpoints
 from producer.gateway.admission import (
     RateMeter,
@@ -42,7 +49,7 @@ from producer.gateway.admission import (
 )
 from producer.gateway.commit import Attempt, commit, commit_waiting
 from producer.gateway.models import ModelSpec, fleet_inputs
-from producer.gateway.waiter import FINAL_STATES, ResultWaiter, decode_meta
+from producer.gateway.waiter import FINAL_STATES, ResultWatch, decode_meta, final_document
 from shared import schema
 from shared.errors import (
     DeadlineUnreachable,
@@ -126,34 +133,34 @@ class JobService:
     """Submits, watches and cancels jobs for one gateway process.
 
     Args:
-        client: the producer API (publishing, shm, cancel, liveness).
-        redis: a ``redis.asyncio.Redis`` on the producer's credentials.
+        client: the producer API (envelopes, messages, liveness, queue depths, cancel,
+            /dev/shm, result subscriptions); its ``redis`` carries the job commits and reads.
         models: the served models.
+
+    :meth:`stop` does not close ``client`` (its owner does).
     """
 
-    def __init__(self, client: FleetClient, redis: Any, models: dict[str, ModelSpec]) -> None:
+    def __init__(self, client: AsyncFleetClient, models: dict[str, ModelSpec]) -> None:
         self.client = client
         self.settings = client.settings
         self.gw = client.settings.gateway
-        self.redis = redis
+        self.redis = client.redis
         self.models = models
         self.pool = ThreadPoolExecutor(self.gw.publish_threads, thread_name_prefix="gw-io")
-        self.waiter = ResultWaiter(redis, on_final=self._on_final)
         self.meters: dict[str, RateMeter] = {}
         self._meter_of: dict[str, str] = {}  # task id -> its queue, for jobs sent here
         self._live: dict[str, tuple[float, list[str]]] = {}
         self._inflight: dict[str, asyncio.Future[Any]] = {}
-        self.reply_to = str(client.app.thread_oid)  # as Celery's send_task sets it
+        self._sampler: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.waiter.start()
         self._sampler = asyncio.create_task(self._sample_depths(), name="gateway-depth-sampler")
 
     async def stop(self) -> None:
-        self._sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._sampler
-        await self.waiter.stop()
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sampler
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def _sample_depths(self) -> None:
@@ -170,7 +177,7 @@ class JobService:
             }
             for modality in active:
                 with contextlib.suppress(Exception):
-                    await self.depth(modality)
+                    await self._depth_now(modality)
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -186,8 +193,9 @@ class JobService:
 
     # -- readiness and queue depth --------------------------------------------------------
     async def live_workers(self, modality: str) -> list[str]:
-        """Live worker nodes of ``modality`` (``FleetClient.live_workers``, cached
-        ``live_cache_s``).
+        """Live worker nodes of ``modality`` (``AsyncFleetClient.live_workers``, cached
+        ``live_cache_s``; concurrent callers share one read). The client samples Redis' clock
+        there when due: the submit times and deadlines of envelopes count from it.
 
         Raises:
             BrokerUnavailable: Redis could not be asked.
@@ -198,52 +206,31 @@ class JobService:
             return hit[1]
 
         async def read() -> list[str]:
-            # as FleetClient.live_workers reads it, on the loop's own connection; Redis'
-            # clock (shared.clock) sampled here when due, never blocking the loop
-            clock = self.client.clock
             try:
-                if clock.due():
-                    sent = time.monotonic()
-                    reply = await self.redis.time()
-                    clock.observe(reply, sent, time.monotonic())
-                since = clock.peek() - self.settings.redis.lease_s
-                raw = await self.redis.zrangebyscore(schema.live_key(modality), since, "+inf")
-            except BROKER_FAULTS as exc:
+                nodes = await self.client.live_workers(modality)
+            except BROKER_FAULTS as exc:  # the client's own are BrokerUnavailable already
                 raise broker_unavailable(exc, "cannot read worker liveness") from None
-            nodes = sorted(n.decode() if isinstance(n, bytes) else str(n) for n in raw)
             self._live[modality] = (time.monotonic() + self.gw.live_cache_s, nodes)
             return nodes
 
         return await self._single_flight(f"live:{modality}", read)
 
-    def _depth_commands(self, pipe: Any, modality: str) -> list[str]:
-        """Queue LLENs of every class of ``modality`` onto ``pipe``; returns the class names
-        in the order of their replies."""
-        names = [p.label for p in Priority]
-        for name in names:
-            prio = Priority.parse(name).celery_priority(self.settings)
-            pipe.llen(schema.priority_list_key(schema.queue_for(modality, name), prio))
-        return names
+    async def _depth_now(self, modality: str) -> dict[str, int]:
+        """Requests waiting in Redis per class, read now (``AsyncFleetClient.queue_depth``:
+        admission judges the depth as of this request), and observed by the rate meters.
 
-    def _observe(self, modality: str, names: list[str], counts: list[Any]) -> dict[str, int]:
-        depth = dict(zip(names, (int(c) for c in counts), strict=True))
+        Raises:
+            BrokerUnavailable: Redis did not answer.
+        """
+        try:
+            depth = await self.client.queue_depth(modality)
+        except BROKER_FAULTS as exc:  # the client's own are BrokerUnavailable already
+            raise broker_unavailable(exc, "cannot read the queue depth") from None
         now = time.monotonic()
         self.meter(queue_of(modality, "realtime")).observe_depth(now, depth["realtime"])
         main = sum(v for k, v in depth.items() if k != "realtime")
         self.meter(queue_of(modality, "normal")).observe_depth(now, main)
         return depth
-
-    async def depth(self, modality: str) -> dict[str, int]:
-        """Requests waiting in Redis per class (one LLEN pipeline; concurrent callers share
-        it), as :meth:`FleetClient.queue_depth` counts them."""
-
-        async def read() -> dict[str, int]:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                names = self._depth_commands(pipe, modality)
-                counts = await pipe.execute()
-            return self._observe(modality, names, counts)
-
-        return await self._single_flight(f"depth:{modality}", read)
 
     def meter(self, queue: str) -> RateMeter:
         m = self.meters.get(queue)
@@ -253,7 +240,9 @@ class JobService:
             )
         return m
 
-    def _on_final(self, task_id: str, _meta: dict[str, Any]) -> None:
+    def _on_final(self, task_id: str) -> None:
+        """A job's final result was read by a wait: a completion for its queue's meter (once:
+        jobs sent by this process only)."""
         queue = self._meter_of.pop(task_id, None)
         if queue is not None:
             self.meter(queue).observe_completion(time.monotonic())
@@ -338,7 +327,7 @@ class JobService:
                 refs,
             )
             ttl = int(self.settings.redis.result_expires_s)
-            message = self._message(env, task_id)
+            message = self.client.message(env, task_id)
             attempt = Attempt(task_id, schema.job_key(task_id), job.to_json(), ttl, message)
 
             async def admit() -> None:
@@ -391,39 +380,14 @@ class JobService:
             env = self.client.envelope(spec.modality, inputs, priority, timeout_s)
         return env.model_copy(update={"model": spec.name})
 
-    async def _depth_now(self, modality: str) -> dict[str, int]:
-        """:meth:`depth`, read now (admission judges the depth as of this request).
-
-        Raises:
-            BrokerUnavailable: Redis did not answer.
-        """
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                names = self._depth_commands(pipe, modality)
-                counts = await pipe.execute()
-        except BROKER_FAULTS as exc:
-            raise broker_unavailable(exc, "cannot read the queue depth") from None
-        return self._observe(modality, names, counts)
-
-    def _message(self, env: TaskEnvelope, task_id: str) -> Outgoing:
-        """The request's message: the bytes kombu would push (``producer.client.wire``)."""
-        prio = Priority.parse(env.priority)
-        key, payload = self.client.payloads().payload(
-            env,
-            task_id,
-            schema.queue_for(env.modality, env.priority),
-            prio.celery_priority(self.settings),
-            self.reply_to,
-        )
-        return Outgoing(key, payload, None)
-
     async def _create(self, attempt: Attempt, admit: Callable[[], Awaitable[None]]) -> bytes | None:
         """The job's record and message in one transaction, unless its id has a record
         (``producer.gateway.commit``: why, and every crash point). ``admit`` judges the
-        queue first. Behind Sentinel (``wait_replicas``) the transaction is followed by
-        ``WAIT`` on its connection, on a worker thread, retried through a failover (a write
-        on the old primary, unreplicated, would be lost with it). Returns ``None`` when
-        this call made the job, else the record found.
+        queue first. On the client's ``redis.asyncio`` connections; behind Sentinel
+        (``wait_replicas``) the transaction is followed by ``WAIT`` on its connection, on a
+        worker thread through the client's Celery app (as ``AsyncFleetClient`` publishes
+        there), retried through a failover (a write on the old primary, unreplicated, would
+        be lost with it). Returns ``None`` when this call made the job, else the record found.
 
         Raises:
             QueueFull, DeadlineUnreachable: ``admit`` refused it (nothing written).
@@ -470,10 +434,16 @@ class JobService:
             await self._release(job.input_refs)
         return snap
 
+    def watch(self, task_id: str) -> ResultWatch:
+        """``task_id``'s result documents as they come (``producer.gateway.waiter``; use it in
+        ``async with``); a final one read counts for the rate meters."""
+        return ResultWatch(self.client, task_id, self._on_final)
+
     async def wait(self, job: Job, timeout_s: float) -> dict[str, Any] | None:
-        """The final result document, or ``None`` after ``timeout_s``; releases the job's
-        input segments once it is final."""
-        meta = await self.waiter.wait(job.id, max(timeout_s, 0.0))
+        """The final result document, or ``None`` after ``timeout_s`` (subscribed, confirmed,
+        read once, then woken by the worker's publish: ``producer.gateway.waiter``); releases
+        the job's input segments once it is final."""
+        meta = await final_document(self.client, job.id, timeout_s, self._on_final)
         if meta is None:
             self._meter_of.pop(job.id, None)
         else:
@@ -488,8 +458,13 @@ class JobService:
         return result
 
     async def cancel(self, task_id: str) -> bool:
-        """``FleetClient.cancel`` off the loop: True if cancelled, False if already final."""
+        """``AsyncFleetClient.cancel`` (one optimistic transaction, on the event loop): True
+        if cancelled, False if already final.
+
+        Raises:
+            BrokerUnavailable: Redis refused the transaction or could not be reached.
+        """
         try:
-            return bool(await self._io(self.client.cancel, task_id))
+            return await self.client.cancel(task_id)
         except BROKER_FAULTS as exc:  # the client's own are BrokerUnavailable already
             raise broker_unavailable(exc, "could not cancel") from None

@@ -1,45 +1,60 @@
-"""The gateway's state: settings, token, the models it serves and the job service.
+"""The gateway's state: settings, token, the models it serves, its producer API (one
+``producer.client.AsyncFleetClient``) and the job service on it.
 
-Built by ``producer.gateway.app.create_app`` and handed to every route module.
+Built by ``producer.gateway.app.create_app`` and handed to every route module; the client
+and the service are made at start-up, on the event loop that serves the app.
 """
 
 from __future__ import annotations
 
-import asyncio
+from typing import TYPE_CHECKING
 
 from producer.gateway.errors import ModelNotFound
 from producer.gateway.jobs import JobService
 from producer.gateway.models import VERSION, ModelSpec, model_specs
 from shared.settings import Settings
 
-__all__ = ["Gateway"]
+if TYPE_CHECKING:
+    from producer.client import AsyncFleetClient
+
+__all__ = ["CONNECTIONS", "Gateway"]
+
+CONNECTIONS = 64  # the gateway's Redis pool: concurrent requests' commits, reads and waits
 
 
 class Gateway:
-    """The app's state: settings, token, models and the job service (built at start-up)."""
+    """The app's state: settings, token, models, the client and the job service (the last two
+    built at start-up)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.token = settings.gateway_token()
         self.models: dict[str, ModelSpec] = model_specs(settings)
+        self.client: AsyncFleetClient | None = None
         self.jobs: JobService | None = None
 
     async def start(self) -> None:
-        from producer.client import FleetClient
+        """Build the producer API, one ``AsyncFleetClient`` as the producer user, and the
+        job service on it. The client's ``redis.asyncio`` pool (:data:`CONNECTIONS`, a
+        burst waits for one) carries every Redis call of the gateway: job commits and
+        reads, liveness and depths, cancels, and the one pubsub connection results arrive
+        on."""
+        from producer.client import AsyncFleetClient
         from shared.redis_client import async_redis_client
 
-        client = FleetClient(self.settings)
-        # The producer's own credentials, as its Celery app.
-        redis = async_redis_client(self.settings, client.role, max_connections=64)
-        self.jobs = JobService(client, redis, self.models)
+        redis = async_redis_client(self.settings, "producer", max_connections=CONNECTIONS)
+        self.client = AsyncFleetClient(self.settings, role="producer", redis=redis)
+        self.jobs = JobService(self.client, self.models)
         await self.jobs.start()
 
     async def stop(self) -> None:
         if self.jobs is not None:
             await self.jobs.stop()
-            await self.jobs.redis.aclose()
-            await self.jobs.redis.connection_pool.disconnect()
-            await asyncio.get_running_loop().run_in_executor(None, self.jobs.client.close)
+        if self.client is not None:
+            try:
+                await self.client.aclose()  # its subscriptions, /dev/shm store, Celery app
+            finally:
+                await self.client.redis.aclose(close_connection_pool=True)
 
     def service(self) -> JobService:
         assert self.jobs is not None, "the gateway has not started"

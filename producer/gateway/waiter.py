@@ -1,30 +1,41 @@
-"""Waiting for final results without polling: one shared pubsub connection per process.
+"""Waiting for a job's result documents on the gateway's ``AsyncFleetClient``: its result
+subscriptions (``producer.client.subscriptions``), no connection or listener of the gateway's
+own, and nothing polls.
 
-Workers store a final result with SETEX and PUBLISH it on the result key
-(``celery-task-meta-<id>``; ``workers.batching.completion``), and so does ``FleetClient.cancel``. A
-waiter SUBSCRIBEs to that channel on the process's one pubsub connection (the producer's Redis user
-may SUBSCRIBE, not PSUBSCRIBE), waits for the subscription's confirmation, then GETs the key
-once (a result stored before the subscription took effect), and otherwise is woken by the
-message. Several waiters on one id share the subscription. After a reconnect the listener
-re-reads every waited key (MGET), so a result published while it was away is not missed; a
-slow GET every ``SAFETY_POLL_S`` covers anything else.
+Workers store every result document of a request (``celery-task-meta-<id>``: a video's
+``PROGRESS`` documents, at most four a second, then the final one) and ``PUBLISH`` it on the
+channel of the same name; so does a cancel (``AsyncFleetClient.cancel``). A
+:class:`ResultWatch` joins the job's channel on the client's one pubsub connection (a channel
+several requests wait on is subscribed once), waits for Redis' confirmation, then reads the
+stored document once (:meth:`ResultWatch.stored`: one stored before the subscription took
+effect), and after that takes what is published (:meth:`ResultWatch.published`), and the
+stored document again after a lost connection (the client's subscriptions read it when Redis
+confirms the resubscription).
+
+The documents are read here as JSON, not through ``AsyncResultHandle``: a job's views need
+Celery's meta (state, progress, the stored result), and that handle settles a request as its
+producer does, its output segments released once mapped, where a job's result is read again
+by every ``GET /v2/jobs/{id}`` until it expires.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from producer.client.results import READY_STATES
 from shared import schema
 
-log = logging.getLogger("fleet.gateway")
-FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
-SAFETY_POLL_S = 5.0
-SUBSCRIBE_CONFIRM_S = 1.0
+if TYPE_CHECKING:
+    from producer.client import AsyncFleetClient
+    from producer.client.subscriptions import Listening
+
+__all__ = ["FINAL_STATES", "ResultWatch", "decode_meta", "final_document", "is_final"]
+
+FINAL_STATES = READY_STATES  # SUCCESS, FAILURE, REVOKED
 
 
 def decode_meta(raw: bytes | str | None) -> dict[str, Any] | None:
@@ -38,135 +49,103 @@ def decode_meta(raw: bytes | str | None) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-class ResultWaiter:
-    """Futures for final results, fed by one pubsub listener task.
+def is_final(meta: dict[str, Any] | None) -> bool:
+    """Whether ``meta`` is a final result document."""
+    return meta is not None and meta.get("status") in FINAL_STATES
+
+
+class ResultWatch:
+    """One job's result channel, subscribed while in ``async with``.
 
     Args:
-        redis: a ``redis.asyncio.Redis`` (its pool also serves the GETs).
-        on_final: called with ``(task_id, meta)`` once per final result a waiter received
-            (the gateway's service-rate meter).
+        client: the gateway's client (its ``subscriptions`` and ``redis``).
+        task_id: the job's id.
+        on_final: called with ``task_id`` the first time this watch reads a final document
+            (the gateway's service-rate meters count the completion).
     """
 
     def __init__(
-        self, redis: Any, on_final: Callable[[str, dict[str, Any]], None] | None = None
+        self,
+        client: AsyncFleetClient,
+        task_id: str,
+        on_final: Callable[[str], None] | None = None,
     ) -> None:
-        self.redis = redis
-        self.on_final = on_final
-        self.pubsub = redis.pubsub()
-        self._futures: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
-        self._confirmed: dict[str, asyncio.Event] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._reconnected = False
+        self.client = client
+        self.task_id = task_id
+        self.channel = schema.result_key(task_id)
+        self._on_final = on_final
+        self._listening: Listening | None = None
 
-    async def start(self) -> None:
-        await self.pubsub.connect()
-        self._task = asyncio.create_task(self._listen(), name="gateway-result-listener")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        with contextlib.suppress(Exception):
-            await self.pubsub.aclose()
-
-    @property
-    def waiting(self) -> int:
-        return len(self._futures)
-
-    async def wait(self, task_id: str, timeout_s: float) -> dict[str, Any] | None:
-        """The final result document of ``task_id``, or ``None`` after ``timeout_s``.
+    async def __aenter__(self) -> ResultWatch:
+        """Subscribe the channel (its confirmation comes later: :meth:`stored` waits for it).
 
         Raises:
-            redis errors: the GET failed (Redis away).
+            redis.RedisError, OSError: the ``SUBSCRIBE`` could not be sent.
         """
-        channel = schema.result_key(task_id)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
-        waiters = self._futures.setdefault(channel, [])
-        waiters.append(fut)
+        self._listening = await self.client.subscriptions.join(self.channel)
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        """Leave the channel, also when the caller is cancelled (an SSE client gone: Starlette
+        cancels the stream's scope, which would cancel any wait in it)."""
+        if self._listening is not None:
+            listening, self._listening = self._listening, None
+            await asyncio.shield(self.client.subscriptions.leave(listening))
+
+    async def stored(self, timeout_s: float) -> dict[str, Any] | None:
+        """The stored document, read once Redis confirmed the subscription (waited for at most
+        ``timeout_s``: past it, read anyway; the caller's budget is spent), ``None``: none.
+
+        Raises:
+            redis.RedisError, OSError: the read failed.
+        """
+        assert self._listening is not None, "use ResultWatch in async with"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listening.ready(), max(timeout_s, 0.0))
+        return self._seen(decode_meta(await self.client.redis.get(self.channel)))
+
+    async def published(self, timeout_s: float) -> dict[str, Any] | None:
+        """The next document published on the channel (or read again after a reconnect), or
+        ``None`` when none came within ``timeout_s`` (or it is not JSON)."""
+        assert self._listening is not None, "use ResultWatch in async with"
         try:
-            if len(waiters) == 1:
-                event = self._confirmed[channel] = asyncio.Event()
-                await self.pubsub.subscribe(channel)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), SUBSCRIBE_CONFIRM_S)
-            meta = decode_meta(await self.redis.get(channel))
-            if meta is not None and meta.get("status") in FINAL_STATES:
-                return meta
-            end = time.monotonic() + timeout_s
-            while True:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return None
-                try:
-                    return await asyncio.wait_for(asyncio.shield(fut), min(left, SAFETY_POLL_S))
-                except TimeoutError:
-                    meta = decode_meta(await self.redis.get(channel))
-                    if meta is not None and meta.get("status") in FINAL_STATES:
-                        return meta
-        finally:
-            waiters.remove(fut)
-            if not fut.done():
-                fut.cancel()
-            if not waiters:
-                del self._futures[channel]
-                self._confirmed.pop(channel, None)
-                with contextlib.suppress(Exception):
-                    await self.pubsub.unsubscribe(channel)
+            raw = await asyncio.wait_for(self._listening.next(), max(timeout_s, 0.0))
+        except TimeoutError:
+            return None
+        return self._seen(decode_meta(raw))
 
-    def _deliver(self, channel: str, meta: dict[str, Any]) -> None:
-        futs = self._futures.get(channel)
-        if not futs:
-            return
-        delivered = False
-        for f in futs:
-            if not f.done():
-                f.set_result(meta)
-                delivered = True
-        if delivered and self.on_final is not None:
-            task_id = channel[len(schema.RESULT_KEY_PREFIX) :]
-            try:
-                self.on_final(task_id, meta)
-            except Exception:
-                log.exception("on_final failed")
+    def _seen(self, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+        if is_final(meta) and self._on_final is not None:
+            on_final, self._on_final = self._on_final, None
+            on_final(self.task_id)
+        return meta
 
-    async def _listen(self) -> None:
-        while True:
-            try:
-                if self._reconnected:
-                    self._reconnected = False
-                    await self._reread()
-                msg = await self.pubsub.get_message(timeout=1.0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a dropped connection: redis-py resubscribes on reconnect
-                log.warning("result listener: %s; reconnecting", exc)
-                self._reconnected = True
-                await asyncio.sleep(0.5)
-                continue
-            if msg is None:
-                continue
-            kind = msg.get("type")
-            channel = msg.get("channel")
-            if isinstance(channel, bytes):
-                channel = channel.decode()
-            if kind == "subscribe":
-                ev = self._confirmed.get(channel)
-                if ev is not None:
-                    ev.set()
-            elif kind == "message" and channel in self._futures:
-                meta = decode_meta(msg.get("data"))
-                if meta is not None and meta.get("status") in FINAL_STATES:
-                    self._deliver(channel, meta)
 
-    async def _reread(self) -> None:
-        """After a reconnect: results stored while the listener was away."""
-        channels = list(self._futures)
-        if not channels:
-            return
-        values = await self.redis.mget(channels)
-        for channel, raw in zip(channels, values, strict=True):
-            meta = decode_meta(raw)
-            if meta is not None and meta.get("status") in FINAL_STATES:
-                self._deliver(channel, meta)
+async def final_document(
+    client: AsyncFleetClient,
+    task_id: str,
+    timeout_s: float,
+    on_final: Callable[[str], None] | None = None,
+) -> dict[str, Any] | None:
+    """``task_id``'s final result document, or ``None`` after ``timeout_s`` (0: the stored
+    one, read once, nothing subscribed). ``on_final`` as :class:`ResultWatch` takes it.
+
+    Raises:
+        redis.RedisError, OSError: Redis could not be asked.
+    """
+    if timeout_s <= 0:
+        meta = decode_meta(await client.redis.get(schema.result_key(task_id)))
+        if not is_final(meta):
+            return None
+        if on_final is not None:
+            on_final(task_id)
+        return meta
+    end = time.monotonic() + timeout_s
+    async with ResultWatch(client, task_id, on_final) as watch:
+        meta = await watch.stored(timeout_s)
+        while not is_final(meta):
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            meta = await watch.published(left)
+        return meta

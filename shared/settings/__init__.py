@@ -130,7 +130,7 @@ class GatewaySettings(_Section):
     default_wait_s: float = Field(default=30.0, gt=0.0)  # sync infer without Prefer/deadline
     max_wait_s: float = Field(default=300.0, gt=0.0)  # the longest Prefer: wait=N honoured
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)  # larger: 413
-    publish_threads: int = Field(default=4, ge=1)  # kombu publishes off the event loop
+    publish_threads: int = Field(default=4, ge=1)  # /dev/shm work, large inputs: off the loop
     live_cache_s: float = Field(default=1.0, ge=0.0)  # live_workers answers kept this long
     # Admission: refuse DEADLINE_UNREACHABLE only when even `admission_safety` times the
     # measured service rate cannot drain the queue ahead before the deadline.
@@ -139,7 +139,7 @@ class GatewaySettings(_Section):
     admission_min_samples: int = Field(default=32, ge=1)
     admission_safety: float = Field(default=2.0, ge=1.0)
     retry_after_s: int = Field(default=1, ge=1)  # Retry-After on 429 / 503
-    sse_interval_s: float = Field(default=0.25, gt=0.0)  # progress polling for /events
+    sse_interval_s: float = Field(default=0.25, gt=0.0)  # /events: checks for a gone client
 
 
 class PriorityClass(_Section):

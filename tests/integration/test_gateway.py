@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
 import secrets
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ import tritonclient.http as th
 from hypothesis import HealthCheck, settings
 
 from producer.client import FleetClient, SubmitRequest, image_inputs, xmodal_inputs
+from shared import schema
 
 pytestmark = pytest.mark.integration
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -427,8 +430,43 @@ def test_a_repeated_post_of_a_finished_job_answers_its_outcome_not_pending(gw: G
     assert runs == ["SUCCESS"], runs
 
 
-def test_async_video_progress_over_sse(gw: Gw) -> None:
+@contextlib.contextmanager
+def reads_of(url: str, key: str) -> Iterator[list[str]]:
+    """The ``GET``/``MGET`` commands naming ``key`` that Redis runs inside the block (its
+    ``MONITOR``, read on a thread; ``url``: a user allowed to run it)."""
+    import redis
+
+    admin = redis.Redis.from_url(url)
+    found: list[str] = []
+    done = threading.Event()
+    with admin.monitor() as monitor:
+
+        def read() -> None:
+            while not done.is_set():
+                command = monitor.next_command()["command"]
+                if command.split(" ", 1)[0].upper() in {"GET", "MGET"} and key in command:
+                    found.append(command)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            yield found
+        finally:
+            done.set()
+            admin.ping()  # a line for the monitor: its reader sees the flag
+            reader.join(timeout=10)
+    admin.close()
+
+
+def test_async_video_progress_over_sse(gw: Gw, fleet_settings: Any) -> None:
+    """A video's progress, then its final state, over SSE; the stream listens on the job's
+    result channel (the gateway's ``AsyncFleetClient`` subscriptions): its result document is
+    read once (the snapshot before the stream, then once the subscription is confirmed), and
+    every PROGRESS arrives as the worker publishes it. Nothing polls (the stream read the job
+    and its result every ``sse_interval_s`` before)."""
+    job_id = f"sse-{uuid.uuid4().hex[:8]}"
     body = {
+        "id": job_id,
         "inputs": [
             {
                 "name": "video",
@@ -447,7 +485,10 @@ def test_async_video_progress_over_sse(gw: Gw) -> None:
         )
         assert r.status_code == 202 and r.headers["Preference-Applied"] == "respond-async"
         events: list[tuple[str, dict[str, Any]]] = []
-        with h.stream("GET", r.headers["Location"] + "/events", timeout=120) as s:
+        with (
+            reads_of(fleet_settings.redis_url(), schema.result_key(job_id)) as reads,
+            h.stream("GET", r.headers["Location"] + "/events", timeout=120) as s,
+        ):
             if not s.headers["content-type"].startswith("text/event-stream"):
                 s.read()
                 raise AssertionError(f"not an event stream: {s.status_code} {s.text[:300]}")
@@ -467,6 +508,7 @@ def test_async_video_progress_over_sse(gw: Gw) -> None:
     assert final["state"] == "SUCCESS"
     shapes = {o["name"]: o["shape"] for o in final["result"]["outputs"]}
     assert shapes["frame_embeddings"] == [32, 1280]
+    assert len(reads) == 2, reads  # the route's snapshot (MGET), the stream's one GET
 
 
 def test_queue_full_is_429_with_retry_after(gw: Gw, fleet_settings: Any) -> None:

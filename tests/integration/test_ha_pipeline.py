@@ -116,7 +116,6 @@ def test_the_gateways_push_is_on_the_replica_when_it_returns(ha_stack: Stack) ->
     from producer.gateway.commit import Attempt
     from producer.gateway.jobs import JobService
     from producer.gateway.models import model_specs
-    from shared.redis_client import async_redis_client
 
     client = FleetClient(ha_stack.s)
     primary, replica = node(ha_stack, "redis"), node(ha_stack, "redis-replica")
@@ -125,17 +124,16 @@ def test_the_gateways_push_is_on_the_replica_when_it_returns(ha_stack: Stack) ->
         return None
 
     async def push(task_id: str) -> bytes | None:
-        jobs = JobService(
-            client, async_redis_client(ha_stack.s, client.role), model_specs(ha_stack.s)
-        )
+        gateway = AsyncFleetClient(ha_stack.s)  # as the gateway makes its client
+        jobs = JobService(gateway, model_specs(ha_stack.s))
         try:
-            env = client.envelope("text", {"text": "through the gateway"}, "bulk", None)
-            message = jobs._message(env, task_id)
+            env = gateway.envelope("text", {"text": "through the gateway"}, "bulk", None)
+            message = gateway.message(env, task_id)
             attempt = Attempt(task_id, schema.job_key(task_id), '{"id": 1}', 60, message)
             return await jobs._create(attempt, admitted)
         finally:
             jobs.pool.shutdown(wait=True)
-            await jobs.redis.aclose()
+            await gateway.aclose()
 
     wait_for_replica(primary)  # another test may have restarted it
     warm: list[str] = []

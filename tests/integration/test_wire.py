@@ -138,12 +138,14 @@ def test_submit_many_sends_chunks_whole_and_in_order_per_priority(redis_only: An
                 == key
             ]
             assert got == want, key
-        # the bytes are the builder's (what the gateway pushes), the delivery tag apart
+        # the bytes are the message of one request (what the gateway pushes in its job's
+        # transaction: ClientBase.message), the delivery tag apart
         first = json.loads(lists[schema.priority_list_key("text", 9)][0])
         h = handles[0]
-        ref = client.payloads().payload(h.envelope, h.id, "text", 9, str(client.app.thread_oid))
+        ref = client.message(h.envelope, h.id)
         raw = lists[schema.priority_list_key("text", 9)][0]
-        assert first["headers"]["id"] == h.id and _untagged(raw) == _untagged(ref[1])
+        assert ref.key == schema.priority_list_key("text", 9) and ref.event is None
+        assert first["headers"]["id"] == h.id and _untagged(raw) == _untagged(ref.payload)
     finally:
         admin.delete(*_lists(admin))
         client.close()
