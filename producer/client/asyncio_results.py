@@ -159,8 +159,8 @@ class AsyncResultHandle:
                     if event.final:
                         return
                 raw = await self._within(listening.next(), deadline, timeout_s)
-        finally:
-            await self.client.subscriptions.leave(listening)
+        finally:  # shielded: a cancelled consumer (a closed HTTP stream) still unsubscribes
+            await asyncio.shield(self.client.subscriptions.leave(listening))
 
     async def state(self) -> str:
         """The request's state now: ``PENDING`` (no document stored: queued, or unknown),

@@ -29,7 +29,7 @@ the same queue: their completions are not counted, so the rate is underestimated
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from shared.settings import PRIORITY_NAMES, ModalityConfig
@@ -81,6 +81,30 @@ class RateMeter:
         if span < MIN_SPAN_S:
             return None
         return (n - 1) / span
+
+
+class SentJobs:
+    """The queue of each job this gateway sent, until its completion is observed (a wait or
+    a stream read its final result): what feeds :class:`RateMeter`. A job sent with
+    ``Prefer: respond-async`` and never waited on is never observed, so the map is bounded:
+    past ``limit`` jobs the oldest is forgotten (its completion, if ever read, is not counted:
+    the rate is underestimated, the safe side)."""
+
+    def __init__(self, limit: int = 65_536) -> None:
+        self.limit = limit
+        self._queue_of: OrderedDict[str, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._queue_of)
+
+    def sent(self, task_id: str, queue: str) -> None:
+        self._queue_of[task_id] = queue
+        if len(self._queue_of) > self.limit:
+            self._queue_of.popitem(last=False)
+
+    def observed(self, task_id: str) -> str | None:
+        """The job's queue, once (``None``: not sent here, observed already, or forgotten)."""
+        return self._queue_of.pop(task_id, None)
 
 
 def ahead_of(priority: str, depth: dict[str, int]) -> int:

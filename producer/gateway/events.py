@@ -2,7 +2,8 @@
 
 Events: ``state`` once (``{"id", "state", "progress"}``), ``progress`` on every change of a
 video's done/total frames, ``final`` last (the job as ``GET /v2/jobs/{id}`` shows it), or
-``timeout`` after ``max_wait_s``. Both arrive as the worker publishes them, on the job's
+``timeout`` after ``max_wait_s`` (``{"id", "state", "progress"}``: ``PENDING``, or ``PROGRESS``
+with the last progress seen). Documents arrive as the worker publishes them, on the job's
 result channel (``JobService.watch``, ``producer.gateway.waiter``: subscribed, confirmed,
 the stored document read once, then what is published; nothing polls). Between documents
 the stream checks every ``[gateway] sse_interval_s`` whether its client is gone, and sends a
@@ -59,7 +60,8 @@ async def job_events(
                 yield b": keep-alive\n\n"
             left = end - time.monotonic()
             if left <= 0:
-                yield sse("timeout", {"id": job.id, "state": "PENDING"})
+                state = "PENDING" if last is None else "PROGRESS"
+                yield sse("timeout", {"id": job.id, "state": state, "progress": last})
                 return
             if await request.is_disconnected():
                 return

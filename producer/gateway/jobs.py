@@ -42,6 +42,7 @@ from producer.client import AsyncFleetClient
 from producer.gateway import crashpoints
 from producer.gateway.admission import (
     RateMeter,
+    SentJobs,
     ahead_of,
     deadline_refusal,
     queue_full,
@@ -148,7 +149,7 @@ class JobService:
         self.models = models
         self.pool = ThreadPoolExecutor(self.gw.publish_threads, thread_name_prefix="gw-io")
         self.meters: dict[str, RateMeter] = {}
-        self._meter_of: dict[str, str] = {}  # task id -> its queue, for jobs sent here
+        self._sent = SentJobs()  # task id -> its queue, for jobs sent here
         self._live: dict[str, tuple[float, list[str]]] = {}
         self._inflight: dict[str, asyncio.Future[Any]] = {}
         self._sampler: asyncio.Task[None] | None = None
@@ -243,7 +244,7 @@ class JobService:
     def _on_final(self, task_id: str) -> None:
         """A job's final result was read by a wait: a completion for its queue's meter (once:
         jobs sent by this process only)."""
-        queue = self._meter_of.pop(task_id, None)
+        queue = self._sent.observed(task_id)
         if queue is not None:
             self.meter(queue).observe_completion(time.monotonic())
 
@@ -345,7 +346,7 @@ class JobService:
                 raise FleetError(f"job {task_id} has an unreadable record")
             return existing, False
         await crashpoints.pause("after-push", task_id)
-        self._meter_of[task_id] = queue_of(spec.modality, env.priority)
+        self._sent.sent(task_id, queue_of(spec.modality, env.priority))
         return job, True
 
     async def _decoded(
@@ -445,7 +446,7 @@ class JobService:
         the job's input segments once it is final."""
         meta = await final_document(self.client, job.id, timeout_s, self._on_final)
         if meta is None:
-            self._meter_of.pop(job.id, None)
+            self._sent.observed(job.id)
         else:
             await self._release(job.input_refs)
         return meta

@@ -10,6 +10,7 @@ import pytest
 
 from producer.gateway.admission import (
     RateMeter,
+    SentJobs,
     ahead_of,
     deadline_refusal,
     queue_full,
@@ -139,3 +140,16 @@ def test_every_fleet_code_has_one_documented_status() -> None:
     section = page[page.index("## Status codes") :]
     documented = set(re.findall(r"`([A-Z_]+)`", section[: section.index("\n#")]))
     assert set(STATUS_BY_CODE) <= documented, set(STATUS_BY_CODE) - documented
+
+
+def test_sent_jobs_are_observed_once_and_bounded() -> None:
+    """A completion counts once per job sent here; jobs never waited on (respond-async) do
+    not grow the map without bound: past the limit the oldest is forgotten."""
+    sent = SentJobs(limit=3)
+    for i in range(5):
+        sent.sent(f"j{i}", "text.normal")
+    assert len(sent) == 3
+    assert sent.observed("j0") is None and sent.observed("j1") is None  # forgotten
+    assert sent.observed("j4") == "text.normal"
+    assert sent.observed("j4") is None  # once
+    assert sent.observed("never-sent") is None
