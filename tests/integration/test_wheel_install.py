@@ -78,7 +78,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     dist = tmp / "dist"
     # the build backend of this venv when it has one (else pip fetches it for the build)
     here = importlib.util.find_spec("setuptools") is not None
-    if importlib.util.find_spec("build"):
+    # ``build`` the PyPA package, not a namespace: the checkout's own build/ (make docs
+    # writes build/site) is one when the tests run from the repo root
+    build = importlib.util.find_spec("build")
+    if build is not None and build.origin not in (None, "namespace"):
         argv = [sys.executable, "-m", "build", "--wheel", "--outdir", dist, src]
         argv += ["--no-isolation"] if here else []
     else:
