@@ -116,7 +116,7 @@ def add_docs_routes(app: FastAPI) -> None:
     """``/docs``, its script and Swagger UI's files (public: see the module doc)."""
     app.mount(ASSETS_URL, StaticFiles(directory=swagger_ui_dir()), name="docs-assets")
 
-    @app.get(PAGE_URL, include_in_schema=False)
+    @app.api_route(PAGE_URL, methods=["GET", "HEAD"], include_in_schema=False)
     async def docs_page(request: Request) -> Response:
         root = html.escape(request.scope.get("root_path", "").rstrip("/"), quote=True)
         body = PAGE.format(root=root, assets=ASSETS_URL, script=SCRIPT_URL)

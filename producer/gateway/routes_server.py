@@ -60,6 +60,13 @@ def add_server_routes(app: FastAPI, gw: Gateway, secured: list[Any]) -> None:
     async def server_metadata() -> Response:
         return json_response({"name": SERVER_NAME, "version": "0.1.0", "extensions": EXTENSIONS})
 
+    # HEAD as GET without the body (uvicorn drops it), for load balancers and uptime probes
+    # that check with HEAD; left out of the OpenAPI document, which lists the GETs.
+    app.add_api_route("/v2/health/live", live, methods=["HEAD"], include_in_schema=False)
+    app.add_api_route(
+        "/v2/health/ready", ready, methods=["HEAD"], dependencies=secured, include_in_schema=False
+    )
+
     @app.get("/openapi.json", include_in_schema=False, dependencies=secured)
     async def openapi_schema() -> Response:
         return json_response(app.openapi())

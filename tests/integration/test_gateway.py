@@ -120,6 +120,12 @@ def test_tritonclient_health_and_metadata(gw: Gw) -> None:
     tc = gw.triton()
     assert tc.is_server_live()
     assert tc.is_server_ready(headers=gw.auth)
+    # probes that check with HEAD (load balancers, uptime checks): GET's status, no body
+    with httpx.Client(base_url=gw.url, timeout=30.0) as h:
+        live = h.head("/v2/health/live")
+        assert live.status_code == 200 and live.content == b""
+        assert h.head("/v2/health/ready").status_code == 401  # the same token rule as GET
+        assert h.head("/v2/health/ready", headers=gw.auth).status_code == 200
     for model in (
         "minilm",
         "efficientnet-lite0",

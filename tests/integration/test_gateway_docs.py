@@ -72,6 +72,10 @@ def test_the_page_and_its_assets_come_from_the_gateway_alone(gw: tuple[Any, str]
     st, _ = gw
     page = get(st, "/docs")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    head = httpx.head(
+        f"{st.gateway_url()}/docs", timeout=30.0
+    )  # a HEAD probe: GET's answer, no body
+    assert head.status_code == 200 and head.content == b""
     csp = page.headers["content-security-policy"]
     assert "default-src 'self'" in csp and "connect-src 'self'" in csp
     assert "script-src 'self';" in csp  # no inline or remote script
