@@ -279,7 +279,10 @@ class ResultReading:
 
         Returns:
             True if this call cancelled it; False if it already had a final result (stored by
-            a worker, or an earlier cancel).
+            a worker, or an earlier cancel). An id nobody submitted is cancelled too (True:
+            REVOKED is stored for it): a queued request is a message in a Redis list, found
+            by no id, so the client cannot tell it from an unknown one; the gateway's
+            ``DELETE /v2/jobs/{id}`` knows its jobs and answers 404 for others.
 
         Raises:
             BrokerUnavailable: Redis refused the transaction (nothing applied; ``reason``) or
