@@ -108,6 +108,7 @@ class AlreadyFinal(GatewayError):
 
 
 class IdConflict(GatewayError):
-    """The request's id (or Idempotency-Key) already names a job of another model."""
+    """The request's id (or Idempotency-Key) already names a job of another model, or of a
+    different request (``producer.gateway.fingerprint``)."""
 
     code = "ID_CONFLICT"

@@ -2,9 +2,11 @@
 
 A job is a fleet task whose id is the OIP request ``id``, the ``Idempotency-Key`` header, or
 a fresh UUID. Its document ``fleet:job:<id>`` (JSON: model, modality, priority, times, the
-/dev/shm segments of its input) is written in the same transaction as the task's message,
-only if the id has none (``producer.gateway.commit``: a crash leaves both or neither), so a
-repeated POST with the same id finds it and never publishes again; every gateway process
+/dev/shm segments of its input, the request's fingerprint) is written in the same transaction
+as the task's message, only if the id has none (``producer.gateway.commit``: a crash leaves
+both or neither), so a repeated POST with the same id finds it and never publishes again (a
+different request with that id is refused ``ID_CONFLICT``: :func:`same_request`,
+``producer.gateway.fingerprint``); every gateway process
 shares it through Redis (no other state). Its state is Celery's result document
 (``celery-task-meta-<id>``): absent = ``PENDING`` (queued), ``PROGRESS`` (a video's
 done/total frames), then one final ``SUCCESS`` / ``FAILURE`` / ``REVOKED``.
@@ -49,6 +51,8 @@ from producer.gateway.admission import (
     queue_of,
 )
 from producer.gateway.commit import Attempt, commit, commit_waiting
+from producer.gateway.errors import IdConflict
+from producer.gateway.fingerprint import request_fingerprint
 from producer.gateway.models import ModelSpec, fleet_inputs
 from producer.gateway.waiter import FINAL_STATES, ResultWatch, decode_meta, final_document
 from shared import schema
@@ -81,6 +85,9 @@ class Job:
     created_ms: float
     deadline_ms: float | None
     input_refs: list[dict[str, Any]] = field(default_factory=list)
+    # the request's content (``producer.gateway.fingerprint``); None in records written
+    # before it was kept: any request with their id is taken for the same one
+    fingerprint: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -115,6 +122,24 @@ class Snapshot:
             r = self.meta.get("result")
             return r if isinstance(r, dict) else None
         return None
+
+
+def same_request(existing: Job, model: str, fingerprint: str) -> Job:
+    """``existing``, the job a POST's id names, if that POST is the same request (its
+    model, and its fingerprint when the record keeps one).
+
+    Raises:
+        IdConflict: the id names a job of another model, or of different content.
+    """
+    if existing.model != model:
+        raise IdConflict(f"id {existing.id!r} already names a job of model {existing.model!r}")
+    if existing.fingerprint is not None and existing.fingerprint != fingerprint:
+        raise IdConflict(
+            f"id {existing.id!r} is in use by a different request (other inputs or "
+            "parameters) to this model; send a fresh id, or omit the id (and "
+            "Idempotency-Key) to get one; repeat an id only to retry the same request"
+        )
+    return existing
 
 
 def error_of(meta: dict[str, Any]) -> tuple[str, str]:
@@ -294,18 +319,20 @@ class JobService:
         parameters: dict[str, Any] | None = None,
     ) -> tuple[Job, bool]:
         """Admit and publish a request; returns ``(job, created)``. ``created`` is False when
-        ``task_id`` named an existing job: that job is returned and nothing is sent.
+        ``task_id`` named an existing job of the same request (:func:`same_request`): that
+        job is returned and nothing is sent.
 
         Raises:
             FleetError: invalid input (400s), ``NoReadyWorker``, ``QueueFull``,
-                ``DeadlineUnreachable``, ``BrokerUnavailable``.
+                ``DeadlineUnreachable``, ``BrokerUnavailable``; ``IdConflict``: ``task_id``
+                names a job of another model or of a different request.
         """
-        inputs, video = await self._decoded(spec, tensors, body_bytes, parameters)
+        inputs, video, fingerprint = await self._decoded(spec, tensors, body_bytes, parameters)
         if task_id is not None and video is not None:
             # before the video is written to /dev/shm for nothing
             existing = await self.get_job(task_id)
             if existing is not None:
-                return existing, False
+                return same_request(existing, spec.name, fingerprint), False
         task_id = task_id or str(uuid.uuid4())
         await self._require_live(spec)
         if video is not None:
@@ -326,6 +353,7 @@ class JobService:
                 env.submitted_ms,
                 env.deadline_ms,
                 refs,
+                fingerprint,
             )
             ttl = int(self.settings.redis.result_expires_s)
             message = self.client.message(env, task_id)
@@ -344,7 +372,7 @@ class JobService:
             existing = Job.from_json(found)
             if existing is None:
                 raise FleetError(f"job {task_id} has an unreadable record")
-            return existing, False
+            return same_request(existing, spec.name, fingerprint), False
         await crashpoints.pause("after-push", task_id)
         self._sent.sent(task_id, queue_of(spec.modality, env.priority))
         return job, True
@@ -355,11 +383,18 @@ class JobService:
         tensors: list[Any],
         body_bytes: int,
         parameters: dict[str, Any] | None = None,
-    ) -> tuple[dict[str, Any], bytes | None]:
-        """``fleet_inputs`` of the request, off the event loop for a large body."""
+    ) -> tuple[dict[str, Any], bytes | None, str]:
+        """``fleet_inputs`` of the request and its fingerprint, off the event loop for a
+        large body."""
+
+        def decode() -> tuple[dict[str, Any], bytes | None, str]:
+            inputs, video = fleet_inputs(spec, tensors, parameters)
+            return inputs, video, request_fingerprint(spec.name, inputs, video)
+
         if body_bytes > LARGE_INPUT_BYTES:
-            return await self._io(fleet_inputs, spec, tensors, parameters)
-        return fleet_inputs(spec, tensors, parameters)
+            decoded: tuple[dict[str, Any], bytes | None, str] = await self._io(decode)
+            return decoded
+        return decode()
 
     async def _envelope(
         self,

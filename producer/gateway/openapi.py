@@ -169,7 +169,7 @@ INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: err("invalid input (INVALID_INPUT, INVALID_PRIORITY, IMAGE_DECODE, ...)"),
     **AUTH,
     404: err("unknown model (MODEL_NOT_FOUND)"),
-    409: err("the id names a job of another model, or the job was revoked"),
+    409: err("the id names another model's or request's job (ID_CONFLICT), or REVOKED"),
     413: err("too large (PAYLOAD_TOO_LARGE)"),
     429: err("QUEUE_FULL or DEADLINE_UNREACHABLE; see Retry-After"),
     500: err("a model fault (MODEL_ERROR, FLEET_ERROR)"),

@@ -6,7 +6,9 @@ with its result when it comes within the wait budget (``Prefer: wait=N``, the de
 ``Prefer: respond-async`` answers ``202`` at once. A repeated POST (the same ``id`` or
 ``Idempotency-Key``) of a job that is final answers its outcome as a synchronous request
 would, ``respond-async`` or not (nothing is left to wait for: the preference is not applied).
-Registered by :func:`producer.gateway.app.create_app`.
+A repeated id names the same job only for the same request (``jobs.same_request``: the
+model and the content's fingerprint, ``producer.gateway.fingerprint``); any other request
+with it is refused ``ID_CONFLICT``. Registered by :func:`producer.gateway.app.create_app`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from starlette.responses import Response
 
 from producer.gateway import openapi as doc
 from producer.gateway.codec import binary_output_names, parse_infer_request
-from producer.gateway.errors import IdConflict
 from producer.gateway.jobs import WAIT_GRACE_S, Snapshot
 from producer.gateway.models import ModelSpec
 from producer.gateway.params import (
@@ -91,8 +92,6 @@ async def run_infer(gw: Gateway, spec: ModelSpec, request: Request) -> Response:
     job, created = await jobs.submit(
         spec, req.inputs, priority, timeout_s, task_id, len(body), req.parameters
     )
-    if job.model != spec.name:
-        raise IdConflict(f"id {job.id!r} already names a job of model {job.model!r}")
     if prefer.respond_async:
         # a new job is queued; a repeated one may be running or final already
         snap = Snapshot(job, None) if created else await jobs.current(job)

@@ -399,6 +399,37 @@ def test_same_idempotency_key_runs_once(gw: Gw) -> None:
         assert (r.status_code, r.json()["code"]) == (409, "ID_CONFLICT")
 
 
+def test_an_id_reused_for_a_different_request_is_refused_id_conflict(gw: Gw) -> None:
+    """A Triton client's fixed ``id``: the same request again is the same job (its result,
+    200); another text with that id is refused 409 ``ID_CONFLICT``, never answered with the
+    first text's embedding."""
+    rid = f"fixed-{uuid.uuid4().hex[:8]}"
+    with gw.http() as h:
+        cats = h.post("/v2/models/minilm/infer", json={"id": rid, **infer_body("cats")})
+        again = h.post(  # a retry: the same content, scheduled otherwise
+            "/v2/models/minilm/infer", json={"id": rid, **infer_body("cats", priority=2)}
+        )
+        dogs = h.post("/v2/models/minilm/infer", json={"id": rid, **infer_body("dogs")})
+        keyed = h.post(
+            "/v2/models/minilm/infer", json=infer_body("dogs"), headers={"Idempotency-Key": rid}
+        )
+        fresh = h.post("/v2/models/minilm/infer", json=infer_body("dogs"))
+    assert (cats.status_code, again.status_code) == (200, 200), (cats.text, again.text)
+    assert again.json()["outputs"] == cats.json()["outputs"]
+    assert again.json()["parameters"]["job_id"] == rid
+    for r in (dogs, keyed):
+        assert r.status_code == 409, r.text
+        body = r.json()
+        assert set(body) == {"error", "code"} and body["code"] == "ID_CONFLICT"
+        assert f"id {rid!r} is in use by a different request" in body["error"]
+        assert "fresh id" in body["error"]
+    assert fresh.status_code == 200, fresh.text  # without the id, dogs is its own job
+    assert fresh.json()["outputs"] != cats.json()["outputs"]
+    time.sleep(0.5)  # the worker's log line follows its result
+    runs = re.findall(rf"request id={rid} state=(\w+)", gw.worker_log("text"))
+    assert runs == ["SUCCESS"], runs  # cats ran once; dogs never ran under its id
+
+
 def test_a_repeated_post_of_a_finished_job_answers_its_outcome_not_pending(gw: Gw) -> None:
     """The README's async curl block sent twice: the second POST of the finished job (same
     id, ``Prefer: respond-async`` again) answers its result, 200, as GET /v2/jobs/{id} says
