@@ -183,8 +183,10 @@ class BrokerUnavailable(FleetError):
     ``reason`` says which, so that a caller can tell a fault that needs an operator from a
     lost connection: ``OOM`` (``maxmemory`` reached under ``noeviction``), ``MISCONF`` (it
     cannot persist: the disk under its AOF or RDB is full or failing), ``READONLY`` (the node
-    is a replica), ``NOPERM`` (an ACL rule denies the command), ``UNREACHABLE`` (no
-    connection, a timeout, a node still loading), ``REFUSED`` (another refusal). Nothing was
+    is a replica), ``NOPERM`` (an ACL rule denies the command), ``AUTH`` (Redis refused the
+    credentials: a wrong user or password), ``NOT_REDIS`` (the address answers, but not as
+    Redis: another service's port), ``UNREACHABLE`` (no connection, a timeout, a node still
+    loading), ``REFUSED`` (another refusal). Nothing was
     sent, except where a connection was lost after a publish went out (the request may be
     queued: retry with the same id). Never stored in a result: producers raise it.
     """
@@ -192,7 +194,9 @@ class BrokerUnavailable(FleetError):
     code = "BROKER_UNAVAILABLE"
     # Redis answered and refused to write: what pauses a worker (``workers.batching.refusals``)
     REFUSALS: ClassVar[tuple[str, ...]] = ("OOM", "MISCONF", "READONLY", "NOPERM")
-    REASONS: ClassVar[tuple[str, ...]] = (*REFUSALS, "UNREACHABLE", "REFUSED")
+    # Neither passes by waiting: a producer reports them at once, without retrying
+    MISCONFIGURED: ClassVar[tuple[str, ...]] = ("AUTH", "NOT_REDIS")
+    REASONS: ClassVar[tuple[str, ...]] = (*REFUSALS, *MISCONFIGURED, "UNREACHABLE", "REFUSED")
 
     def __init__(
         self, message: str = "", code: str | None = None, reason: str = "UNREACHABLE"

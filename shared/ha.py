@@ -38,11 +38,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis.sentinel
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from shared.kombu_redis import RefusalsNotRetried
+from shared.kombu_redis import AuthNotRetried, RefusalsNotRetried
 from shared.redis_client import Waiter, execute_waiting
 
 __all__ = [
@@ -102,9 +103,22 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
 
 
+class ProducerSentinelConnection(AuthNotRetried, redis.sentinel.SentinelManagedConnection):
+    """The primary's connection, a refused login not retried (``shared.kombu_redis``)."""
+
+
+class ProducerSentinelChannel(SentinelChannel):
+    """:class:`SentinelChannel` on :class:`ProducerSentinelConnection`."""
+
+    connection_class = ProducerSentinelConnection
+
+
 class ProducerSentinelTransport(RefusalsNotRetried, SentinelTransport):
-    """:class:`SentinelTransport` whose users are told of Redis' refusals at once, not after
-    retrying them as lost connections (``shared.kombu_redis``): every app but a worker's."""
+    """:class:`SentinelTransport` whose users are told of Redis' refusals and of refused
+    credentials at once, not after retrying them as lost connections
+    (``shared.kombu_redis``): every app but a worker's."""
+
+    Channel = ProducerSentinelChannel
 
 
 PRODUCER_TRANSPORT = "shared.ha:ProducerSentinelTransport"

@@ -12,6 +12,15 @@ classification: connection errors (refused, reset, timed out, a node loading its
 recoverable, as before; a ``ResponseError`` is neither, so it reaches the caller at once
 (``shared.redis_refusal`` names it).
 
+Refused credentials are retried too, and at two layers: redis-py files its
+``AuthenticationError`` under ``ConnectionError`` (its own retry of a command), and kombu
+lists it among its connection errors (a reconnect and the retry policy's sleeps): a wrong
+password took seconds to be told (about 12 s from ``FleetClient.submit``), each retry
+refused the same way. :class:`CredentialsRefused` takes its place where the producer's
+connections log in (:class:`AuthNotRetried`): an error no layer retries, raised ``from``
+redis-py's, so that ``shared.redis_refusal`` names it ``AUTH``. A lost connection is retried
+as before.
+
 Producers' Celery apps use :data:`PRODUCER_TRANSPORT` (``shared.celery_app``); behind
 Sentinel, ``shared.ha.SentinelTransport`` has the same classification. Workers keep their
 own transports (``workers.consumer.channel``).
@@ -19,9 +28,40 @@ own transports (``workers.consumer.channel``).
 
 from __future__ import annotations
 
+from typing import Any
+
+import redis
 from kombu.transport import redis as kombu_redis
 
-__all__ = ["PRODUCER_TRANSPORT", "RefusalsNotRetried", "Transport"]
+__all__ = [
+    "PRODUCER_TRANSPORT",
+    "AuthNotRetried",
+    "Channel",
+    "Connection",
+    "CredentialsRefused",
+    "RefusalsNotRetried",
+    "Transport",
+]
+
+
+class CredentialsRefused(redis.RedisError):
+    """Redis refused the credentials a connection logged in with (``WRONGPASS``,
+    ``NOAUTH``): redis-py's ``AuthenticationError`` (its ``__cause__``) as an error that is
+    not a ``ConnectionError``, so that neither redis-py's retry nor kombu's retries it."""
+
+
+class AuthNotRetried:
+    """A redis-py connection mixin: a refused login raises :class:`CredentialsRefused`."""
+
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
+        except redis.AuthenticationError as exc:
+            raise CredentialsRefused(str(exc)) from exc
+
+
+class Connection(AuthNotRetried, redis.Connection):
+    """redis-py's connection, a refused login not retried."""
 
 
 class RefusalsNotRetried:
@@ -33,8 +73,17 @@ class RefusalsNotRetried:
     recoverable_channel_errors: tuple[type[BaseException], ...] = ()
 
 
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel on :class:`Connection`."""
+
+    connection_class = Connection
+
+
 class Transport(RefusalsNotRetried, kombu_redis.Transport):
-    """kombu's Redis transport, refusals not retried (``broker_transport`` in Celery)."""
+    """kombu's Redis transport, refusals and refused credentials not retried
+    (``broker_transport`` in Celery)."""
+
+    Channel = Channel
 
 
 PRODUCER_TRANSPORT = "shared.kombu_redis:Transport"

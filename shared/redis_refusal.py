@@ -1,5 +1,6 @@
 """Which broker fault an exception stands for, as a :class:`~shared.errors.BrokerUnavailable`
-reason: Redis refused the command, or it could not be reached.
+reason: Redis refused the command or the credentials, the address is not Redis, or it could
+not be reached.
 
 Redis refuses a command while it answers: ``OOM`` (``maxmemory`` reached under
 ``noeviction``), ``MISCONF`` (it cannot persist; it refuses every write, and ``PING`` too),
@@ -8,6 +9,12 @@ and waiting a few seconds rarely does, so a producer reports a refusal at once, 
 is, instead of retrying it as a lost connection (kombu's Redis transport files every
 ``ResponseError`` under its recoverable connection errors: ``shared.kombu_redis``). A lost
 connection, a timeout or a node still loading its data is ``UNREACHABLE``.
+
+Two faults are the configuration's, and no wait ends them either: ``AUTH``, Redis refused the
+credentials (redis-py's ``AuthenticationError``, from a ``WRONGPASS`` or ``NOAUTH`` answer;
+it is a ``ConnectionError``, so it is looked for before those), and ``NOT_REDIS``, the
+address answers but not in Redis' protocol (redis-py's ``InvalidResponse``: an HTTP server's
+``H`` as the reply type byte).
 
 Redis-py raises a refusal as a ``ResponseError`` (its own subclass for ``OOM``, ``READONLY``,
 ``NOPERM``); kombu wraps it in an ``OperationalError`` whose ``__cause__`` it is; a
@@ -48,6 +55,8 @@ WORDS: dict[str, str] = {
     "refuses writes",
     "READONLY": "Redis is a read-only replica and refuses writes",
     "NOPERM": "Redis' ACL rules deny the command to this user",
+    "AUTH": "Redis refused the credentials (authentication failed)",
+    "NOT_REDIS": "the address answers but is not Redis",
     "UNREACHABLE": "Redis cannot be reached",
     "REFUSED": "Redis refused the command",
 }
@@ -64,6 +73,11 @@ FIXES: dict[str, str] = {
     "promote this node (REPLICAOF NO ONE), then send it again with the same id",
     "NOPERM": "restore this user's ACL rules (shared/acl.py: `fleet down` and `fleet up` "
     "write them again; an external Redis: its ACL file)",
+    "AUTH": "check the user and password: the URL's (FLEET_REDIS_URL), FLEET_REDIS__USER "
+    "and FLEET_REDIS__PASSWORD, or, with no password set, the role's password file in the run "
+    "dir (`fleet up` writes it); then send it again with the same id",
+    "NOT_REDIS": "the address answers but is not Redis: check the port (FLEET_REDIS_URL, "
+    "FLEET_REDIS__HOST and FLEET_REDIS__PORT), then send it again with the same id",
     "UNREACHABLE": "check that Redis runs and answers at the configured address (`fleet "
     "status`), then send it again with the same id (it runs once)",
     "REFUSED": "see Redis' answer; send it again with the same id once that is fixed",
@@ -73,6 +87,8 @@ FIXES: dict[str, str] = {
 # pipeline caused error: MISCONF ...") or a script's ("Error running script ...: -OOM ...").
 _CODE_IN_TEXT = re.compile(r"(?<![A-Za-z])-?(MISCONF|OOM|READONLY|NOPERM)\b")
 _SCRIPT_NOPERM = "can't run this command"  # Redis 6's NOPERM inside a script has no code
+# An AUTH refusal that redis-py left a ResponseError (a pipeline's, a wrong AUTH arity)
+_AUTH_IN_TEXT = re.compile(r"(?<![A-Za-z])-?(WRONGPASS|NOAUTH)\b|invalid username-password")
 _CHAIN_DEPTH = 8
 
 
@@ -118,8 +134,16 @@ def reason_of(exc: BaseException) -> str | None:
         return exc.reason
     chain = _chain(exc)
     for e in chain:
+        if isinstance(
+            e, redis.AuthenticationError | redis.exceptions.AuthenticationWrongNumberOfArgsError
+        ) or (isinstance(e, redis.ResponseError) and _AUTH_IN_TEXT.search(str(e))):
+            return "AUTH"
+    for e in chain:
         if isinstance(e, redis.ResponseError):
             return _refusal_code(e) or "REFUSED"
+    for e in chain:
+        if isinstance(e, redis.exceptions.InvalidResponse):
+            return "NOT_REDIS"
     for e in chain:
         if isinstance(e, redis.ConnectionError | redis.TimeoutError | OSError):
             return "UNREACHABLE"

@@ -4,21 +4,24 @@
 for an answer, no retries, so an unreachable Redis is reported at once) with the
 credentials a command would use and tells apart: no stack started in the run dir (no
 password file), nothing listening (connection refused), credentials refused
-(authentication), no answer (timeout). The wording is :func:`broker_message`'s, pure
-logic, unit-tested.
+(authentication: the message names where the password came from), an address that answers
+but not as Redis (another service's port), no answer (timeout). The wording is
+:func:`broker_message`'s, pure logic, unit-tested.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 from producer.cli.base import CliProblem, ExitCode
-from shared.settings import MODALITIES, Settings
+from shared.settings import MODALITIES, REDIS_URL_VARIABLE, Settings
 
 NOT_STARTED = "not-started"
 REFUSED = "refused"
 AUTH = "auth"
+NOT_REDIS = "not-redis"
 TIMEOUT = "timeout"
 OTHER = "other"
 # Redis answers and refuses (shared.redis_refusal): each kind is its BrokerUnavailable reason
@@ -33,11 +36,13 @@ def broker_message(
     run_dir: str,
     run_dir_from: str,
     user: str | None = None,
-    explicit_password: bool = False,
+    password_from: str = "",
     redis_pid_alive: bool | None = None,
     detail: str = "",
 ) -> str:
-    """The message for a failure of ``kind`` (one of the module's constants)."""
+    """The message for a failure of ``kind`` (one of the module's constants);
+    ``password_from`` names where a password set for the fleet came from
+    (:func:`password_source`), empty when it is the stack's password file."""
     where = f"{run_dir} ({run_dir_from})"
     if kind == NOT_STARTED:
         return (
@@ -48,9 +53,9 @@ def broker_message(
     if kind == AUTH:
         who = f"user {user!r}" if user else "the default user"
         fix = (
-            "FLEET_REDIS__PASSWORD is set and does not match: fix it, or unset it to use "
+            f"the password in {password_from} does not match: fix it, or leave it out to use "
             f"the stack's password files in {run_dir}"
-            if explicit_password
+            if password_from
             else f"the password files in {where} are not this Redis's: `fleet down` and "
             "`fleet up` again, or point FLEET_STACK__RUN_DIR at the stack's own run dir"
         )
@@ -66,6 +71,12 @@ def broker_message(
             f"cannot reach Redis at {address}: connection refused; {state}.\n"
             "  start it with `make up` (or `fleet up`); if it runs elsewhere, set "
             "FLEET_REDIS__HOST / FLEET_REDIS__PORT"
+        )
+    if kind == NOT_REDIS:
+        return (
+            f"the address {address} answers but is not Redis ({detail}).\n"
+            "  check the port: FLEET_REDIS__PORT / FLEET_REDIS__HOST, or the port in "
+            f"{REDIS_URL_VARIABLE} (`fleet status` shows the stack's Redis)"
         )
     if kind == TIMEOUT:
         return (
@@ -119,6 +130,10 @@ def classify(exc: BaseException) -> str:
     reason = reason_of(exc)
     if reason in REFUSING:
         return str(reason)
+    if reason == "AUTH":
+        return AUTH
+    if reason == "NOT_REDIS":
+        return NOT_REDIS
     text = str(exc)
     if isinstance(exc, redis.AuthenticationError) or any(
         w in text for w in ("WRONGPASS", "NOAUTH", "invalid username-password", "AUTH")
@@ -170,6 +185,26 @@ def probe_client(settings: Settings, user: str | None, password: str) -> Any:
     )
 
 
+def password_source(settings: Settings, env: Any = None) -> str:
+    """Where the fleet's Redis password came from, as the user set it: the variable
+    (``FLEET_REDIS__PASSWORD`` wins over ``FLEET_REDIS_URL``'s password), else the config
+    file's ``[redis] password``; ``""`` when none is set (the stack's password files)."""
+    if not settings.redis.password:
+        return ""
+    from shared.settings.redis import url_fields
+
+    env = os.environ if env is None else env
+    names = {k.upper(): v for k, v in env.items()}
+    if "FLEET_REDIS__PASSWORD" in names:
+        return "FLEET_REDIS__PASSWORD"
+    url = names.get(REDIS_URL_VARIABLE)
+    if url:
+        with contextlib.suppress(ValueError):
+            if url_fields(url).get("password"):
+                return REDIS_URL_VARIABLE
+    return "the config file's [redis] password"
+
+
 def broker_problem(settings: Settings, role: str = "producer") -> str | None:
     """Connect once as ``role`` and PING; ``None`` when Redis answers, else the message."""
     from producer.stack.local import Stack
@@ -178,7 +213,7 @@ def broker_problem(settings: Settings, role: str = "producer") -> str | None:
         "address": f"{settings.redis.host}:{settings.redis.port}",
         "run_dir": str(settings.run_dir),
         "run_dir_from": settings.run_dir_source,
-        "explicit_password": bool(settings.redis.password),
+        "password_from": password_source(settings),
     }
     try:
         user, password = settings.redis_credentials(role)
@@ -237,10 +272,11 @@ def broker_errors() -> tuple[type[BaseException], ...]:
     first: it is a ``FleetError`` too)."""
     from kombu.exceptions import OperationalError
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import ResponseError
+    from redis.exceptions import InvalidResponse, ResponseError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from shared.errors import BrokerUnavailable
+    from shared.kombu_redis import CredentialsRefused
 
     return (
         BrokerUnavailable,
@@ -248,6 +284,8 @@ def broker_errors() -> tuple[type[BaseException], ...]:
         RedisConnectionError,
         RedisTimeoutError,
         ResponseError,
+        InvalidResponse,
+        CredentialsRefused,
         ConnectionError,
     )
 

@@ -11,7 +11,8 @@ messages and their ``task-sent`` events, built by ``producer.client.wire``), and
 each chunk of :data:`~producer.client.fleet.CHUNK` requests as the same commands
 (``wire.push_commands``) in one ``MULTI``/``EXEC``. The same errors too: a request refused
 before anything is sent (``shared.errors``: ``INVALID_INPUT``, ``QUEUE_FULL``, ...), and
-``BrokerUnavailable`` with its ``reason`` when Redis refuses or cannot be reached.
+``BrokerUnavailable`` with its ``reason`` when Redis refuses, refuses the credentials
+(``AUTH``), is not Redis at all (``NOT_REDIS``) or cannot be reached.
 
 What differs is the I/O: here on ``redis.asyncio`` connections of the client's own
 (``shared.redis_client.async_redis_client``; a lost connection is retried by redis-py's
@@ -133,8 +134,9 @@ class AsyncFleetClient(ClientBase):
             FleetError: an invalid request (see :meth:`envelope`), or ``QueueFull`` when a
                 modality's queue holds ``max_queue_length`` messages; nothing is sent.
             BrokerUnavailable: Redis refused a chunk (``reason``: ``OOM``, ``MISCONF``,
-                ``READONLY``, ``NOPERM``) or could not be reached (``UNREACHABLE``, after
-                redis-py's retries). Requests of the
+                ``READONLY``, ``NOPERM``), refused the credentials (``AUTH``), is not Redis
+                (``NOT_REDIS``) or could not be reached (``UNREACHABLE``, after redis-py's
+                retries). Requests of the
                 chunks sent before are queued (their handles are the exception's
                 ``submitted`` attribute); the failing chunk's may be (a lost ``EXEC`` reply);
                 the rest were not sent.

@@ -75,7 +75,8 @@ class Client(Protocol):
 
 @contextlib.contextmanager
 def broker_faults(doing: str) -> Iterator[None]:
-    """Redis' refusals and lost connections inside the block as ``BrokerUnavailable``
+    """Redis' refusals, refused credentials, an address that is not Redis and lost
+    connections inside the block as ``BrokerUnavailable``
     (``<doing>: <the reason in words>``); other errors as they are. Wrap Redis calls only: a
     wait's ``TimeoutError`` is an ``OSError`` too."""
     try:

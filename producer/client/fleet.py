@@ -566,8 +566,9 @@ class Publishing:
 
         Raises:
             BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
-                ``READONLY``, ``NOPERM``; at once) or could not be reached (``UNREACHABLE``),
-                as :meth:`publish_many`.
+                ``READONLY``, ``NOPERM``; at once), refused the credentials (``AUTH``; at
+                once), is not Redis (``NOT_REDIS``) or could not be reached
+                (``UNREACHABLE``), as :meth:`publish_many`.
         """
         try:
             self._publish_one(producer, env, task_id, queue, celery_priority)
@@ -754,7 +755,8 @@ class FleetClient(ClientBase, Publishing, ResultReading):
             FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
                 modality's queue holds ``max_queue_length`` messages.
             BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
-                ``READONLY``, ``NOPERM``; at once, never retried) or stayed unreachable
+                ``READONLY``, ``NOPERM``; at once, never retried), refused the credentials
+                (``AUTH``; at once) or is not Redis (``NOT_REDIS``), or stayed unreachable
                 through the publish retries (``UNREACHABLE``; see :meth:`submit_many`).
         """
         return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s, task_id)])[0]

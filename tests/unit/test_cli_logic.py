@@ -190,8 +190,8 @@ def test_recorded_addresses_yield_to_the_environment() -> None:
 
 def test_broker_messages_name_cause_and_fix() -> None:
     facts = {"address": "127.0.0.1:6390", "run_dir": "/r", "run_dir_from": "in the project root /"}
-    auth = broker_message(AUTH, user="producer", explicit_password=True, **facts)
-    assert "authentication failed" in auth and "FLEET_REDIS__PASSWORD is set" in auth
+    auth = broker_message(AUTH, user="producer", password_from="FLEET_REDIS__PASSWORD", **facts)
+    assert "authentication failed" in auth and "password in FLEET_REDIS__PASSWORD" in auth
     assert len(auth.splitlines()) == 2
     refused = broker_message(REFUSED, redis_pid_alive=False, **facts)
     assert "connection refused" in refused and "logs/redis.log" in refused
