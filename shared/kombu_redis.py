@@ -28,10 +28,9 @@ own transports (``workers.consumer.channel``).
 
 from __future__ import annotations
 
-from typing import Any
-
-import redis
 from kombu.transport import redis as kombu_redis
+
+from shared.redis_client import AuthNotRetried, Connection, CredentialsRefused
 
 __all__ = [
     "PRODUCER_TRANSPORT",
@@ -42,26 +41,6 @@ __all__ = [
     "RefusalsNotRetried",
     "Transport",
 ]
-
-
-class CredentialsRefused(redis.RedisError):
-    """Redis refused the credentials a connection logged in with (``WRONGPASS``,
-    ``NOAUTH``): redis-py's ``AuthenticationError`` (its ``__cause__``) as an error that is
-    not a ``ConnectionError``, so that neither redis-py's retry nor kombu's retries it."""
-
-
-class AuthNotRetried:
-    """A redis-py connection mixin: a refused login raises :class:`CredentialsRefused`."""
-
-    def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
-        except redis.AuthenticationError as exc:
-            raise CredentialsRefused(str(exc)) from exc
-
-
-class Connection(AuthNotRetried, redis.Connection):
-    """redis-py's connection, a refused login not retried."""
 
 
 class RefusalsNotRetried:

@@ -25,6 +25,9 @@ from shared.settings import Settings
 
 __all__ = [
     "SETTLED_PRIMARY_FLAGS_BAD",
+    "AuthNotRetried",
+    "Connection",
+    "CredentialsRefused",
     "ReplicationUncertain",
     "SentTransaction",
     "Waiter",
@@ -39,6 +42,29 @@ __all__ = [
     "sentinel_node",
     "still_primary",
 ]
+
+
+# Where a producer logs in (shared.kombu_redis, shared.ha): here, with the clients, as the
+# login runs on the request path (a result subscription reconnects).
+class CredentialsRefused(redis.RedisError):
+    """Redis refused the credentials a connection logged in with (``WRONGPASS``,
+    ``NOAUTH``): redis-py's ``AuthenticationError`` (its ``__cause__``) as an error that is
+    not a ``ConnectionError``, so that neither redis-py's retry nor kombu's retries it."""
+
+
+class AuthNotRetried:
+    """A redis-py connection mixin: a refused login raises :class:`CredentialsRefused`."""
+
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
+        except redis.AuthenticationError as exc:
+            raise CredentialsRefused(str(exc)) from exc
+
+
+class Connection(AuthNotRetried, redis.Connection):
+    """redis-py's connection, a refused login not retried."""
+
 
 log = logging.getLogger("fleet.redis")
 
