@@ -56,3 +56,10 @@ def test_overhead_accounting_report(tmp_path: Path) -> None:
     assert r["cpu_us_per_request"]["fleet"]["worker"] > 0
     assert r["accounting"]["fleet"]["redis_commands_per_request"] > 1
     assert "lpush" in r["accounting"]["redis-limit"]["redis_calls_by_command"]
+    # outside its commands: every message's bytes cross a socket at least twice (pushed,
+    # popped); the fleet's results reach the bench's pattern subscriber
+    for mode in ("fleet", "redis-limit"):
+        io = r["accounting"][mode]["redis_io_per_request"]
+        assert io["net_in_bytes"] > 500 and io["net_out_bytes"] > 500, mode
+        assert 0 < io["kernel_share"] < 1 and io["socket_reads"] > 0, mode
+    assert r["accounting"]["fleet"]["redis_io_per_request"]["pubsub_clients"] >= 1

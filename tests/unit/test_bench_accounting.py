@@ -19,6 +19,7 @@ from producer.tools.bench.accounting import (
     parse_stat,
     per_request_us,
     process_role,
+    redis_io_figures,
     tick_delta,
     tree_ticks,
     window_figures,
@@ -122,13 +123,15 @@ def test_combine_windows_takes_medians_per_key() -> None:
                 "cpu_us_per_request": {"worker": us, "total": us * 2},
                 "redis_cpu_us_per_request": us / 10, "redis_commands_per_request": 3.0,
                 "redis_calls_by_command": {"rpop": 1.0},
-                "redis_usec_by_command": {"rpop": us / 100, "lpush": 9.0}}  # fmt: skip
+                "redis_usec_by_command": {"rpop": us / 100, "lpush": 9.0},
+                "redis_io_per_request": {"net_in_bytes": us * 10, "forked_cpu_us": 0}}  # fmt: skip
 
     c = combine_windows([w(100, 50), w(300, 70), w(200, 60)])
     assert c["repetitions"] == 3 and c["completed"] == 30 and c["rps"] == 60
     assert c["cpu_us_per_request"] == {"worker": 200, "total": 400}
     assert c["redis_cpu_us_per_request"] == 20
     assert list(c["redis_usec_by_command"]) == ["lpush", "rpop"]
+    assert c["redis_io_per_request"] == {"net_in_bytes": 2000, "forked_cpu_us": 0}
     assert combine_windows([]) == {}
 
 
@@ -173,16 +176,57 @@ def test_an_accountant_reads_a_fake_proc_tree(tmp_path: Path) -> None:
         d.mkdir(parents=True)
         (d / "stat").write_text(f"{pid} (x) S {ppid} 0 0 0 0 0 0 0 0 0 {u} 1 0 0 20 0 1 0")
 
-    class CannedInfo:
+    class CannedInfo:  # INFO's and CLIENT LIST's replies as redis-py parses them
         def info(self, section: str) -> dict:
             if section == "cpu":
-                return {"used_cpu_sys": 1.0, "used_cpu_user": 2.0}
+                return {"used_cpu_sys": 1.0, "used_cpu_user": 2.0, "used_cpu_sys_children": 0.5}
+            if section == "stats":
+                return {"total_net_input_bytes": 4096, "total_reads_processed": 12}
+            if section == "clients":
+                return {"connected_clients": 3}
             return {"cmdstat_get": {"calls": 3, "usec": 9}}
+
+        def client_list(self) -> list[dict]:
+            return [{"sub": "0", "psub": "1"}, {"sub": "0", "psub": "0"}, {"sub": "2", "psub": "0"}]
 
     snap = Accountant(pids, CannedInfo(), proc_root=proc).snapshot()
     assert snap.ticks["worker"] == {100: 11, 101: 6}
     assert snap.ticks["redis"] == {200: 41}
     assert snap.calls == {"get": 3} and snap.redis_cpu_s == 3.0
+    assert snap.redis_io["total_net_input_bytes"] == 4096.0
+    assert snap.redis_io["used_cpu_sys_children"] == 0.5
+    assert snap.redis_io["connected_clients"] == 3.0
+    assert snap.redis_io["pubsub_clients"] == 2.0  # a pattern and a channel subscriber
+    assert "total_forks" not in snap.redis_io  # a field this Redis did not report
+
+
+def test_redis_io_per_request_is_the_servers_io_over_the_window() -> None:
+    """4,000 requests over a window in which Redis read 8 MB and wrote 6 MB on sockets in 1,600
+    reads and 2,000 writes, spent 0.2 s (0.05 s of it in the kernel), and a fork (an AOF
+    rewrite) spent 0.04 s more."""
+    a = {
+        "total_net_input_bytes": 1e6, "total_net_output_bytes": 2e6,
+        "total_reads_processed": 400.0, "total_writes_processed": 500.0,
+        "used_cpu_sys": 1.0, "used_cpu_user": 3.0,
+        "used_cpu_sys_children": 0.0, "used_cpu_user_children": 0.0, "total_forks": 2.0,
+        "connected_clients": 9.0, "pubsub_clients": 2.0,
+    }  # fmt: skip
+    b = {
+        **a,
+        "total_net_input_bytes": 9e6, "total_net_output_bytes": 8e6,
+        "total_reads_processed": 2000.0, "total_writes_processed": 2500.0,
+        "used_cpu_sys": 1.05, "used_cpu_user": 3.15,
+        "used_cpu_sys_children": 0.01, "used_cpu_user_children": 0.03, "total_forks": 3.0,
+        "connected_clients": 12.0, "pubsub_clients": 3.0,
+    }  # fmt: skip
+    f = redis_io_figures(a, b, 4000)
+    assert f["net_in_bytes"] == 2000.0 and f["net_out_bytes"] == 1500.0
+    assert f["socket_reads"] == 0.4 and f["socket_writes"] == 0.5
+    assert f["kernel_share"] == 0.25  # 0.05 of 0.2 s
+    assert f["forked_cpu_us"] == 10.0  # 0.04 s over 4,000 requests
+    assert f["forks"] == 1.0
+    assert f["connected_clients"] == 12.0 and f["pubsub_clients"] == 3.0  # at the end
+    assert redis_io_figures(a, b, 0) == {} and redis_io_figures({}, b, 10) == {}
 
 
 def test_ray_roles_are_summed_as_the_worker_once() -> None:

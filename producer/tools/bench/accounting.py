@@ -13,6 +13,11 @@ and by ``producer/tools/bench/redisload.py`` (the Redis counters).
   (``used_cpu_sys + used_cpu_user``) before and after the window, minus the background
   measured over an idle window with the workers up (heartbeats, fetch polls, lease renewals),
   scaled to the window's length; the harness's own ``INFO`` calls are left out.
+- **Redis outside its commands** (``redis_io_per_request``, not less the background): ``INFO
+  stats`` bytes read and written on sockets, socket reads and writes, the kernel's share of
+  the server's CPU (``used_cpu_sys``), and the CPU of the forks it reaped (an AOF rewrite:
+  ``used_cpu_sys_children + used_cpu_user_children``, not in ``redis_cpu_us_per_request``);
+  ``INFO clients``: connected clients and pubsub subscribers at the window's end.
 
 Everything is divided by the requests completed inside the window. The pure parts
 (:func:`parse_stat`, :func:`tree_ticks`, :func:`window_figures`, ...) take plain values and are
@@ -45,12 +50,15 @@ __all__ = [
     "parse_stat",
     "process_role",
     "redis_counters",
+    "redis_io",
+    "redis_io_figures",
     "tree_ticks",
     "window_figures",
 ]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-HARNESS_COMMANDS = ("info",)  # the snapshots' own INFO calls: no request's cost
+HARNESS_COMMANDS = ("info", "client")  # the snapshots' own INFO and CLIENT LIST: no request's
+# cost (the fleet's clients send CLIENT only when they connect)
 TOP_COMMANDS = 8
 
 
@@ -167,6 +175,65 @@ def redis_counters(r: Any) -> tuple[dict[str, int], dict[str, int], float]:
     return calls, usec, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
 
 
+# INFO fields of :func:`redis_io`: counters (differenced over a window) and levels (its end)
+REDIS_IO_COUNTERS = (
+    "total_net_input_bytes",
+    "total_net_output_bytes",
+    "total_reads_processed",
+    "total_writes_processed",
+    "used_cpu_sys",
+    "used_cpu_user",
+    "used_cpu_sys_children",
+    "used_cpu_user_children",
+    "total_forks",
+)
+REDIS_IO_LEVELS = ("connected_clients", "pubsub_clients")
+
+
+def redis_io(r: Any) -> dict[str, float]:
+    """The server's I/O counters and client counts so far (:data:`REDIS_IO_COUNTERS`,
+    :data:`REDIS_IO_LEVELS`; ``pubsub_clients``: clients subscribed to a channel or pattern,
+    from ``CLIENT LIST``). A field this Redis does not report is left out."""
+    info: dict[str, Any] = {}
+    for section in ("stats", "cpu", "clients"):
+        info.update(r.info(section))
+    out = {k: float(info[k]) for k in (*REDIS_IO_COUNTERS, "connected_clients") if k in info}
+    clients = r.client_list()
+    out["pubsub_clients"] = float(
+        sum(1 for c in clients if int(c.get("sub", 0) or 0) + int(c.get("psub", 0) or 0) > 0)
+    )
+    return out
+
+
+def redis_io_figures(
+    a: Mapping[str, float], b: Mapping[str, float], completed: int
+) -> dict[str, float | None]:
+    """Per request between two :func:`redis_io` readings: ``net_in_bytes``,
+    ``net_out_bytes``, ``socket_reads``, ``socket_writes``, ``forked_cpu_us`` (AOF rewrites);
+    ``kernel_share`` of the server's own CPU; ``connected_clients`` and ``pubsub_clients``
+    at ``b``. Empty without completions or readings."""
+    if completed <= 0 or not a or not b:
+        return {}
+
+    def d(k: str) -> float:
+        return max(0.0, b.get(k, 0.0) - a.get(k, 0.0))
+
+    own = d("used_cpu_sys") + d("used_cpu_user")
+    forked = d("used_cpu_sys_children") + d("used_cpu_user_children")
+    n = completed
+    return {
+        "net_in_bytes": round(d("total_net_input_bytes") / n, 1),
+        "net_out_bytes": round(d("total_net_output_bytes") / n, 1),
+        "socket_reads": round(d("total_reads_processed") / n, 3),
+        "socket_writes": round(d("total_writes_processed") / n, 3),
+        "kernel_share": round(d("used_cpu_sys") / own, 3) if own > 0 else None,
+        "forked_cpu_us": round(forked * 1e6 / n, 2),
+        "forks": round(d("total_forks"), 0),
+        "connected_clients": b.get("connected_clients"),
+        "pubsub_clients": b.get("pubsub_clients"),
+    }
+
+
 def counter_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
     """``after - before`` per key, positive differences only."""
     return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
@@ -182,6 +249,7 @@ class Snapshot:
     calls: dict[str, int] = field(default_factory=dict)
     usec: dict[str, int] = field(default_factory=dict)
     redis_cpu_s: float = 0.0
+    redis_io: dict[str, float] = field(default_factory=dict)
 
 
 class Accountant:
@@ -225,6 +293,7 @@ class Accountant:
                 role = process_role(name, cmd)
                 snap.ticks.setdefault(role, {})[pid] = procs[pid].ticks
         snap.calls, snap.usec, snap.redis_cpu_s = redis_counters(self.admin)
+        snap.redis_io = redis_io(self.admin)
         return snap
 
 
@@ -266,8 +335,9 @@ def window_figures(
     ``cpu_us_per_request`` by role (``producer``, ``redis`` from ``/proc``, ``worker``, Ray's
     roles, ...) plus ``total``; ``redis_cpu_us_per_request`` and ``redis_commands_per_request``
     from ``INFO`` less the ``idle`` background (:func:`idle_rates`) over the window, and
-    ``redis_usec_by_command`` (usec per request, largest first). ``cpu_cores`` by role: the
-    CPU each role used per second of the window (1.0 = one core busy)."""
+    ``redis_usec_by_command`` (usec per request, largest first); ``redis_io_per_request``
+    (:func:`redis_io_figures`). ``cpu_cores`` by role: the CPU each role used per second of
+    the window (1.0 = one core busy)."""
     dt = max(b.t - a.t, 1e-9)
     idle = idle or {}
     us = {
@@ -293,6 +363,7 @@ def window_figures(
         "redis_commands_per_request": None if n <= 0 else round(sum(calls.values()) / n, 3),
         "redis_calls_by_command": _top(calls, n, 3, limit=None),
         "redis_usec_by_command": _top(usec, n, 2),
+        "redis_io_per_request": redis_io_figures(a.redis_io, b.redis_io, n),
     }
     return out
 
@@ -361,6 +432,7 @@ def combine_windows(windows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 :TOP_COMMANDS
             ]
         ),
+        "redis_io_per_request": by_key("redis_io_per_request"),
     }
 
 

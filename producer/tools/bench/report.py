@@ -23,9 +23,11 @@ JSON layout (``schema`` 1; milliseconds and requests per second throughout)::
         over the window), cpu_us_per_request, redis_cpu_us_per_request, redis_bound_rps
         (1 s / redis_cpu_us_per_request: the rate one Redis thread could serve),
         redis_commands_per_request, redis_calls_by_command.{cmd} (every command) and
-        redis_usec_by_command.{cmd} (the top 8) per request, background subtracted; idle (the
-        background: seconds, redis_commands_per_s, redis_cpu_us_per_s, cpu_us_per_s.{role});
-        medians over repetitions
+        redis_usec_by_command.{cmd} (the top 8) per request, background subtracted;
+        redis_io_per_request (net_in_bytes, net_out_bytes, socket_reads, socket_writes,
+        kernel_share, forked_cpu_us: AOF rewrites, forks, connected_clients, pubsub_clients;
+        background not subtracted); idle (the background: seconds, redis_commands_per_s,
+        redis_cpu_us_per_s, cpu_us_per_s.{role}); medians over repetitions
     latency_ms.{fleet,baseline}.{modality}.{priority}: p50, p95, p99, max, n, spread
     queue_wait_ms / compute_ms: the same shape (from Celery task events)
     overhead_ms.{mode}.{modality}: median of (end-to-end - compute) per request
