@@ -140,7 +140,7 @@ from workers.batching.execution import BatchRunner, CircuitBreaker, RetryPolicy
 from workers.batching.inject import RequestInjector
 from workers.consumer import stats
 from workers.consumer.lease import LeaseKeeper, ack_batch, give_back
-from workers.models import make_adapter
+from workers.models import make_models
 from workers.models.runtime import DeviceRuntime
 
 __all__ = ["Engine"]
@@ -169,15 +169,25 @@ class Engine:
         app: the worker's Celery app (for the result backend).
         threaded: start the inference threads (batch mode); ``False`` for baseline mode,
             where Celery runs each task through :meth:`run_one`.
+        models: the ``[models.<name>]`` tables it serves (``shared.model_routes``); default:
+            the modality's default model alone. Several share one
+            :class:`~workers.models.model_set.ModelSet`.
     """
 
     def __init__(
-        self, modality: str, settings: Settings, app: Celery, *, threaded: bool = True
+        self,
+        modality: str,
+        settings: Settings,
+        app: Celery,
+        *,
+        threaded: bool = True,
+        models: Sequence[str] | None = None,
     ) -> None:
         cfg = settings.modality(modality)
         self.modality, self.cfg, self.settings, self.app = modality, cfg, settings, app
+        self.models = list(models) if models else [cfg.model]
         self.runtime = DeviceRuntime(cfg.device, lanes=2 if cfg.batching.realtime_lane else 1)
-        self.adapter = make_adapter(modality, settings, self.runtime)
+        self.adapter = make_models(modality, settings, self.runtime, self.models)
         b = cfg.batching
         self.batcher = Batcher(
             Policy(
@@ -203,7 +213,7 @@ class Engine:
         self.keeper: LeaseKeeper | None = None
         self.stats = EngineStats()
         self.events = TaskEvents()
-        self.metrics = FleetMetrics(modality, model=cfg.model)
+        self.metrics = FleetMetrics(modality, model=",".join(self.models))
         self.tracing = Tracing(settings, modality)
         self.ready = False
         self.warmup_later: dict[str, Any] = {}  # what _warmup left for the idle main lane
@@ -219,7 +229,7 @@ class Engine:
         """Admission, execution and completion, connected through this engine's state."""
         progress, obs = ProgressThrottle(), Observers(self.stats, self.metrics, self.tracing)
         self.loop = Loop()
-        self.served = Served(self.modality, self.cfg.model)
+        self.served = Served(self.modality, self.cfg.model, tuple(self.models))
         self.admission = Admission(
             self.adapter, self.deliveries, self.faults, self.tracing, self._worker_store
         )
@@ -406,7 +416,7 @@ class Engine:
         env = screen((), {"request": request}, self.served)
         if isinstance(env, Refusal):
             raise env.error
-        return self.runner.run_alone(env.inputs)
+        return self.runner.run_alone(env.inputs, env.model)
 
     # -- loop thread: arrivals ----------------------------------------------------------
     def on_request(self, req: Any) -> None:
