@@ -158,7 +158,7 @@ def run_submit(
         inputs = make_inputs(client)
         try:
             handle = client.submit(
-                modality, inputs, priority=priority, timeout_s=timeout_s, model=env.model
+                modality, inputs, priority, timeout_s, model=model, version=version
             )
         except BaseException:
             client.release_inputs(inputs)

@@ -208,7 +208,7 @@ class AsyncFleetClient(ClientBase):
             BrokerUnavailable: Redis refused it or could not be reached.
         """
         names = [p.label for p in Priority]
-        route = None if model is None else self.served_model(modality, model).route_model
+        route = None if model is None else self.route_model(modality, model)
         keys = [
             schema.priority_list_key(
                 schema.queue_for(modality, name, route),

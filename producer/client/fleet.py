@@ -397,9 +397,20 @@ class ClientBase:
 
     def _route_model(self, env: TaskEnvelope) -> str | None:
         """The model part of ``env``'s queue names (``None``: the modality's own)."""
-        if env.model is None:
-            return None
-        return self.served_model(env.modality, env.model).route_model
+        return None if env.model is None else self.route_model(env.modality, env.model)
+
+    def route_model(self, modality: str, table: str) -> str | None:
+        """The model part of the queue names of ``modality``'s model ``table`` (a
+        ``[models.<name>]`` table, as envelopes carry it; ``None``: the modality's own
+        queues).
+
+        Raises:
+            ModelNotFound: the modality serves no such table.
+        """
+        for m in model_routes.catalog(self.settings, modality):
+            if m.table == table:
+                return m.route_model
+        return self.served_model(modality, table).route_model
 
     def _depth_check(self, envs: Sequence[TaskEnvelope]) -> DepthCheck | None:
         """The queue-length check of a submission of ``envs`` (for :meth:`publish_many`):
@@ -692,8 +703,8 @@ class Publishing:
         return push_messages(self.app, self.payloads(), messages, chunk, check)
 
     def queue_depth(self, modality: str, model: str | None = None) -> dict[str, int]:
-        """Messages waiting in ``modality``'s queue (``model``: a model's, by served or
-        table name), per priority class (one round trip).
+        """Messages waiting in ``modality``'s queue (``model``: a model's, by table name),
+        per priority class (one round trip).
 
         Uses a pooled broker connection: cheap enough to call before every submission.
 
@@ -702,7 +713,7 @@ class Publishing:
         """
         names = [p.label for p in Priority]
         prios = [Priority.parse(n).celery_priority(self.settings) for n in names]
-        route = None if model is None else self.served_model(modality, model).route_model
+        route = None if model is None else self.route_model(modality, model)
         try:
             with self.app.pool.acquire(block=True) as conn:
                 client = conn.default_channel.client

@@ -28,16 +28,22 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.errors import ModelNotFound
+from shared.errors import DeviceError, ModelNotFound
 from workers.models.base import ModelAdapter, Prepared
-from workers.models.hf_partition import ModelTooLarge, partition_bytes
+from workers.models.hf_partition import (
+    _DTYPE_BYTES,
+    ModelTooLarge,
+    partition_bytes,
+    weight_params,
+)
 
 if TYPE_CHECKING:
     from workers.models.runtime import DeviceRuntime
 
-__all__ = ["BUCKET_SEP", "ModelSet", "check_set_fits", "module_bytes"]
+__all__ = ["BUCKET_SEP", "ModelSet", "adapter_bytes", "check_set_fits", "module_bytes"]
 
 BUCKET_SEP = "|"  # between a model's table name and its adapter's bucket
 
@@ -112,7 +118,7 @@ class ModelSet(ModelAdapter):
     def load(self) -> None:
         for table, adapter in self.adapters.items():
             adapter.load()
-            self.loaded_bytes[table] = module_bytes(adapter.torch_modules())
+            self.loaded_bytes[table] = adapter_bytes(adapter)
             check_set_fits(self.loaded_bytes, self.activation_bytes, self.runtime)
 
     def prepare(self, inputs: dict[str, Any]) -> Prepared:
@@ -180,6 +186,24 @@ class ModelSet(ModelAdapter):
             "default": self.default,
             "models": {t: a.describe() for t, a in self.adapters.items()},
         }
+
+
+def adapter_bytes(adapter: ModelAdapter) -> int:
+    """The weight bytes of a loaded adapter: the larger of its modules' parameters and
+    buffers (:func:`module_bytes`) and its weights' size at their precision (the folder's
+    ``*.safetensors``/``*.bin``, ``workers.models.hf_partition``): a traced model loaded
+    from the trace cache is frozen, its weights constants that no ``parameters()`` lists."""
+    measured = module_bytes(adapter.torch_modules())
+    facts = adapter.describe()
+    known = int(facts.get("weight_bytes") or getattr(adapter, "weight_bytes", 0) or 0)
+    weights = facts.get("weights")
+    if not known and isinstance(weights, str) and Path(weights).is_dir():
+        try:
+            params = weight_params(Path(weights))
+        except DeviceError:
+            params = 0
+        known = params * _DTYPE_BYTES.get(str(facts.get("precision", "fp32")), 4)
+    return max(measured, known)
 
 
 def module_bytes(modules: list[Any]) -> int:

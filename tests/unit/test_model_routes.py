@@ -1,0 +1,117 @@
+"""Routing by model (``shared.model_routes``), the ModelSet's bucket logic and its memory
+check: pure logic, no Redis, no torch model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared import model_routes, schema
+from shared.errors import ModelNotFound
+from shared.settings import load_settings
+from workers.models.hf_partition import ModelTooLarge
+from workers.models.model_set import ModelSet, check_set_fits
+
+TINY = {"kind": "hf-text", "checkpoint": "/nowhere"}
+
+
+def settings(**extra: Any) -> Any:
+    models = {
+        "bge-small": TINY,
+        "bge-small-2": {**TINY, "served_name": "bge-small", "version": "2"},
+        "bge-small-10": {**TINY, "served_name": "bge-small", "version": "10"},
+        **extra,
+    }
+    return load_settings(
+        models=models,
+        modalities={"text": {"model": "minilm", "models": list(models)}},
+    )
+
+
+def test_no_name_is_the_default_and_a_name_without_version_its_latest() -> None:
+    s = settings()
+    assert model_routes.resolve(s, "text", None).table == "minilm"
+    # numeric order, not text order: 10 is later than 2
+    assert model_routes.resolve(s, "text", "bge-small").table == "bge-small-10"
+    assert model_routes.resolve(s, "text", "bge-small", "2").table == "bge-small-2"
+    assert model_routes.resolve(s, "text", "bge-small", "1").table == "bge-small"
+    assert model_routes.resolve(s, "text", "bge-small-2").table == "bge-small-2"  # by table
+    assert model_routes.resolve(s, "text", None, "1").table == "minilm"
+
+
+def test_unknown_models_and_versions_are_model_not_found() -> None:
+    s = settings()
+    with pytest.raises(ModelNotFound, match="unknown model 'nope' for text; served: bge-small"):
+        model_routes.resolve(s, "text", "nope")
+    with pytest.raises(ModelNotFound, match=r"no version '3' \(versions: 10, 2, 1\)"):
+        model_routes.resolve(s, "text", "bge-small", "3")
+    with pytest.raises(ModelNotFound):
+        model_routes.resolve(s, "image", "bge-small")  # another modality's model
+    assert ModelNotFound("x").code == "MODEL_NOT_FOUND"
+
+
+def test_the_default_keeps_the_modality_queues_and_others_get_their_own() -> None:
+    s = settings()
+    default, other = (
+        model_routes.resolve(s, "text", None),
+        model_routes.resolve(s, "text", "bge-small"),
+    )
+    assert (default.queue, default.realtime_queue) == ("text", "text.realtime")
+    assert (other.queue, other.realtime_queue) == (
+        "text@bge-small-10",
+        "text@bge-small-10.realtime",
+    )
+    assert schema.queue_for("text", "bulk", other.route_model) == "text@bge-small-10"
+    assert schema.queue_for("text", "realtime", None) == "text.realtime"
+    assert schema.live_key("text", "bge-small") == "fleet:live:text@bge-small"
+    assert schema.live_key("text") == "fleet:live:text"
+
+
+def test_a_worker_serves_what_models_names_or_every_model() -> None:
+    s = settings()
+    everything = model_routes.worker_models(s, "text")
+    assert [m.table for m in everything] == ["minilm", "bge-small", "bge-small-2", "bge-small-10"]
+    picked = model_routes.worker_models(s, "text", "bge-small-2, minilm")
+    assert [m.table for m in picked] == ["bge-small-2", "minilm"]
+    main, rt = model_routes.worker_queues(picked, realtime_apart=True)
+    assert main == ["text@bge-small-2", "text"]
+    assert rt == ["text@bge-small-2.realtime", "text.realtime"]
+    together = model_routes.worker_queues(picked, realtime_apart=False)
+    assert together == (
+        ["text@bge-small-2", "text@bge-small-2.realtime", "text", "text.realtime"],
+        [],
+    )
+    with pytest.raises(ModelNotFound, match="--models names 'resnet18-random'"):
+        model_routes.worker_models(s, "text", "resnet18-random")
+
+
+def test_settings_refuse_an_unknown_table_and_a_duplicate_version() -> None:
+    with pytest.raises(ValueError, match="models names 'ghost'"):
+        load_settings(modalities={"text": {"model": "minilm", "models": ["ghost"]}})
+    with pytest.raises(ValueError, match="both 'bge-small' version 1"):
+        settings(twin={**TINY, "served_name": "bge-small"})
+    with pytest.raises(ValueError, match="version"):
+        load_settings(models={"x": {**TINY, "version": "v2"}})  # a number, as Triton's
+
+
+def test_a_model_set_bucket_names_its_model() -> None:
+    assert ModelSet.split("bge-small|len32") == ("bge-small", "len32")
+    assert ModelSet.split("len32") == (None, "len32")
+    assert ModelSet.split(None) == (None, None)
+
+
+class _Runtime:
+    device = type("D", (), {"type": "cpu", "index": None})()
+    cfg = type("C", (), {"memory_fraction": 0.5})()
+
+
+def test_a_set_that_does_not_fit_its_partition_is_refused_naming_every_size() -> None:
+    mib = 2**20
+    part = (100 * mib, "memory_fraction 0.5 of 200 MiB on the host (cpu)")
+    assert check_set_fits({"a": 40 * mib}, 16 * mib, _Runtime(), part) == 56 * mib
+    with pytest.raises(ModelTooLarge) as err:
+        check_set_fits({"a": 40 * mib, "b": 50 * mib}, 16 * mib, _Runtime(), part)
+    assert err.value.code == "MODEL_TOO_LARGE"
+    assert "models a, b do not fit" in err.value.message
+    assert "a 40.0 MiB, b 50.0 MiB" in err.value.message and "106.0 MiB" in err.value.message
