@@ -207,15 +207,18 @@ def status() -> None:
     when everything started is alive and Redis answers, 3 otherwise (the cause on stderr).
 
     live_workers: nodes with a fresh heartbeat, less the workers of this run dir whose
-    process is gone (listed under dead_workers at once, not after lease_s)."""
+    process is gone (listed under dead_workers at once, not after lease_s); live_models:
+    the same per model, modality -> {model table: nodes serving it}."""
     from producer.cli.diagnose import broker_problem
     from producer.stack.local import Stack
+    from shared.model_routes import catalog
 
     settings = cli_settings()
     stack = Stack(settings)
     procs = stack.status()
     redis_problem = broker_problem(settings, "operator")
     live: dict[str, list[str]] = {}
+    models: dict[str, dict[str, list[str]]] = {}
     dead_nodes = stack.dead_worker_nodes()
     if redis_problem is None:
         from producer.client import FleetClient
@@ -227,6 +230,11 @@ def status() -> None:
             live = {
                 m: [n for n in client.live_workers(m) if n not in dead_nodes] for m in MODALITIES
             }
+            for m in (m for m in MODALITIES if live[m]):
+                models[m] = {
+                    s.table: [n for n in client.live_workers(m, s.table) if n not in dead_nodes]
+                    for s in catalog(settings, m)
+                }
         finally:
             client.close()
     emit(
@@ -236,6 +244,7 @@ def status() -> None:
             "processes": procs,
             "redis": "ok" if redis_problem is None else redis_problem.splitlines()[0],
             "live_workers": {m: n for m, n in live.items() if n},
+            "live_models": models,
             "dead_workers": sorted(dead_nodes),
         }
     )

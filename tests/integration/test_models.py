@@ -178,7 +178,25 @@ def _round(fleet: Fleet) -> None:
 def test_one_worker_serves_two_models_each_request_from_its_own(fleet: Fleet) -> None:
     assert fleet.client.live_workers("text", "tiny-bert") == sorted([fleet.node(0), fleet.node(1)])
     assert fleet.client.live_workers("text", "tiny-bert-2") == [fleet.node(0)]
+    argv = [sys.executable, "-m", "producer.cli", "status"]
+    out = subprocess.run(argv, env=fleet.stack.env(), capture_output=True, text=True, timeout=60)
+    models = json.loads(out.stdout)["live_models"]["text"]  # exit 3: the refused worker is down
+    assert models["tiny-bert"] == sorted([fleet.node(0), fleet.node(1)])
+    assert models["minilm"] == sorted([fleet.node(0), fleet.node(2)])
+    assert (models["tiny-bert-2"], models["nobody"]) == ([fleet.node(0)], [])
     _round(fleet)
+
+
+def test_the_exporter_reports_demand_and_consumers_per_model(fleet: Fleet) -> None:
+    from prometheus_client import generate_latest
+
+    from producer.ops.exporter import build_registry
+
+    text = generate_latest(build_registry(fleet.client.settings)).decode()
+    assert 'fleet_queue_demand{model="tiny-bert-2",queue="text@tiny-bert-2"} 0.0' in text
+    assert 'fleet_queue_demand{model="minilm",queue="text"} 0.0' in text
+    assert 'fleet_queue_consumers{model="tiny-bert",queue="text@tiny-bert"} 2.0' in text
+    assert 'fleet_queue_consumers{model="nobody",queue="text@nobody.realtime"} 0.0' in text
 
 
 def test_versions_side_by_side_through_the_gateway(fleet: Fleet) -> None:
