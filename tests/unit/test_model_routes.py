@@ -115,3 +115,22 @@ def test_a_set_that_does_not_fit_its_partition_is_refused_naming_every_size() ->
     assert err.value.code == "MODEL_TOO_LARGE"
     assert "models a, b do not fit" in err.value.message
     assert "a 40.0 MiB, b 50.0 MiB" in err.value.message and "106.0 MiB" in err.value.message
+
+
+def test_a_worker_of_several_models_labels_each_request_and_batch_with_its_model() -> None:
+    from prometheus_client import generate_latest
+
+    from shared.metrics import FleetMetrics
+
+    queues = {"text": "minilm", "text.realtime": "minilm", "text@bge": "bge"}
+    m = FleetMetrics("text", "minilm", "text@h", enabled=True, queue_models=queues)
+    m.observe_requests([("bulk", "ok", 0.1, 0.2, "text@bge", 0.05)])
+    m.observe_requests([("bulk", "ok", 0.1, 0.2, "text", 0.05)] * 2)
+    m.observe_batch(3, 0.1, "bge")
+    m.observe_batch(2, 0.1, None)  # no model named: the default
+    text = generate_latest(m.registry).decode()
+    assert 'fleet_inference_request_success_total{modality="text",model="bge"} 1.0' in text
+    assert 'fleet_inference_request_success_total{modality="text",model="minilm"} 2.0' in text
+    assert 'fleet_inference_count_total{modality="text",model="bge"} 3.0' in text
+    assert 'fleet_inference_count_total{modality="text",model="minilm"} 2.0' in text
+    assert 'queue_name="text@bge"' in text  # the model's queue is a label, not "other"

@@ -240,7 +240,7 @@ class BatchRunner:
         for d in ran:
             d.run_ms = elapsed * 1000.0
         if ran:
-            self.metrics.observe_batch(len(ran), elapsed)
+            self.metrics.observe_batch(len(ran), elapsed, batch[0].env.model)
         self.runtime.yield_now()
         self.post(self._retry_transient(failed + ran))
         if next(self._trim_count) % TRIM_EVERY_BATCHES == 0:

@@ -149,6 +149,20 @@ __all__ = ["Engine"]
 log = logging.getLogger("fleet.engine")
 
 
+def _queue_models(engine: Engine) -> dict[str, str]:
+    """Queue -> model table of the queues a worker of several models consumes (its
+    metrics label each request with its queue's model); empty for one model."""
+    if engine.models == [engine.cfg.model]:
+        return {}
+    from shared.model_routes import worker_models, worker_queues
+
+    out: dict[str, str] = {}
+    for m in worker_models(engine.settings, engine.modality, ",".join(engine.models)):
+        for q in worker_queues([m], realtime_apart=False)[0]:
+            out[q] = m.table
+    return out
+
+
 IN_FLIGHT_TTL_S = 7 * 86400  # least TTL of a blame record (workers.batching.admission)
 
 
@@ -213,7 +227,8 @@ class Engine:
         self.keeper: LeaseKeeper | None = None
         self.stats = EngineStats()
         self.events = TaskEvents()
-        self.metrics = FleetMetrics(modality, model=",".join(self.models))
+        default = cfg.model if cfg.model in self.models else self.models[0]
+        self.metrics = FleetMetrics(modality, model=default, queue_models=_queue_models(self))
         self.tracing = Tracing(settings, modality)
         self.ready = False
         self.warmup_later: dict[str, Any] = {}  # what _warmup left for the idle main lane
