@@ -245,6 +245,11 @@ def test_unknown_model_and_a_model_nobody_serves_are_refused(fleet: Fleet) -> No
     out = _cli(fleet, "--model", "nobody")
     assert out.returncode == 3 and json.loads(out.stdout)["error"]["code"] == "NO_READY_WORKER"
     assert "--models nobody" in out.stderr
+    queued = fleet.client.submit("text", {"text": "a cat"}, "bulk", model="nobody")  # no check
+    argv = [sys.executable, "-m", "producer.cli", "result", queued.id]
+    out = subprocess.run(argv, env=fleet.stack.env(), capture_output=True, text=True, timeout=60)
+    where = json.loads(out.stdout)
+    assert (where["where"], where["queue"], where["position"]) == ("queued", "text@nobody", 1)
     out = _cli(fleet, "--model", "tiny-bert", "--model-version", "1")
     assert out.returncode == 0, out.stderr
     _close([json.loads(out.stdout)["result"]["embedding"]], fleet.reference("tiny-bert", ["a cat"]))
