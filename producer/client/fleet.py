@@ -416,12 +416,12 @@ class ClientBase:
         """The queue-length check of a submission of ``envs`` (for :meth:`publish_many`):
         the priority lists of the queues it sends to whose modalities have limits (each
         model's queue holds the modality's limits on its own). ``None``: none has."""
-        routes = [self._route_model(e) for e in envs]
+        routes = [None if e.model is None else self._route_model(e) for e in envs]
         limited = set()
-        for env, route in zip(envs, routes, strict=True):
-            cfg = self.settings.modalities.get(env.modality)
+        for modality, route in set(zip([e.modality for e in envs], routes, strict=True)):
+            cfg = self.settings.modalities.get(modality)
             if cfg is not None and (cfg.max_queue_length or cfg.max_queue_length_by_priority):
-                limited.add((env.modality, route))
+                limited.add((modality, route))
         if not limited:
             return None
         prios = {p.label: p.celery_priority(self.settings) for p in Priority}

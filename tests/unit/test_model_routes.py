@@ -134,3 +134,13 @@ def test_a_worker_of_several_models_labels_each_request_and_batch_with_its_model
     assert 'fleet_inference_count_total{modality="text",model="bge"} 3.0' in text
     assert 'fleet_inference_count_total{modality="text",model="minilm"} 2.0' in text
     assert 'queue_name="text@bge"' in text  # the model's queue is a label, not "other"
+
+
+def test_fleet_worker_refuses_a_model_its_modality_does_not_serve() -> None:
+    from typer.testing import CliRunner
+
+    from producer.cli import app
+
+    res = CliRunner().invoke(app, ["worker", "text", "--models", "minilm,resnet18-random"])
+    assert res.exit_code == 2  # refused before anything starts
+    assert "--models names 'resnet18-random'" in res.output
