@@ -386,7 +386,9 @@ UNACKED_INDEX_KEY = "unacked_index"
 
 
 # Sorted set per modality: node name scored by its last heartbeat (unix s), written by each
-# batching worker with its lease renewals (workers.consumer.lease); live = younger than lease_s.
+# batching worker that consumes the modality's own queue (its default model's) with its lease
+# renewals (workers.consumer.lease); live = younger than lease_s. One more per model a worker
+# serves, ``fleet:live:<modality>@<table>`` (live_key).
 LIVE_PREFIX = "fleet:live:"
 
 

@@ -230,11 +230,14 @@ def status() -> None:
             live = {
                 m: [n for n in client.live_workers(m) if n not in dead_nodes] for m in MODALITIES
             }
-            for m in (m for m in MODALITIES if live[m]):
+            for m in MODALITIES:
                 models[m] = {
                     s.table: [n for n in client.live_workers(m, s.table) if n not in dead_nodes]
                     for s in catalog(settings, m)
                 }
+                # a worker of other models only is not in the modality's own set
+                live[m] = sorted({*live[m], *(n for ns in models[m].values() for n in ns)})
+            models = {m: t for m, t in models.items() if live[m]}
         finally:
             client.close()
     emit(

@@ -151,10 +151,8 @@ def run_submit(
         # modality, priority, timeout and model (MODEL_NOT_FOUND, exit 2)
         env = client.envelope(modality, {}, priority, timeout_s, model, version)
         if modality in MODALITIES:
-            served = client.served_model(modality, env.model) if env.model else None
-            table = served.table if served is not None else settings.modality(modality).model
-            waiting = wait_s > 0 and not queue_anyway
-            _check_live_worker(settings, client, modality, waiting, table)
+            waiting = wait_s > 0 and not queue_anyway  # no model named: the modality's queue
+            _check_live_worker(settings, client, modality, waiting, env.model)
         inputs = make_inputs(client)
         try:
             handle = client.submit(
@@ -185,9 +183,9 @@ def run_submit(
 def _check_live_worker(
     settings: Settings, client: Any, modality: str, waiting: bool, model: str | None = None
 ) -> None:
-    """No live worker for ``modality``'s ``model`` (a table; ``None``: any of the modality):
-    fail when the caller would wait for it, else warn on stderr that the request stays
-    queued.
+    """No live worker for ``modality``'s ``model`` (a table; ``None``: one consuming the
+    modality's own queue, its default model's): fail when the caller would wait for it, else
+    warn on stderr that the request stays queued.
 
     Raises:
         typer.Exit: no ready worker and ``waiting``.
@@ -196,8 +194,7 @@ def _check_live_worker(
 
     if live_nodes(settings, client, modality, model):
         return
-    named = model if model != settings.modality(modality).model else None
-    msg = no_worker_message(modality, live_summary(settings, client), not waiting, named)
+    msg = no_worker_message(modality, live_summary(settings, client), not waiting, model)
     if waiting:
         fail(NoReadyWorker(msg.splitlines()[0]), hint=msg.splitlines()[1].strip())
     typer.echo(f"warning: {msg}", err=True)

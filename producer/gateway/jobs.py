@@ -278,7 +278,7 @@ class JobService:
 
     async def _require_live(self, spec: ModelSpec) -> None:
         """Raises NoReadyWorker when no live worker serves ``spec``'s modality."""
-        if not await self.live_workers(spec.modality, spec.key):
+        if not await self.live_workers(spec.modality, spec.live_model):
             raise NoReadyWorker(
                 f"no live {spec.modality} worker serves model {spec.name!r} "
                 f"(version {spec.version})",

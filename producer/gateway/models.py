@@ -102,6 +102,12 @@ class ModelSpec:
         return None if self.default else self.key
 
     @property
+    def live_model(self) -> str | None:
+        """The liveness set its workers are in (``AsyncFleetClient.live_workers``): the
+        modality's (``None``) for the default model, whose queue they consume."""
+        return None if self.default else self.key
+
+    @property
     def output_names(self) -> list[str]:
         return [o.name for o in self.outputs]
 

@@ -185,7 +185,10 @@ class QueueCollector(Collector):
         queues = [q for q in self.queues if q in self.models]
         with self.client.pipeline(transaction=False) as pipe:
             for q in queues:
-                pipe.zcount(schema.live_key(*self.models[q]), since, "+inf")
+                modality, table = self.models[q]
+                default = q.removesuffix(".realtime") == schema.queue_name(modality)
+                # the default queue's consumers are in the modality's set
+                pipe.zcount(schema.live_key(modality, None if default else table), since, "+inf")
             counts = pipe.execute()
         return {q: int(n) for q, n in zip(queues, counts, strict=True)}
 

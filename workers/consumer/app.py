@@ -136,7 +136,10 @@ def _log_ready(sender: Any = None, **_: Any) -> None:
     engine = current_engine()
     if engine.keeper is not None and sender is not None:
         try:
-            engine.keeper.announce(engine.modality, sender.hostname, engine.models)
+            serves_default = engine.cfg.model in engine.models  # it consumes <modality>
+            engine.keeper.announce(
+                engine.modality, sender.hostname, engine.models, default=serves_default
+            )
         except Exception as exc:  # Redis away: the next renewal announces it
             log.warning("liveness not announced yet: %s", exc)
     clock_watch.remind()  # the first sample's warning came before logging was configured

@@ -176,11 +176,17 @@ class LeaseKeeper:
         self.release(tags)
 
     # -- liveness -----------------------------------------------------------------------
-    def announce(self, modality: str, node: str, models: Sequence[str] = ()) -> None:
-        """Report ``node`` live for ``modality`` and for each of ``models`` (the
-        ``[models.<name>]`` tables it serves) with every renewal, from now on (call it once
-        the worker is ready: producers take a live worker to mean requests will run)."""
-        keys = (schema.live_key(modality), *(schema.live_key(modality, m) for m in models))
+    def announce(
+        self, modality: str, node: str, models: Sequence[str] = (), default: bool = True
+    ) -> None:
+        """Report ``node`` live for ``modality`` (``default``: it consumes the modality's own
+        queue, its default model's) and for each of ``models`` (the ``[models.<name>]``
+        tables it serves) with every renewal, from now on (call it once the worker is ready:
+        producers take a live worker to mean requests will run)."""
+        keys = (
+            *((schema.live_key(modality),) if default else ()),
+            *(schema.live_key(modality, m) for m in models),
+        )
         self._live = (keys, node)
         self.heartbeat()
 
