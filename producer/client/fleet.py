@@ -407,9 +407,17 @@ class ClientBase:
         Raises:
             ModelNotFound: the modality serves no such table.
         """
-        for m in model_routes.catalog(self.settings, modality):
-            if m.table == table:
-                return m.route_model
+        cached = self.__dict__.get("_table_routes")
+        if cached is None or cached[0] is not self.settings:
+            routes = {
+                (modality, m.table): m.route_model
+                for modality in MODALITIES
+                for m in model_routes.catalog(self.settings, modality)
+            }
+            cached = self.__dict__["_table_routes"] = (self.settings, routes)
+        key = (modality, table)
+        if key in cached[1]:
+            return cached[1][key]
         return self.served_model(modality, table).route_model
 
     def _depth_check(self, envs: Sequence[TaskEnvelope]) -> DepthCheck | None:
