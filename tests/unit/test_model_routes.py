@@ -144,3 +144,63 @@ def test_fleet_worker_refuses_a_model_its_modality_does_not_serve() -> None:
     res = CliRunner().invoke(app, ["worker", "text", "--models", "minilm,resnet18-random"])
     assert res.exit_code == 2  # refused before anything starts
     assert "--models names 'resnet18-random'" in res.output
+
+
+def _scaled(factor: int) -> Any:
+    """A model that multiplies ``x`` by ``factor``, with the buckets ``short`` and ``long``."""
+    from engine_fakes import Doubler
+
+    from workers.models.base import Prepared
+
+    class Scaled(Doubler):
+        def prepare(self, inputs: dict[str, Any]) -> Prepared:
+            bucket = "short" if inputs["x"] < 10 else "long"
+            return Prepared(bucket=bucket, length=1, nbytes=8, payload=inputs["x"])
+
+        def run_batch(self, samples: list[Any]) -> list[dict[str, Any]]:
+            self.calls.append(list(samples))
+            return [{"y": factor * s} for s in samples]
+
+        def buckets(self) -> list[str]:
+            return ["short", "long"]
+
+    return Scaled()
+
+
+def test_a_model_set_routes_each_request_and_never_mixes_models_in_a_batch() -> None:
+    a, b = _scaled(2), _scaled(3)
+    models = ModelSet({"a": a, "b": b}, default="a", runtime=_Runtime())  # type: ignore[arg-type]
+    pa, pb, pd = (models.prepare_for(m, {"x": 4}) for m in ("a", "b", None))
+    assert (pa.bucket, pb.bucket, pd.bucket) == ("a|short", "b|short", "a|short")
+    assert models.prepare_for("b", {"x": 40}).bucket == "b|long"
+    samples = [models.preprocess(p) for p in (pb, pb)]
+    assert models.run_batch(samples) == [{"y": 12}, {"y": 12}]  # b's own output
+    assert b.calls == [[4, 4]] and a.calls == []
+    with pytest.raises(RuntimeError, match="mixes models"):
+        models.run_batch([models.preprocess(pa), models.preprocess(pb)])
+    with pytest.raises(ModelNotFound, match="not served by this worker"):
+        models.prepare_for("c", {"x": 1})
+    only_b = ModelSet({"b": b}, default=None, runtime=_Runtime())  # type: ignore[arg-type]
+    with pytest.raises(ModelNotFound):
+        only_b.prepare_for(None, {"x": 1})  # the default is not served here
+    # warmup: the models take turns, each model's buckets in its own order
+    assert models.buckets() == ["a|short", "b|short", "a|long", "b|long"]
+    (example,) = models.example_inputs(1, "b|long")
+    assert models.prepare(example).bucket == "b|short"  # made for b: prepared by b
+
+
+def test_the_gateway_picks_a_version_latest_by_default_and_lists_them() -> None:
+    from producer.gateway.models import model_specs, pick_spec
+
+    specs = model_specs(settings())
+    latest = pick_spec(specs, "bge-small")
+    assert (latest.key, latest.version, latest.route_model) == ("bge-small-10", "10", latest.key)
+    assert latest.metadata()["versions"] == ["10", "2", "1"]
+    assert latest.metadata()["name"] == "bge-small"
+    assert pick_spec(specs, "bge-small", "2").key == "bge-small-2"
+    default = pick_spec(specs, "minilm")
+    assert (default.default, default.route_model, default.live_model) == (True, None, None)
+    with pytest.raises(ModelNotFound, match="unknown model 'bge-small' version '3'"):
+        pick_spec(specs, "bge-small", "3")
+    with pytest.raises(ModelNotFound, match=r"served: .*bge-small \(versions 10, 2, 1\)"):
+        pick_spec(specs, "nope")
