@@ -199,6 +199,24 @@ def test_the_exporter_reports_demand_and_consumers_per_model(fleet: Fleet) -> No
     assert 'fleet_queue_consumers{model="nobody",queue="text@nobody.realtime"} 0.0' in text
 
 
+def test_the_asyncio_client_names_a_model_and_a_version(fleet: Fleet) -> None:
+    import asyncio
+
+    from producer.client import AsyncFleetClient
+
+    async def run() -> list[Any]:
+        async with AsyncFleetClient(fleet.client.settings) as client:
+            one = await client.submit("text", {"text": TEXTS[1]}, model="tiny-bert", version="2")
+            many = await client.submit_many(
+                [SubmitRequest("text", {"text": TEXTS[1]}, model="tiny-bert", version="1")]
+            )
+            return [await h.result(60) for h in (one, *many)]
+
+    v2, v1 = asyncio.run(run())
+    _close([v2["embedding"]], fleet.reference("tiny-bert-2", TEXTS[1:2]), "v2")
+    _close([v1["embedding"]], fleet.reference("tiny-bert", TEXTS[1:2]), "v1")
+
+
 def test_versions_side_by_side_through_the_gateway(fleet: Fleet) -> None:
     s = fleet.client.settings
     auth = {"Authorization": f"Bearer {s.gateway_token()}"}
