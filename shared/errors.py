@@ -32,6 +32,7 @@ __all__ = [
     "InvalidMessage",
     "InvalidPriority",
     "ModelError",
+    "ModelNotFound",
     "NoReadyWorker",
     "PayloadTooLarge",
     "QueueFull",
@@ -89,6 +90,13 @@ class InvalidInput(FleetError):
 
 class UnsupportedModality(InvalidInput):
     code = "UNSUPPORTED_MODALITY"
+
+
+class ModelNotFound(InvalidInput):
+    """The request names a model (or a version of one) its modality does not serve: no
+    ``[models.<name>]`` table of the modality's ``model``/``models`` answers to it."""
+
+    code = "MODEL_NOT_FOUND"
 
 
 class InvalidPriority(InvalidInput):

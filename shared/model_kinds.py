@@ -82,10 +82,15 @@ _Positive = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
 
 class ModelOptions(BaseModel):
-    """What every model table has: its ``kind``. Unknown keys are refused."""
+    """What every model table has: its ``kind``, and the name and version requests reach
+    it by (``shared.model_routes``). Unknown keys are refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str
+    # The name requests use; "" = the table's own name. Two tables of one modality may
+    # share a served name with different versions (OIP's /v2/models/{name}/versions/{v}).
+    served_name: str = Field(default="", pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    version: str = Field(default="1", pattern=r"^[1-9][0-9]{0,8}$")  # Triton's: a number
 
 
 class IdentityOptions(ModelOptions):

@@ -50,7 +50,9 @@ Where orjson's rules differ from kombu's, kombu's codec is used:
 
 
 Names and keys: one queue per modality, named after it (``text``, ``image``, ``video``,
-``xmodal``), and one for its REALTIME requests (``text.realtime``, ...). Celery's Redis transport
+``xmodal``), and one for its REALTIME requests (``text.realtime``, ...); those are its default
+model's. Each other model a modality serves has its own pair, ``text@bge-small`` and
+``text@bge-small.realtime`` (``shared.model_routes``). Celery's Redis transport
 stores each priority step of a queue in its own list: the step-0 list is the queue name itself, step
 ``p`` is ``f"{queue}{PRIORITY_SEP}{p}"``.
 """
@@ -77,6 +79,7 @@ __all__ = [
     "JOB_KEY_PREFIX",
     "LIVE_FORGET_S",
     "LIVE_PREFIX",
+    "MODEL_QUEUE_SEP",
     "NOTIFY_PROBE_PREFIX",
     "OPTIONS",
     "PRIORITY_SEP",
@@ -96,6 +99,7 @@ __all__ = [
     "job_key",
     "live_key",
     "loads",
+    "model_queue_name",
     "priority_list_key",
     "queue_for",
     "queue_name",
@@ -382,7 +386,9 @@ UNACKED_INDEX_KEY = "unacked_index"
 
 
 # Sorted set per modality: node name scored by its last heartbeat (unix s), written by each
-# batching worker with its lease renewals (workers.consumer.lease); live = younger than lease_s.
+# batching worker that consumes the modality's own queue (its default model's) with its lease
+# renewals (workers.consumer.lease); live = younger than lease_s. One more per model a worker
+# serves, ``fleet:live:<modality>@<table>`` (live_key).
 LIVE_PREFIX = "fleet:live:"
 
 
@@ -416,9 +422,20 @@ def realtime_queue_name(modality: str) -> str:
     return f"{modality}.realtime"
 
 
-def queue_for(modality: str, priority_label: str) -> str:
-    """The queue a request of ``priority_label`` (``"realtime"``, ...) is sent to."""
-    return realtime_queue_name(modality) if priority_label == "realtime" else queue_name(modality)
+MODEL_QUEUE_SEP = "@"
+
+
+def model_queue_name(modality: str, model: str | None = None) -> str:
+    """The queue of one model of a modality that is not its default: ``text@bge-small``
+    (``None``: the modality's own queue, its default model's). See ``shared.model_routes``."""
+    return modality if model is None else f"{modality}{MODEL_QUEUE_SEP}{model}"
+
+
+def queue_for(modality: str, priority_label: str, model: str | None = None) -> str:
+    """The queue a request of ``priority_label`` (``"realtime"``, ...) is sent to; ``model``:
+    a non-default model's table name (``None``: the modality's default model)."""
+    queue = model_queue_name(modality, model)
+    return realtime_queue_name(queue) if priority_label == "realtime" else queue
 
 
 def priority_list_key(queue: str, celery_priority: int) -> str:
@@ -435,9 +452,13 @@ def result_key(task_id: str) -> str:
     return f"{RESULT_KEY_PREFIX}{task_id}"
 
 
-def live_key(modality: str) -> str:
-    """The liveness set of ``modality``'s workers (see ``LIVE_PREFIX``)."""
-    return f"{LIVE_PREFIX}{modality}"
+def live_key(modality: str, model: str | None = None) -> str:
+    """The liveness set of ``modality``'s workers (see ``LIVE_PREFIX``); with ``model`` (a
+    ``[models.<name>]`` table name, the default model's too), of the workers serving it:
+    ``fleet:live:text@bge-small``."""
+    if model is None:
+        return f"{LIVE_PREFIX}{modality}"
+    return f"{LIVE_PREFIX}{modality}{MODEL_QUEUE_SEP}{model}"
 
 
 def job_key(task_id: str) -> str:

@@ -290,8 +290,11 @@ def broker_errors() -> tuple[type[BaseException], ...]:
     )
 
 
-def no_worker_message(modality: str, live: dict[str, list[str]], queued: bool) -> str:
-    """Nobody consumes ``modality``'s queue: say so, what is live, and how to start one."""
+def no_worker_message(
+    modality: str, live: dict[str, list[str]], queued: bool, model: str | None = None
+) -> str:
+    """Nobody consumes ``modality``'s queue (``model``: that model's, a table name): say
+    so, what is live, and how to start one."""
     others = ", ".join(f"{m} ({len(n)})" for m, n in live.items() if n) or "none"
     then = (
         "queued anyway: it runs when a worker starts, unless its deadline passes first "
@@ -299,19 +302,27 @@ def no_worker_message(modality: str, live: dict[str, list[str]], queued: bool) -
         if queued
         else "not sent (pass --queue-anyway to queue it for a worker started later)"
     )
+    if model is not None:
+        return (
+            f"no live worker serves model '{model}' of '{modality}' (live workers: {others}); "
+            f"{then}.\n  start one: `fleet worker {modality} --models {model}`"
+        )
     return (
         f"no live worker consumes the '{modality}' queue (live workers: {others}); {then}.\n"
         f"  start one: `fleet up --modalities {modality}` (or `fleet worker {modality}`)"
     )
 
 
-def live_nodes(settings: Settings, client: Any, modality: str) -> list[str]:
-    """``modality``'s live worker nodes (fresh heartbeat), less those this run dir started
-    whose process is gone (``Stack.dead_worker_nodes``). One round trip."""
+def live_nodes(
+    settings: Settings, client: Any, modality: str, model: str | None = None
+) -> list[str]:
+    """``modality``'s live worker nodes (fresh heartbeat; ``model``: those serving that
+    table), less those this run dir started whose process is gone
+    (``Stack.dead_worker_nodes``). One round trip."""
     from producer.stack.local import Stack
 
     dead = Stack(settings).dead_worker_nodes()
-    return [n for n in client.live_workers(modality) if n not in dead]
+    return [n for n in client.live_workers(modality, model) if n not in dead]
 
 
 def live_summary(settings: Settings, client: Any) -> dict[str, list[str]]:

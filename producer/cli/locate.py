@@ -27,6 +27,7 @@ find is ``unsure``, not unknown.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,9 +77,12 @@ class Location:
         return "unknown"
 
 
-def all_queues() -> list[str]:
-    """Every queue of the fleet: each modality's and its REALTIME one."""
-    return [q for m in MODALITIES for q in (schema.queue_name(m), schema.realtime_queue_name(m))]
+def all_queues(models: Sequence[str] = ()) -> list[str]:
+    """Every queue of the fleet: each modality's and its REALTIME one, then ``models`` (the
+    queues of the models other than the modalities' defaults: ``producer.ops.exporter``'s
+    ``all_queues(settings)``)."""
+    out = [q for m in MODALITIES for q in (schema.queue_name(m), schema.realtime_queue_name(m))]
+    return out + [q for q in models if q not in out]
 
 
 def message_id(payload: Any) -> str | None:
@@ -122,10 +126,11 @@ def list_lengths(client: Any, queues: list[str]) -> list[int]:
         return [int(c) for c in pipe.execute()]
 
 
-def find_in_lists(client: Any, task_id: str) -> Location | None:
-    """Look for ``task_id`` in every queue's priority lists (see the module docstring)."""
+def find_in_lists(client: Any, task_id: str, models: Sequence[str] = ()) -> Location | None:
+    """Look for ``task_id`` in every queue's priority lists (see the module docstring;
+    ``models``: more queues, as :func:`all_queues` takes them)."""
     needle = task_id.encode()
-    queues = all_queues()
+    queues = all_queues(models)
     counts = list_lengths(client, queues)
     n = len(schema.PRIORITY_STEPS)
     for qi, q in enumerate(queues):
@@ -169,8 +174,11 @@ def trace(client: Any, task_id: str) -> Location | None:
     return Location(SUBMITTED) if job else None
 
 
-def locate(client: Any, task_id: str, can_read_queues: bool = True) -> Location:
-    """Where ``task_id`` is (see the module docstring); ``client``: a redis-py client.
+def locate(
+    client: Any, task_id: str, can_read_queues: bool = True, models: Sequence[str] = ()
+) -> Location:
+    """Where ``task_id`` is (see the module docstring); ``client``: a redis-py client;
+    ``models``: the queues of the models that are not a modality's default.
 
     ``can_read_queues``: False with credentials that may not read the queues (a producer
     user): then only the final traces are looked for.
@@ -182,7 +190,7 @@ def locate(client: Any, task_id: str, can_read_queues: bool = True) -> Location:
         return trace(client, task_id) or Location(UNSURE)
     for _attempt in range(2):
         found = (
-            find_in_lists(client, task_id)
+            find_in_lists(client, task_id, models)
             or find_in_unacked(client, task_id)
             or trace(client, task_id)
         )

@@ -110,6 +110,15 @@ class Prober:
             user, password = settings.redis_credentials("producer")
             self.can_read_queues = False
         self.client = probe_client(settings, user, password)
+        from shared.model_routes import catalog
+
+        self.queues = [  # the queues of the models that are not a modality's default
+            q
+            for m in settings.modalities
+            for s in catalog(settings, m)
+            if not s.default
+            for q in (s.queue, s.realtime_queue)
+        ]
 
     def locate(self, task_id: str) -> loc.Location:
         """Raises: redis connection errors."""
@@ -117,7 +126,7 @@ class Prober:
 
         if self.can_read_queues:
             try:
-                return loc.locate(self.client, task_id)
+                return loc.locate(self.client, task_id, models=self.queues)
             except NoPermissionError:  # a producer user's FLEET_REDIS__PASSWORD
                 self.can_read_queues = False
         return loc.locate(self.client, task_id, can_read_queues=False)

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from producer.cli.base import MODEL_ENV, CliProblem, ExitCode, app, cli_settings, emit
-from shared.schema import realtime_queue_name
 from shared.settings import MODALITIES
 
 if TYPE_CHECKING:
@@ -40,11 +39,21 @@ def worker(
     name: Annotated[
         str, typer.Option(help="node name before @host (default: from --replica)")
     ] = "",
+    models: Annotated[
+        str,
+        typer.Option(
+            help="the models to serve, comma-separated [models.<name>] tables (default: "
+            "every model of [modalities.MODALITY] model and models); each is loaded once"
+        ),
+    ] = "",
 ) -> None:
     """Run one worker process for MODALITY in the foreground (a thin wrapper over
     `celery worker -Q MODALITY`). A second worker of a modality on one host needs
-    --replica 1 (its own node name and metrics port)."""
+    --replica 1 (its own node name and metrics port). --models picks the models it serves
+    (docs/models.md, "Several models per modality")."""
     from producer.stack.local import replica_metrics_base
+    from shared.errors import ModelNotFound
+    from shared.model_routes import worker_models, worker_queues
 
     if modality not in MODALITIES:
         raise CliProblem(
@@ -63,10 +72,18 @@ def worker(
         env["FLEET_METRICS__PORT_BASE"] = str(base)
     for k, v in MODEL_ENV.items():
         env.setdefault(k, v)
-    # With a REALTIME lane the worker reads <modality>.realtime on a channel of its own
+    try:
+        served = worker_models(settings, modality, models or env.get("FLEET_WORKER_MODELS", ""))
+    except ModelNotFound as exc:
+        raise CliProblem(exc.message, ExitCode.REFUSED) from None
+    if not served:
+        raise CliProblem(f"[modalities.{modality}] serves no configured model", ExitCode.REFUSED)
+    env["FLEET_WORKER_MODELS"] = ",".join(m.table for m in served)
+    # With a REALTIME lane the worker reads <queue>.realtime on a channel of its own
     # (workers/consumer/realtime.py); otherwise both queues share the main prefetch window.
+    # Each model has its own queues; the default model's are the modality's.
     lane = mode == "batch" and settings.modality(modality).batching.realtime_lane
-    queues = modality if lane else f"{modality},{realtime_queue_name(modality)}"
+    queues = ",".join(worker_queues(served, realtime_apart=lane)[0])
     node = name or (f"{modality}-{replica}" if replica else modality)
     argv = [
         sys.executable, "-m", "celery", "-A", "workers.consumer.app", "worker",
@@ -190,15 +207,18 @@ def status() -> None:
     when everything started is alive and Redis answers, 3 otherwise (the cause on stderr).
 
     live_workers: nodes with a fresh heartbeat, less the workers of this run dir whose
-    process is gone (listed under dead_workers at once, not after lease_s)."""
+    process is gone (listed under dead_workers at once, not after lease_s); live_models:
+    the same per model, modality -> {model table: nodes serving it}."""
     from producer.cli.diagnose import broker_problem
     from producer.stack.local import Stack
+    from shared.model_routes import catalog
 
     settings = cli_settings()
     stack = Stack(settings)
     procs = stack.status()
     redis_problem = broker_problem(settings, "operator")
     live: dict[str, list[str]] = {}
+    models: dict[str, dict[str, list[str]]] = {}
     dead_nodes = stack.dead_worker_nodes()
     if redis_problem is None:
         from producer.client import FleetClient
@@ -210,6 +230,14 @@ def status() -> None:
             live = {
                 m: [n for n in client.live_workers(m) if n not in dead_nodes] for m in MODALITIES
             }
+            for m in MODALITIES:
+                models[m] = {
+                    s.table: [n for n in client.live_workers(m, s.table) if n not in dead_nodes]
+                    for s in catalog(settings, m)
+                }
+                # a worker of other models only is not in the modality's own set
+                live[m] = sorted({*live[m], *(n for ns in models[m].values() for n in ns)})
+            models = {m: t for m, t in models.items() if live[m]}
         finally:
             client.close()
     emit(
@@ -219,6 +247,7 @@ def status() -> None:
             "processes": procs,
             "redis": "ok" if redis_problem is None else redis_problem.splitlines()[0],
             "live_workers": {m: n for m, n in live.items() if n},
+            "live_models": models,
             "dead_workers": sorted(dead_nodes),
         }
     )

@@ -41,6 +41,21 @@ QueueAnywayOpt = Annotated[
         help="queue the request even when no live worker consumes the modality's queue",
     ),
 ]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="the model to run it (a served name or [models.<name>] table); default: the "
+        "modality's default model",
+        show_default=False,
+    ),
+]
+VersionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model-version", help="the model's version (default: its latest)", show_default=False
+    ),
+]
 FullOpt = Annotated[
     bool,
     typer.Option(
@@ -108,6 +123,8 @@ def run_submit(
     full: bool = True,
     queue_anyway: bool = False,
     precheck: Callable[[Settings], None] | None = None,
+    model: str | None = None,
+    version: str | None = None,
 ) -> None:
     """Check, submit, wait, resolve tensor outputs and print the outcome as JSON.
 
@@ -131,12 +148,16 @@ def run_submit(
             precheck(settings)
         require_broker(settings)
         client = FleetClient(settings)
-        client.envelope(modality, {}, priority, timeout_s)  # modality, priority, timeout
+        # modality, priority, timeout and model (MODEL_NOT_FOUND, exit 2)
+        env = client.envelope(modality, {}, priority, timeout_s, model, version)
         if modality in MODALITIES:
-            _check_live_worker(settings, client, modality, wait_s > 0 and not queue_anyway)
+            waiting = wait_s > 0 and not queue_anyway  # no model named: the modality's queue
+            _check_live_worker(settings, client, modality, waiting, env.model)
         inputs = make_inputs(client)
         try:
-            handle = client.submit(modality, inputs, priority=priority, timeout_s=timeout_s)
+            handle = client.submit(
+                modality, inputs, priority, timeout_s, model=model, version=version
+            )
         except BaseException:
             client.release_inputs(inputs)
             raise
@@ -159,18 +180,21 @@ def run_submit(
     emit({"id": handle.id, "result": jsonable(result, full)})
 
 
-def _check_live_worker(settings: Settings, client: Any, modality: str, waiting: bool) -> None:
-    """No live worker for ``modality``: fail when the caller would wait for it,
-    else warn on stderr that the request stays queued.
+def _check_live_worker(
+    settings: Settings, client: Any, modality: str, waiting: bool, model: str | None = None
+) -> None:
+    """No live worker for ``modality``'s ``model`` (a table; ``None``: one consuming the
+    modality's own queue, its default model's): fail when the caller would wait for it, else
+    warn on stderr that the request stays queued.
 
     Raises:
         typer.Exit: no ready worker and ``waiting``.
     """
     from producer.cli.diagnose import live_nodes, live_summary, no_worker_message
 
-    if live_nodes(settings, client, modality):
+    if live_nodes(settings, client, modality, model):
         return
-    msg = no_worker_message(modality, live_summary(settings, client), queued=not waiting)
+    msg = no_worker_message(modality, live_summary(settings, client), not waiting, model)
     if waiting:
         fail(NoReadyWorker(msg.splitlines()[0]), hint=msg.splitlines()[1].strip())
     typer.echo(f"warning: {msg}", err=True)
@@ -262,9 +286,12 @@ def submit_text(
     timeout_s: TimeoutOpt = None,
     wait_s: WaitOpt = 30.0,
     queue_anyway: QueueAnywayOpt = False,
+    model: ModelOpt = None,
+    model_version: VersionOpt = None,
 ) -> None:
-    """Embed a text with all-MiniLM-L6-v2 (384 floats, unit norm): --text TEXT, or
-    --text-file PATH (- reads standard input)."""
+    """Embed a text with the text modality's model (all-MiniLM-L6-v2 by default: 384 floats,
+    unit norm; --model picks another): --text TEXT, or --text-file PATH (- reads standard
+    input)."""
     read: list[str] = []  # the text, once the precheck read it (before anything is sent)
 
     def precheck(settings: Settings) -> None:
@@ -278,6 +305,8 @@ def submit_text(
         wait_s=wait_s,
         queue_anyway=queue_anyway,
         precheck=precheck,
+        model=model,
+        version=model_version,
     )
 
 
@@ -304,6 +333,8 @@ def submit_image(
     timeout_s: TimeoutOpt = None,
     wait_s: WaitOpt = 30.0,
     queue_anyway: QueueAnywayOpt = False,
+    model: ModelOpt = None,
+    model_version: VersionOpt = None,
 ) -> None:
     """Embed and label an image with the configured vision model (EfficientNet-Lite0: a
     1,280-d embedding and its top-k ImageNet labels)."""
@@ -317,6 +348,8 @@ def submit_image(
         wait_s=wait_s,
         queue_anyway=queue_anyway,
         precheck=lambda s: check_inline_file(file, s, "image file"),
+        model=model,
+        version=model_version,
     )
 
 
@@ -329,6 +362,8 @@ def submit_video(
     wait_s: WaitOpt = 120.0,
     full: FullOpt = False,
     queue_anyway: QueueAnywayOpt = False,
+    model: ModelOpt = None,
+    model_version: VersionOpt = None,
 ) -> None:
     """Embed a video's sampled frames: per-frame embeddings, a clip embedding and the clip's
     top-k labels.
@@ -346,6 +381,8 @@ def submit_video(
         full=full,
         queue_anyway=queue_anyway,
         precheck=lambda _s: check_file(file, "video file"),
+        model=model,
+        version=model_version,
     )
 
 
@@ -359,6 +396,8 @@ def submit_xmodal(
     wait_s: WaitOpt = 30.0,
     full: FullOpt = False,
     queue_anyway: QueueAnywayOpt = False,
+    model: ModelOpt = None,
+    model_version: VersionOpt = None,
 ) -> None:
     """Score an image against texts with the xmodal modality's model ("scores" in the order
     of the texts).
@@ -385,6 +424,8 @@ def submit_xmodal(
         full=full,
         queue_anyway=queue_anyway,
         precheck=precheck,
+        model=model,
+        version=model_version,
     )
 
 
@@ -396,6 +437,8 @@ def submit_raw(
     timeout_s: TimeoutOpt = None,
     wait_s: WaitOpt = 30.0,
     queue_anyway: QueueAnywayOpt = False,
+    model: ModelOpt = None,
+    model_version: VersionOpt = None,
 ) -> None:
     """Submit any modality with inputs given as JSON (checked by the worker only)."""
     try:
@@ -410,6 +453,8 @@ def submit_raw(
         timeout_s=timeout_s,
         wait_s=wait_s,
         queue_anyway=queue_anyway,
+        model=model,
+        version=model_version,
     )
 
 

@@ -116,11 +116,14 @@ class AsyncFleetClient(ClientBase):
         priority: str = "normal",
         timeout_s: float | None = None,
         task_id: str | None = None,
+        model: str | None = None,
+        version: str | None = None,
     ) -> AsyncResultHandle:
         """``FleetClient.submit`` on asyncio: one request (``task_id``: its id, default the
-        one :meth:`video_inputs` bound its video input to, else a fresh uuid4), returned
-        once it is on Redis as its handle. Raises as :meth:`submit_many`."""
-        request = SubmitRequest(modality, inputs, priority, timeout_s, task_id)
+        one :meth:`video_inputs` bound its video input to, else a fresh uuid4; ``model`` and
+        ``version``: the model, default the modality's), returned once it is on Redis as its
+        handle. Raises as :meth:`submit_many`."""
+        request = SubmitRequest(modality, inputs, priority, timeout_s, task_id, model, version)
         return (await self.submit_many([request]))[0]
 
     async def submit_many(self, requests: Iterable[SubmitRequest]) -> list[AsyncResultHandle]:
@@ -197,16 +200,18 @@ class AsyncFleetClient(ClientBase):
             self.clock.observe(reply, sent, time.monotonic())
 
     # -- queue state, cancelling ----------------------------------------------------------
-    async def queue_depth(self, modality: str) -> dict[str, int]:
-        """Messages waiting in ``modality``'s queue, per priority class (one round trip).
+    async def queue_depth(self, modality: str, model: str | None = None) -> dict[str, int]:
+        """Messages waiting in ``modality``'s queue (``model``: a model's), per priority
+        class (one round trip).
 
         Raises:
             BrokerUnavailable: Redis refused it or could not be reached.
         """
         names = [p.label for p in Priority]
+        route = None if model is None else self.route_model(modality, model)
         keys = [
             schema.priority_list_key(
-                schema.queue_for(modality, name),
+                schema.queue_for(modality, name, route),
                 Priority.parse(name).celery_priority(self.settings),
             )
             for name in names
@@ -215,10 +220,11 @@ class AsyncFleetClient(ClientBase):
             counts = await self._run([("LLEN", k) for k in keys], transaction=False)
         return dict(zip(names, (int(c) for c in counts), strict=True))
 
-    async def live_workers(self, modality: str) -> list[str]:
+    async def live_workers(self, modality: str, model: str | None = None) -> list[str]:
         """Node names of ``modality``'s batching workers that are alive: a heartbeat
         (``fleet:live:<modality>``) younger than ``[redis] lease_s`` on Redis' clock, as
-        ``FleetClient.live_workers`` reads it. One round trip (two when the clock is due).
+        ``FleetClient.live_workers`` reads it (``model``, a table name: those serving it).
+        One round trip (two when the clock is due).
 
         Raises:
             BrokerUnavailable: Redis is unreachable or refused the read.
@@ -226,7 +232,8 @@ class AsyncFleetClient(ClientBase):
         with broker_faults("could not read worker liveness"):
             await self._sample_clock()
             since = self.clock.peek() - self.settings.redis.lease_s
-            raw = await self.redis.zrangebyscore(schema.live_key(modality), since, "+inf")
+            key = schema.live_key(modality, model)
+            raw = await self.redis.zrangebyscore(key, since, "+inf")
         return node_names(raw)
 
     async def cancel(self, task_id: str, reason: str = "cancelled by its producer") -> bool:

@@ -42,7 +42,7 @@ from celery import Celery
 
 from producer.client.results import ResultHandle, ResultReading, resolve_tensors, tensor_wires
 from producer.client.wire import DepthCheck, Outgoing, PayloadBuilder, Pusher, fresh_ids
-from shared import schema, tracing
+from shared import model_routes, schema, tracing
 from shared.celery_app import make_app
 from shared.clock import RedisClock
 from shared.errors import FleetError, InvalidInput, PayloadTooLarge, UnsupportedModality
@@ -81,6 +81,8 @@ class SubmitRequest:
     priority: str = "normal"
     timeout_s: float | None = None
     task_id: str | None = None  # None: the id its video input is bound to, else a fresh one
+    model: str | None = None  # a served name or table name; None: the modality's default
+    version: str | None = None  # the model's version; None: its latest (shared.model_routes)
 
 
 _TEXT_MODALITIES = frozenset({"text", "xmodal"})
@@ -215,25 +217,58 @@ class ClientBase:
         inputs: dict[str, Any],
         priority: str = "normal",
         timeout_s: float | None = None,
+        model: str | None = None,
+        version: str | None = None,
     ) -> TaskEnvelope:
-        """Validate and build the envelope of one request (no I/O).
+        """Validate and build the envelope of one request (no I/O). ``model`` and
+        ``version`` name the model (``shared.model_routes.resolve``; the envelope carries
+        its table name); ``None``: the modality's default.
 
         Raises:
             UnsupportedModality: ``modality`` is not served.
+            ModelNotFound: the modality serves no such model (or version).
             InvalidPriority: ``priority`` is not a class name.
             InvalidInput: ``inputs`` is not a JSON object or ``timeout_s`` is not positive.
             PayloadTooLarge: the inline payload exceeds ``limits.max_inline_bytes``, or a text
                 ``limits.max_text_chars``.
         """
-        return self._validated(modality, inputs, priority, timeout_s)[0]
+        return self._validated(modality, inputs, priority, timeout_s, model, version)[0]
 
     def _validated(
-        self, modality: str, inputs: dict[str, Any], priority: str, timeout_s: float | None
+        self,
+        modality: str,
+        inputs: dict[str, Any],
+        priority: str,
+        timeout_s: float | None,
+        model: str | None = None,
+        version: str | None = None,
     ) -> tuple[TaskEnvelope, bytes]:
         """:meth:`envelope`'s envelope and its inputs' JSON (UTF-8, compact: what the message
         carries, measured against ``max_inline_bytes``). Raises as :meth:`envelope`."""
-        envs, datas = self._validated_many([SubmitRequest(modality, inputs, priority, timeout_s)])
+        request = SubmitRequest(modality, inputs, priority, timeout_s, model=model, version=version)
+        envs, datas = self._validated_many([request])
         return envs[0], datas[0]
+
+    def served_model(
+        self, modality: str, model: str | None = None, version: str | None = None
+    ) -> model_routes.ServedModel:
+        """The model a request of ``modality`` naming ``model``/``version`` reaches
+        (``shared.model_routes.resolve``), from a table made once per settings.
+
+        Raises:
+            ModelNotFound: the modality serves no such model (or version).
+        """
+        cached = self.__dict__.get("_model_table")
+        if cached is None or cached[0] is not self.settings:
+            cached = self.__dict__["_model_table"] = (self.settings, {})
+        table: dict[tuple[str, str | None, str | None], model_routes.ServedModel] = cached[1]
+        key = (modality, model, version)
+        found = table.get(key)
+        if found is None:
+            found = model_routes.resolve(self.settings, modality, model, version)
+            if len(table) < 1024:
+                table[key] = found
+        return found
 
     def _validated_many(
         self, requests: list[SubmitRequest], now_ms: float | None = None
@@ -289,6 +324,8 @@ class ClientBase:
                 "deadline_ms": None if timeout_s is None else now_ms + timeout_s * 1000.0,
                 "inputs": inputs,
             }
+            if r.model is not None or r.version is not None:  # named: its table travels
+                fields["model"] = self.served_model(modality, r.model, r.version).table
             envs.append(_validate_envelope(fields))  # TaskEnvelope(**fields): pydantic validates
             datas.append(data)
         return envs, datas
@@ -338,37 +375,75 @@ class ClientBase:
         while part := list(itertools.islice(requests, BUILD_BATCH)):
             yield from builder.build_many(part, route, reply_to, events)
 
-    def _routes(self) -> dict[tuple[str, str], tuple[str, int]]:
-        """(modality, priority label) -> (queue, Celery priority), for every pair: made once
-        per settings (they are frozen)."""
+    def _routes(self) -> dict[tuple[str, str, str | None], tuple[str, int]]:
+        """(modality, priority label, model table or ``None``) -> (queue, Celery priority),
+        for every triple: made once per settings (they are frozen). A model's queues are
+        its own, the default model's the modality's (``shared.model_routes``)."""
         cached = self.__dict__.get("_route_table")
         if cached is None or cached[0] is not self.settings:
             prios = {p.label: p.celery_priority(self.settings) for p in Priority}
-            table = {
-                (modality, label): (schema.queue_for(modality, label), prio)
-                for modality in MODALITIES
-                for label, prio in prios.items()
-            }
+            table = {}
+            for modality in MODALITIES:
+                models: list[tuple[str | None, str | None]] = [(None, None)]
+                models += [
+                    (m.table, m.route_model) for m in model_routes.catalog(self.settings, modality)
+                ]
+                for table_name, route in models:
+                    for label, prio in prios.items():
+                        queue = schema.queue_for(modality, label, route)
+                        table[(modality, label, table_name)] = (queue, prio)
             cached = self.__dict__["_route_table"] = (self.settings, table)
         return cached[1]
 
+    def _route_model(self, env: TaskEnvelope) -> str | None:
+        """The model part of ``env``'s queue names (``None``: the modality's own)."""
+        return None if env.model is None else self.route_model(env.modality, env.model)
+
+    def route_model(self, modality: str, table: str) -> str | None:
+        """The model part of the queue names of ``modality``'s model ``table`` (a
+        ``[models.<name>]`` table, as envelopes carry it; ``None``: the modality's own
+        queues).
+
+        Raises:
+            ModelNotFound: the modality serves no such table.
+        """
+        cached = self.__dict__.get("_table_routes")
+        if cached is None or cached[0] is not self.settings:
+            routes = {
+                (modality, m.table): m.route_model
+                for modality in MODALITIES
+                for m in model_routes.catalog(self.settings, modality)
+            }
+            cached = self.__dict__["_table_routes"] = (self.settings, routes)
+        key = (modality, table)
+        if key in cached[1]:
+            return cached[1][key]
+        return self.served_model(modality, table).route_model
+
     def _depth_check(self, envs: Sequence[TaskEnvelope]) -> DepthCheck | None:
         """The queue-length check of a submission of ``envs`` (for :meth:`publish_many`):
-        the priority lists of its modalities that have limits. ``None``: none has."""
-        limited = []
-        for modality in {e.modality for e in envs}:
+        the priority lists of the queues it sends to whose modalities have limits (each
+        model's queue holds the modality's limits on its own). ``None``: none has."""
+        routes = [None if e.model is None else self._route_model(e) for e in envs]
+        limited = set()
+        for modality, route in set(zip([e.modality for e in envs], routes, strict=True)):
             cfg = self.settings.modalities.get(modality)
             if cfg is not None and (cfg.max_queue_length or cfg.max_queue_length_by_priority):
-                limited.append(modality)
+                limited.add((modality, route))
         if not limited:
             return None
         prios = {p.label: p.celery_priority(self.settings) for p in Priority}
         rows = [
-            (modality, label, schema.priority_list_key(schema.queue_for(modality, label), step))
-            for modality in sorted(limited)
+            (
+                modality,
+                label,
+                schema.priority_list_key(schema.queue_for(modality, label, route), step),
+                route,
+            )
+            for modality, route in sorted(limited, key=lambda x: (x[0], x[1] or ""))
             for label, step in prios.items()
         ]
-        return DepthCheck(self.settings, envs, rows)
+        return DepthCheck(self.settings, envs, rows, routes)
 
     def _submission(
         self,
@@ -635,8 +710,9 @@ class Publishing:
         """
         return push_messages(self.app, self.payloads(), messages, chunk, check)
 
-    def queue_depth(self, modality: str) -> dict[str, int]:
-        """Messages waiting in ``modality``'s queue, per priority class (one round trip).
+    def queue_depth(self, modality: str, model: str | None = None) -> dict[str, int]:
+        """Messages waiting in ``modality``'s queue (``model``: a model's, by table name),
+        per priority class (one round trip).
 
         Uses a pooled broker connection: cheap enough to call before every submission.
 
@@ -645,12 +721,13 @@ class Publishing:
         """
         names = [p.label for p in Priority]
         prios = [Priority.parse(n).celery_priority(self.settings) for n in names]
+        route = None if model is None else self.route_model(modality, model)
         try:
             with self.app.pool.acquire(block=True) as conn:
                 client = conn.default_channel.client
                 with client.pipeline(transaction=False) as pipe:
                     for name, p in zip(names, prios, strict=True):
-                        queue = schema.queue_for(modality, name)
+                        queue = schema.queue_for(modality, name, route)
                         pipe.llen(schema.priority_list_key(queue, p))
                     counts = pipe.execute()
         except BROKER_FAULTS as exc:
@@ -659,11 +736,13 @@ class Publishing:
             raise broker_unavailable(exc, "could not read the queue depth") from exc
         return dict(zip(names, (int(c) for c in counts), strict=True))
 
-    def live_workers(self, modality: str) -> list[str]:
+    def live_workers(self, modality: str, model: str | None = None) -> list[str]:
         """Node names of ``modality``'s batching workers that are ready and alive: those
         whose last heartbeat (``fleet:live:<modality>``, written with every lease renewal)
         is younger than ``[redis] lease_s``, both on Redis' clock (``self.clock``; a
         producer or worker whose own clock is off sees the same). One round trip.
+        ``model`` (a table name, as :meth:`served_model` gives it): those serving that model
+        (``fleet:live:<modality>@<table>``).
 
         Raises:
             BrokerUnavailable: Redis is unreachable or refused the read (``MISCONF``
@@ -673,7 +752,8 @@ class Publishing:
         try:
             with self.app.pool.acquire(block=True) as conn:
                 client = conn.default_channel.client
-                nodes = client.zrangebyscore(schema.live_key(modality), since, "+inf")
+                key = schema.live_key(modality, model)
+                nodes = client.zrangebyscore(key, since, "+inf")
         except BROKER_FAULTS as exc:
             if reason_of(exc) is None:
                 raise
@@ -744,22 +824,29 @@ class FleetClient(ClientBase, Publishing, ResultReading):
         priority: str = "normal",
         timeout_s: float | None = None,
         task_id: str | None = None,
+        model: str | None = None,
+        version: str | None = None,
     ) -> ResultHandle:
         """Enqueue one request; returns at once with its handle.
 
         Args:
             task_id: the request's id (default: the one :meth:`video_inputs` bound its video
                 input to, else a fresh uuid4).
+            model: the model to run it (a served name, or a ``[models.<name>]`` table
+                name); ``None``: the modality's default. ``version``: that model's version
+                (``None``: its latest).
 
         Raises:
-            FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
-                modality's queue holds ``max_queue_length`` messages.
+            FleetError: invalid request (see :meth:`envelope`; ``ModelNotFound`` for a model
+                the modality does not serve), or ``QueueFull`` when the model's queue holds
+                ``max_queue_length`` messages.
             BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
                 ``READONLY``, ``NOPERM``; at once, never retried), refused the credentials
                 (``AUTH``; at once) or is not Redis (``NOT_REDIS``), or stayed unreachable
                 through the publish retries (``UNREACHABLE``; see :meth:`submit_many`).
         """
-        return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s, task_id)])[0]
+        request = SubmitRequest(modality, inputs, priority, timeout_s, task_id, model, version)
+        return self.submit_many([request])[0]
 
     def submit_many(self, requests: Iterable[SubmitRequest]) -> list[ResultHandle]:
         """Enqueue many requests: pipelined, ``CHUNK`` requests per Redis transaction.

@@ -245,25 +245,25 @@ class PayloadBuilder:
         summary as the message's ``kwargsrepr``), as JSON, to be sent in a group
         (:meth:`sent_group`); else ``None``. ``inputs_json``: ``env.inputs`` as
         :func:`shared.schema.compact` wrote it, when the caller has it (validation does)."""
-        route = {(env.modality, env.priority): (queue, celery_priority)}
+        route = {(env.modality, env.priority, env.model): (queue, celery_priority)}
         return self.build_many([(env, task_id, inputs_json)], route, reply_to, sent_event)[0]
 
     def build_many(
         self,
         requests: Sequence[tuple[TaskEnvelope, str, bytes | None]],
-        route: Mapping[tuple[str, str], tuple[str, int]],
+        route: Mapping[tuple[str, str, str | None], tuple[str, int]],
         reply_to: str,
         sent_event: bool = False,
     ) -> list[Outgoing]:
         """:meth:`build` of many requests ``(env, task_id, inputs_json)``: one loop, the
-        templates looked up once per kind. ``route``: (modality, priority label) -> (queue,
-        Celery priority) for every pair among them.
+        templates looked up once per kind. ``route``: (modality, priority label, model) ->
+        (queue, Celery priority) for every triple among them.
 
         Raises:
-            KeyError: a request's (modality, priority) is not in ``route``.
+            KeyError: a request's (modality, priority, model) is not in ``route``.
             TypeError, ValueError: inputs that are not JSON (see :func:`envelope_json`).
         """
-        kinds: dict[tuple[str, str], tuple[_Kind, _Format | None]] = {}
+        kinds: dict[tuple[str, str, str | None], tuple[_Kind, _Format | None]] = {}
         summaries = self._summaries
         tags = self._delivery_tags(len(requests))
         tracing_on = tracing.active()
@@ -274,7 +274,7 @@ class PayloadBuilder:
         out: list[Outgoing] = []
         for (env, task_id, data), tag in zip(requests, tags, strict=True):
             d = env.__dict__  # pydantic's field values, in field order
-            pair = (d["modality"], d["priority"])
+            pair = (d["modality"], d["priority"], d["model"])
             found = kinds.get(pair)
             if found is None:
                 queue, prio = route[pair]
@@ -282,7 +282,7 @@ class PayloadBuilder:
                 found = kinds[pair] = (self._kind(pair[0], queue, prio, reply_to), event)
             kind, event = found
             tid = orjson.dumps(task_id)
-            summary = summaries.get((*pair, d["model"], *d["inputs"])) or self._summary(env)
+            summary = summaries.get((*pair, *d["inputs"])) or self._summary(env)
             message = kind.message
             if (fv := _fleet_values(d)) != last:  # one submit time for a call's requests
                 last, fleet = fv, ((_json(fv),) if _FLEET_ONE else tuple(map(_json, fv)))
@@ -719,25 +719,30 @@ class Pusher:
 @dataclass(frozen=True)
 class DepthCheck:
     """The queue-length limits (``max_queue_length``, ``max_queue_length_by_priority``)
-    against one submission: ``rows`` (modality, class label, priority list) are asked with
-    ``LLEN`` (:meth:`commands`) and their answers judged (:meth:`judge`)."""
+    against one submission: ``rows`` (modality, class label, priority list, model of the
+    queue) are asked with ``LLEN`` (:meth:`commands`) and their answers judged
+    (:meth:`judge`), each model's queue on its own; ``models``: each envelope's queue model
+    (``None``: the modality's own queue)."""
 
     settings: Settings
     envs: Sequence[TaskEnvelope]
-    rows: list[tuple[str, str, str]]
+    rows: list[tuple[str, str, str, str | None]]
+    models: Sequence[str | None] | None = None
 
     def commands(self) -> list[tuple[Any, ...]]:
         """One ``LLEN`` per row."""
-        return [("LLEN", key) for _, _, key in self.rows]
+        return [("LLEN", row[2]) for row in self.rows]
 
     def judge(self, counts: Sequence[Any]) -> None:
         """Raises ``QueueFull`` when the submission does not fit (``counts``: the
         ``LLEN`` answers, in ``rows``' order)."""
-        depth: dict[str, dict[str, int]] = {}
-        for (modality, label, _), n in zip(self.rows, counts, strict=True):
-            depth.setdefault(modality, {})[label] = int(n)
-        for modality, by_class in depth.items():
-            judge(self.settings, modality, by_class, self.envs)
+        depth: dict[tuple[str, str | None], dict[str, int]] = {}
+        for (modality, label, _, model), n in zip(self.rows, counts, strict=True):
+            depth.setdefault((modality, model), {})[label] = int(n)
+        models = self.models if self.models is not None else [None] * len(self.envs)
+        for (modality, model), by_class in depth.items():
+            envs = [e for e, m in zip(self.envs, models, strict=True) if m == model]
+            judge(self.settings, modality, by_class, envs)
 
 
 def judge(

@@ -32,6 +32,7 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from shared import schema
 from shared.settings import PRIORITY_NAMES, ModalityConfig
 
 MIN_SPAN_S = 1.0  # completions must span this long for a rate to count
@@ -119,9 +120,17 @@ def ahead_of(priority: str, depth: dict[str, int]) -> int:
     return sum(depth.get(p, 0) for p in order[: order.index(priority) + 1])
 
 
-def queue_of(modality: str, priority: str) -> str:
-    """The rate meter's key: the queue the request travels on."""
-    return f"{modality}.realtime" if priority == "realtime" else modality
+def queue_of(modality: str, priority: str, model: str | None = None) -> str:
+    """The rate meter's key: the queue the request travels on (``model``: a model's table
+    when it is not its modality's default; ``shared.model_routes``)."""
+    return schema.queue_for(modality, priority, model)
+
+
+def meter_queue(queue: str) -> tuple[str, str | None]:
+    """``(modality, model)`` of a meter's queue (:func:`queue_of`)."""
+    base = queue.removesuffix(".realtime")
+    modality, sep, model = base.partition(schema.MODEL_QUEUE_SEP)
+    return modality, (model if sep else None)
 
 
 def queue_full(

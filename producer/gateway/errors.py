@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 # answered in the body beside the code (``render.fleet_error_response``).
 from shared.errors import BrokerUnavailable as BrokerUnavailable
 from shared.errors import FleetError
+from shared.errors import ModelNotFound as ModelNotFound  # 404: a model no modality serves
 
 # One status per code. Documented in docs/gateway.md ("Status codes"); a unit test
 # keeps the two and shared.errors in step.
@@ -95,10 +96,6 @@ class Unauthorized(GatewayError):
 
 class NotFound(GatewayError):
     code = "NOT_FOUND"
-
-
-class ModelNotFound(GatewayError):
-    code = "MODEL_NOT_FOUND"
 
 
 class AlreadyFinal(GatewayError):

@@ -47,6 +47,7 @@ from producer.gateway.admission import (
     SentJobs,
     ahead_of,
     deadline_refusal,
+    meter_queue,
     queue_full,
     queue_of,
 )
@@ -197,13 +198,13 @@ class JobService:
             await asyncio.sleep(DEPTH_SAMPLE_S)
             now = time.monotonic()
             active = {
-                q.split(".", 1)[0]
+                meter_queue(q)
                 for q, m in self.meters.items()
                 if now - m.last_activity < self.gw.admission_window_s
             }
-            for modality in active:
+            for modality, model in active:
                 with contextlib.suppress(Exception):
-                    await self._depth_now(modality)
+                    await self._depth_now(modality, model)
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -218,30 +219,32 @@ class JobService:
         return await asyncio.shield(fut)
 
     # -- readiness and queue depth --------------------------------------------------------
-    async def live_workers(self, modality: str) -> list[str]:
-        """Live worker nodes of ``modality`` (``AsyncFleetClient.live_workers``, cached
-        ``live_cache_s``; concurrent callers share one read). The client samples Redis' clock
-        there when due: the submit times and deadlines of envelopes count from it.
+    async def live_workers(self, modality: str, model: str | None = None) -> list[str]:
+        """Live worker nodes of ``modality`` (``model``: those serving that table;
+        ``AsyncFleetClient.live_workers``, cached ``live_cache_s``; concurrent callers share
+        one read). The client samples Redis' clock there when due: the submit times and
+        deadlines of envelopes count from it.
 
         Raises:
             BrokerUnavailable: Redis could not be asked.
         """
         now = time.monotonic()
-        hit = self._live.get(modality)
+        key = modality if model is None else f"{modality}@{model}"
+        hit = self._live.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
 
         async def read() -> list[str]:
             try:
-                nodes = await self.client.live_workers(modality)
+                nodes = await self.client.live_workers(modality, model)
             except BROKER_FAULTS as exc:  # the client's own are BrokerUnavailable already
                 raise broker_unavailable(exc, "cannot read worker liveness") from None
-            self._live[modality] = (time.monotonic() + self.gw.live_cache_s, nodes)
+            self._live[key] = (time.monotonic() + self.gw.live_cache_s, nodes)
             return nodes
 
-        return await self._single_flight(f"live:{modality}", read)
+        return await self._single_flight(f"live:{key}", read)
 
-    async def _depth_now(self, modality: str) -> dict[str, int]:
+    async def _depth_now(self, modality: str, model: str | None = None) -> dict[str, int]:
         """Requests waiting in Redis per class, read now (``AsyncFleetClient.queue_depth``:
         admission judges the depth as of this request), and observed by the rate meters.
 
@@ -249,13 +252,13 @@ class JobService:
             BrokerUnavailable: Redis did not answer.
         """
         try:
-            depth = await self.client.queue_depth(modality)
+            depth = await self.client.queue_depth(modality, model)
         except BROKER_FAULTS as exc:  # the client's own are BrokerUnavailable already
             raise broker_unavailable(exc, "cannot read the queue depth") from None
         now = time.monotonic()
-        self.meter(queue_of(modality, "realtime")).observe_depth(now, depth["realtime"])
+        self.meter(queue_of(modality, "realtime", model)).observe_depth(now, depth["realtime"])
         main = sum(v for k, v in depth.items() if k != "realtime")
-        self.meter(queue_of(modality, "normal")).observe_depth(now, main)
+        self.meter(queue_of(modality, "normal", model)).observe_depth(now, main)
         return depth
 
     def meter(self, queue: str) -> RateMeter:
@@ -275,9 +278,10 @@ class JobService:
 
     async def _require_live(self, spec: ModelSpec) -> None:
         """Raises NoReadyWorker when no live worker serves ``spec``'s modality."""
-        if not await self.live_workers(spec.modality):
+        if not await self.live_workers(spec.modality, spec.live_model):
             raise NoReadyWorker(
-                f"no live {spec.modality} worker serves model {spec.name!r}",
+                f"no live {spec.modality} worker serves model {spec.name!r} "
+                f"(version {spec.version})",
             )
 
     def _admit(
@@ -293,7 +297,7 @@ class JobService:
         if not self.gw.admission:
             return
         ahead = ahead_of(priority, depth)
-        meter = self.meter(queue_of(spec.modality, priority))
+        meter = self.meter(queue_of(spec.modality, priority, spec.route_model))
         now = time.monotonic()
         if timeout_s is None:
             timeout_s = Priority.parse(priority).default_timeout_s(self.settings)
@@ -332,7 +336,7 @@ class JobService:
             # before the video is written to /dev/shm for nothing
             existing = await self.get_job(task_id)
             if existing is not None:
-                return same_request(existing, spec.name, fingerprint), False
+                return same_request(existing, spec.key, fingerprint), False
         task_id = task_id or str(uuid.uuid4())
         await self._require_live(spec)
         if video is not None:
@@ -347,7 +351,7 @@ class JobService:
             env = await self._envelope(spec, inputs, priority, timeout_s, body_bytes)
             job = Job(
                 task_id,
-                spec.name,
+                spec.key,
                 spec.modality,
                 env.priority,
                 env.submitted_ms,
@@ -360,7 +364,8 @@ class JobService:
             attempt = Attempt(task_id, schema.job_key(task_id), job.to_json(), ttl, message)
 
             async def admit() -> None:
-                self._admit(spec, env.priority, timeout_s, await self._depth_now(job.modality))
+                depth = await self._depth_now(job.modality, spec.route_model)
+                self._admit(spec, env.priority, timeout_s, depth)
 
             found = await self._create(attempt, admit)
         except BaseException:
@@ -372,9 +377,9 @@ class JobService:
             existing = Job.from_json(found)
             if existing is None:
                 raise FleetError(f"job {task_id} has an unreadable record")
-            return same_request(existing, spec.name, fingerprint), False
+            return same_request(existing, spec.key, fingerprint), False
         await crashpoints.pause("after-push", task_id)
-        self._sent.sent(task_id, queue_of(spec.modality, env.priority))
+        self._sent.sent(task_id, queue_of(spec.modality, env.priority, spec.route_model))
         return job, True
 
     async def _decoded(
@@ -389,7 +394,7 @@ class JobService:
 
         def decode() -> tuple[dict[str, Any], bytes | None, str]:
             inputs, video = fleet_inputs(spec, tensors, parameters)
-            return inputs, video, request_fingerprint(spec.name, inputs, video)
+            return inputs, video, request_fingerprint(spec.key, inputs, video)
 
         if body_bytes > LARGE_INPUT_BYTES:
             decoded: tuple[dict[str, Any], bytes | None, str] = await self._io(decode)
@@ -414,7 +419,7 @@ class JobService:
             env = await self._io(self.client.envelope, spec.modality, inputs, priority, timeout_s)
         else:
             env = self.client.envelope(spec.modality, inputs, priority, timeout_s)
-        return env.model_copy(update={"model": spec.name})
+        return env.model_copy(update={"model": spec.key})
 
     async def _create(self, attempt: Attempt, admit: Callable[[], Awaitable[None]]) -> bytes | None:
         """The job's record and message in one transaction, unless its id has a record

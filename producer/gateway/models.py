@@ -1,8 +1,11 @@
 """The models the gateway serves: OIP metadata, inputs -> fleet inputs, results -> outputs.
 
 A model is one configured ``[models.<name>]`` that a modality serves (``[modalities.<m>]
-model = "<name>"``); requests for it become that modality's tasks. One request is one task
-(batch dimension 1): the fleet batches across requests.
+model`` and ``models``); requests for it become that modality's tasks, on its queue
+(``shared.model_routes``). A model is reached by its served name (``served_name``, else the
+table's name) and version: ``/v2/models/{name}`` is its latest version,
+``/v2/models/{name}/versions/{v}`` that one (:meth:`ModelSpec.metadata` lists them). One
+request is one task (batch dimension 1): the fleet batches across requests.
 
 ======== ====================================== ==============================================
 model of inputs                                 outputs (FP32 unless said; ``d`` by kind below)
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,12 +55,13 @@ import numpy as np
 from producer.gateway.codec import InputTensor, OutputTensor
 from producer.gateway.hf_config import MODALITY_KIND, UNKNOWN, hf_facts
 from producer.gateway.weights import weights_parameters
-from shared.errors import InvalidInput
+from shared import model_routes
+from shared.errors import InvalidInput, ModelNotFound
 from shared.model_kinds import ModelOptions
 from shared.settings import Settings
 
 PLATFORM = "mmfleet_celery"
-VERSION = "1"  # one version per model; /versions/1/ is accepted, any other is unknown
+VERSION = "1"  # a model table's version unless it says (``version``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,26 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...]
     parameters: dict[str, Any] = field(default_factory=dict)
     max_top_k: int | None = None
+    table: str = ""  # its [models.<table>] ("" = name)
+    version: str = VERSION
+    versions: tuple[str, ...] = (VERSION,)  # every version of its name, highest first
+    default: bool = True  # its modality's default model (the modality's own queues)
+
+    @property
+    def key(self) -> str:
+        """Its table: what envelopes, job records and queues name it by."""
+        return self.table or self.name
+
+    @property
+    def route_model(self) -> str | None:
+        """The model part of its queue names (``None``: its modality's own)."""
+        return None if self.default else self.key
+
+    @property
+    def live_model(self) -> str | None:
+        """The liveness set its workers are in (``AsyncFleetClient.live_workers``): the
+        modality's (``None``) for the default model, whose queue they consume."""
+        return None if self.default else self.key
 
     @property
     def output_names(self) -> list[str]:
@@ -95,7 +119,7 @@ class ModelSpec:
         """OIP's model metadata response object."""
         return {
             "name": self.name,
-            "versions": [VERSION],
+            "versions": list(self.versions),
             "platform": PLATFORM,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
@@ -121,15 +145,39 @@ MAX_TOP_K = 1000  # ImageNet-1k's classes
 
 
 def model_specs(settings: Settings) -> dict[str, ModelSpec]:
-    """Every served model by name (a configured model no modality names is not served); an
-    ``hf`` kind's folder is read here, once."""
+    """Every served model by its table (a configured model no modality names is not served;
+    ``shared.model_routes.catalog``); an ``hf`` kind's folder is read here, once."""
     out: dict[str, ModelSpec] = {}
-    for modality, cfg in settings.modalities.items():
-        opts = settings.models.get(cfg.model)
-        if opts is None:
-            continue
-        out[cfg.model] = _spec(cfg.model, modality, opts, settings)
+    for modality in settings.modalities:
+        served = model_routes.catalog(settings, modality)
+        by_name = model_routes.served_by_name(served)
+        for m in served:
+            spec = _spec(m.name, modality, settings.models[m.table], settings)
+            versions = tuple(v.version for v in by_name[m.name])
+            out[m.table] = replace(
+                spec, table=m.table, version=m.version, versions=versions, default=m.default
+            )
     return out
+
+
+def pick_spec(specs: dict[str, ModelSpec], name: str, version: str | None = None) -> ModelSpec:
+    """The model ``name`` (a served name, else a table) at ``version`` (``None``: its
+    latest) among ``specs`` (:func:`model_specs`).
+
+    Raises:
+        ModelNotFound: no such model or version (the message lists what is served).
+    """
+    named = sorted(
+        (s for s in specs.values() if s.name == name), key=lambda s: int(s.version), reverse=True
+    )
+    if not named and name in specs:
+        named = [specs[name]]
+    for spec in named:
+        if version is None or spec.version == version:
+            return spec
+    what = f"model {name!r}" + (f" version {version!r}" if version is not None else "")
+    served = sorted({f"{s.name} (versions {', '.join(s.versions)})" for s in specs.values()})
+    raise ModelNotFound(f"unknown {what}; served: {', '.join(served)}")
 
 
 def _kind_facts(modality: str, opts: ModelOptions) -> tuple[int, bool, int | None, dict[str, Any]]:

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from producer.gateway.codec import OutputTensor, encode_response
 from producer.gateway.errors import RETRY_AFTER_CODES, error_body, status_for
 from producer.gateway.jobs import Job, Snapshot, error_of
-from producer.gateway.models import VERSION, ModelSpec, outputs_from_result, result_parameters
+from producer.gateway.models import ModelSpec, outputs_from_result, result_parameters
 from shared.errors import BrokerUnavailable, FleetError
 
 
@@ -49,7 +49,7 @@ def infer_header(spec: ModelSpec, job: Job, request_id: str | None, result: dict
     params = {"job_id": job.id, "priority": job.priority, **result_parameters(spec, result)}
     return {
         "model_name": spec.name,
-        "model_version": VERSION,
+        "model_version": spec.version,
         "id": request_id if request_id is not None else job.id,
         "parameters": params,
     }

@@ -44,7 +44,9 @@ def add_server_routes(app: FastAPI, gw: Gateway, secured: list[Any]) -> None:
         """Ready when Redis answers and at least one model has a live worker."""
         jobs = gw.service()
         await jobs.redis.ping()
-        models = {n: bool(await jobs.live_workers(s.modality)) for n, s in gw.models.items()}
+        models = {
+            n: bool(await jobs.live_workers(s.modality, s.live_model)) for n, s in gw.models.items()
+        }
         body = {"live": True, "ready": any(models.values()), "models": models}
         if body["ready"]:
             return json_response(body)
@@ -75,7 +77,7 @@ def add_server_routes(app: FastAPI, gw: Gateway, secured: list[Any]) -> None:
 async def model_ready_response(gw: Gateway, spec: ModelSpec) -> Response:
     """200 ``{"name", "ready": true}`` when a worker of the model's modality is live, else
     503 NO_READY_WORKER."""
-    nodes = await gw.service().live_workers(spec.modality)
+    nodes = await gw.service().live_workers(spec.modality, spec.live_model)
     if nodes:
         return json_response({"name": spec.name, "ready": True})
     return error_response(

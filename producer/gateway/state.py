@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from producer.gateway.errors import ModelNotFound
 from producer.gateway.jobs import JobService
-from producer.gateway.models import VERSION, ModelSpec, model_specs
+from producer.gateway.models import ModelSpec, model_specs, pick_spec
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -61,9 +60,9 @@ class Gateway:
         return self.jobs
 
     def model(self, name: str, version: str | None = None) -> ModelSpec:
-        spec = self.models.get(name)
-        if spec is None or (version is not None and version != VERSION):
-            known = ", ".join(sorted(self.models))
-            what = f"model {name!r}" + (f" version {version!r}" if version is not None else "")
-            raise ModelNotFound(f"unknown {what}; served: {known} (version {VERSION})")
-        return spec
+        """The model ``name`` at ``version`` (``None``: its latest, Triton's default policy).
+
+        Raises:
+            ModelNotFound: no such model or version (404).
+        """
+        return pick_spec(self.models, name, version)

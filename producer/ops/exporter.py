@@ -9,20 +9,25 @@ series                                      meaning
 ========================================== ==================================================
 ``celery_queue_length{queue_name}``         messages waiting in Redis, all ten priority lists
                                             (celery-exporter's name; it counts one list)
-``fleet_queue_waiting{queue,priority}``     waiting, by priority class (Celery steps that no
-                                            class uses are summed under ``other``)
-``fleet_queue_reserved{queue}``             delivered to workers and not acked: prefetch
+``fleet_queue_waiting{queue,model,``        waiting, by priority class (Celery steps that no
+``priority}``                               class uses are summed under ``other``)
+``fleet_queue_reserved{queue,model}``       delivered to workers and not acked: prefetch
                                             windows, batchers, running, a dead worker's
                                             until its leases lapse
-``fleet_queue_demand{queue}``               waiting + reserved: what an autoscaler reads
-``fleet_queue_oldest_age_seconds{queue}``   age of the oldest unfinished request (0: none)
-``fleet_queue_consumers{queue}``            live workers of the queue's modality
+``fleet_queue_demand{queue,model}``         waiting + reserved: what an autoscaler reads
+``fleet_queue_oldest_age_seconds{queue,``   age of the oldest unfinished request (0: none)
+``model}``
+``fleet_queue_consumers{queue,model}``      live workers serving the queue's model
 ``fleet_shm_used_bytes``                    bytes of the fleet's /dev/shm files
 ``fleet_shm_capacity_bytes``                their budget (``[transport] capacity_*``)
 ``fleet_exporter_redis_up``                 1 when the last read of Redis succeeded
 ``celery_task_sent_total{name,hostname,``   producers' ``task-sent`` events
 ``queue_name}``                             (``producer.ops.sent_events``)
 ========================================== ==================================================
+
+Queues: each modality's pair (its default model's) and the pair of each other model it serves
+(``shared.model_routes``); ``model`` is the queue's ``[models.<name>]`` table, so a
+Deployment per model scales on its own ``fleet_queue_demand{model="..."}``.
 
 Every value is read at scrape time (one Lua script for all queues, ``shared.queue_stats``);
 nothing is cached between scrapes. The exporter connects as the ``operator`` Redis user.
@@ -40,7 +45,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shared import schema
+from shared import model_routes, schema
 from shared.clock import RedisClock
 from shared.metrics.series import of
 from shared.queue_stats import QueueReader, QueueStats
@@ -53,9 +58,21 @@ _QUEUE_FAMILIES = ("queue_length", "queue_waiting", "queue_reserved", "queue_dem
                    "queue_oldest_age", "queue_consumers")  # fmt: skip
 
 
-def all_queues() -> list[str]:
-    """Every queue of the fleet: each modality's and its REALTIME queue."""
-    return [q for m in MODALITIES for q in (schema.queue_name(m), schema.realtime_queue_name(m))]
+def all_queues(settings: Settings | None = None) -> list[str]:
+    """Every queue of the fleet: each modality's and its REALTIME queue, then (with
+    ``settings``) the pair of each model other than a modality's default."""
+    out = [q for m in MODALITIES for q in (schema.queue_name(m), schema.realtime_queue_name(m))]
+    return out + [q for q in queue_models(settings) if q not in out] if settings else out
+
+
+def queue_models(settings: Settings | None) -> dict[str, tuple[str, str]]:
+    """Queue -> (modality, model table) of every model the fleet serves
+    (``shared.model_routes``)."""
+    out: dict[str, tuple[str, str]] = {}
+    for modality in MODALITIES if settings is not None else ():
+        for m in model_routes.catalog(settings, modality):  # type: ignore[arg-type]
+            out[m.queue] = out[m.realtime_queue] = (modality, m.table)
+    return out
 
 
 def step_labels(settings: Settings) -> dict[int, str]:
@@ -86,24 +103,33 @@ def up_family(ok: float) -> GaugeMetricFamily:
 
 
 def queue_families(
-    stats: list[QueueStats], consumers: dict[str, int], steps: dict[int, str], now: float
+    stats: list[QueueStats],
+    consumers: dict[str, int],
+    steps: dict[int, str],
+    now: float,
+    models: dict[str, tuple[str, str]] | None = None,
 ) -> Iterator[GaugeMetricFamily]:
-    """The queue families of one read: ``consumers`` per modality, ``steps`` as
-    :func:`step_labels`, ``now`` Redis' time (seconds)."""
+    """The queue families of one read: ``consumers`` per queue (its live workers; a
+    modality's name: those of its default queues), ``steps`` as :func:`step_labels`, ``now``
+    Redis' time (seconds), ``models`` as :func:`queue_models` (a queue missing there: its
+    ``model`` label is empty)."""
     length, waiting, reserved, demand, age, live = (family(a) for a in _QUEUE_FAMILIES)
+    models = models or {}
     for st in stats:
         q = st.queue
+        model = models.get(q, ("", ""))[1]
         length.add_metric([q], st.waiting_total)
         by_class: dict[str, int] = {}
         for step, n in st.waiting.items():
             label = steps[step]
             by_class[label] = by_class.get(label, 0) + n
         for label, n in sorted(by_class.items()):
-            waiting.add_metric([q, label], n)
-        reserved.add_metric([q], st.reserved)
-        demand.add_metric([q], st.demand)
-        age.add_metric([q], st.oldest_age_s(now))
-        live.add_metric([q], consumers.get(q.split(".")[0], 0))
+            waiting.add_metric([q, model, label], n)
+        reserved.add_metric([q, model], st.reserved)
+        demand.add_metric([q, model], st.demand)
+        age.add_metric([q, model], st.oldest_age_s(now))
+        base = q.removesuffix(".realtime")
+        live.add_metric([q, model], consumers.get(q, consumers.get(base, 0)))
     yield from (length, waiting, reserved, demand, age, live)
 
 
@@ -132,7 +158,8 @@ class QueueCollector(Collector):
         self.client = client or redis_client(settings, "operator", socket_timeout=5.0)
         # Redis' clock (shared.clock): submit times and heartbeats are on it, not on this host's
         self.clock = RedisClock(self.client.time)
-        self.queues = all_queues()
+        self.queues = all_queues(settings)
+        self.models = queue_models(settings)
         self.reader = QueueReader(self.client, self.queues)
         self.steps = step_labels(settings)
         self._lock = threading.Lock()  # concurrent scrapes read Redis one at a time
@@ -148,18 +175,22 @@ class QueueCollector(Collector):
                 log.warning("reading queue stats failed: %s", exc)
                 stats, consumers, ok = [], {}, 0.0
         yield up_family(ok)
-        yield from queue_families(stats, consumers, self.steps, self.clock.now())
+        yield from queue_families(stats, consumers, self.steps, self.clock.now(), self.models)
         yield from self._shm_families()
 
     def _consumers(self) -> dict[str, int]:
-        """Live workers per modality: heartbeats younger than a lease
+        """Live workers per queue: those serving its model, heartbeats younger than a lease
         (``workers.consumer.lease``)."""
         since = self.clock.now() - self.settings.redis.lease_s
+        queues = [q for q in self.queues if q in self.models]
         with self.client.pipeline(transaction=False) as pipe:
-            for m in MODALITIES:
-                pipe.zcount(schema.live_key(m), since, "+inf")
+            for q in queues:
+                modality, table = self.models[q]
+                default = q.removesuffix(".realtime") == schema.queue_name(modality)
+                # the default queue's consumers are in the modality's set
+                pipe.zcount(schema.live_key(modality, None if default else table), since, "+inf")
             counts = pipe.execute()
-        return {m: int(n) for m, n in zip(MODALITIES, counts, strict=True)}
+        return {q: int(n) for q, n in zip(queues, counts, strict=True)}
 
     def _shm_families(self) -> Iterator[GaugeMetricFamily]:
         store = self._store()
@@ -204,7 +235,7 @@ def start_sent_tap(settings: Settings, registry: CollectorRegistry) -> Any:
     from shared.celery_app import make_app
 
     tap = SentTap(make_app(settings, name="fleet-exporter", role="operator"), registry,
-                  all_queues())  # fmt: skip
+                  all_queues(settings))  # fmt: skip
     tap.start()
     return tap
 

@@ -31,8 +31,10 @@ Inference server (the shape of Triton's ``nv_inference_*``, per ``model`` and ``
 the ``queue`` (window arrival to batch start), ``compute`` (the batch's run time) and
 ``request`` (submit to result stored) durations as histograms, in seconds.
 
-Label values are bounded: one task name, node and model per process, the modality's two
-queues (anything else is ``other``), error codes from ``shared.errors``.
+Label values are bounded: one task name and node per process, the models it serves (a
+worker of several models labels each request, and each batch, with its own model's table;
+``queue_models``), their queues (anything else is ``other``), error codes from
+``shared.errors``.
 Per request the cost is a few in-process counter and histogram updates: no I/O. The series
 themselves (names, help texts, labels, buckets) are the ``ecosystem`` rows of
 ``shared.metrics.series.SERIES``, each an attribute of :class:`EcosystemMetrics`
@@ -105,7 +107,12 @@ class FleetMetrics:
     """
 
     def __init__(
-        self, modality: str, model: str = "", hostname: str = "", enabled: bool | None = None
+        self,
+        modality: str,
+        model: str = "",
+        hostname: str = "",
+        enabled: bool | None = None,
+        queue_models: dict[str, str] | None = None,
     ) -> None:
         self.modality = modality
         self.enabled = _enabled if enabled is None else enabled
@@ -113,11 +120,11 @@ class FleetMetrics:
         node = hostname or f"{modality}@{socket.gethostname()}"
         self.eco: EcosystemMetrics | NullEcosystemMetrics
         if not self.enabled:
-            self.eco = NullEcosystemMetrics(modality, model or modality, node)
+            self.eco = NullEcosystemMetrics(modality, model or modality, node, queue_models)
             for attr in of("worker"):
                 setattr(self, attr, NULL_METRIC)
             return
-        self.eco = EcosystemMetrics(self.registry, modality, model or modality, node)
+        self.eco = EcosystemMetrics(self.registry, modality, model or modality, node, queue_models)
         for attr, series in of("worker").items():
             setattr(self, attr, make(series, self.registry))
         self._zero_counters()
@@ -132,12 +139,14 @@ class FleetMetrics:
                 self.requests.labels(self.modality, prio, code)
         self.eco.zero(list(ERROR_CLASSES))
 
-    def observe_batch(self, size: int, run_s: float) -> None:
+    def observe_batch(self, size: int, run_s: float, model: str | None = None) -> None:
+        """A batch of ``size`` ran in ``run_s`` seconds (``model``: its model's table;
+        ``None``: the worker's default)."""
         if not self.enabled:
             return
         self.eco.child(self.batch_size, self.modality).observe(size)
         self.eco.child(self.inference, self.modality).observe(run_s)
-        self.eco.batch(size)
+        self.eco.batch(size, model)
 
     def observe_request(
         self,
@@ -186,15 +195,25 @@ class EcosystemMetrics:
 
     Args:
         registry: the worker's registry (``shared.metrics.FleetMetrics.registry``).
-        modality: the worker's modality; model: its model's name; hostname: its node name.
+        modality: the worker's modality; model: its (default) model's name; hostname: its
+            node name.
+        queue_models: queue -> model table of every queue the worker consumes (a worker of
+            several models: each request is labelled with its queue's model).
     """
 
     def __init__(
-        self, registry: CollectorRegistry, modality: str, model: str, hostname: str
+        self,
+        registry: CollectorRegistry,
+        modality: str,
+        model: str,
+        hostname: str,
+        queue_models: dict[str, str] | None = None,
     ) -> None:
         self.modality, self.model, self.hostname = modality, model, hostname
         self.task = schema.task_name(modality)
+        self.queue_models = dict(queue_models or {})
         self.queues = {schema.queue_name(modality), schema.realtime_queue_name(modality)}
+        self.queues |= set(self.queue_models)
         for attr, series in of("ecosystem").items():
             setattr(self, attr, make(series, registry))
         self._task_counters = {event: getattr(self, f"task_{event}") for event in TASK_EVENTS}
@@ -226,15 +245,16 @@ class EcosystemMetrics:
 
     def zero(self, codes: list[str]) -> None:
         """Create every bounded counter series at 0 (see ``FleetMetrics._zero_counters``)."""
-        m = (self.model, self.modality)
         for queue in sorted(self.queues):
             for event in self._task_counters:
                 self._task(event, queue)
-        self.success.labels(*m)
-        for code in codes:
-            self.failure.labels(*m, code)
-        self.inference_count.labels(*m)
-        self.exec_count.labels(*m)
+        for model in sorted({self.model, *self.queue_models.values()}):
+            m = (model, self.modality)
+            self.success.labels(*m)
+            for code in codes:
+                self.failure.labels(*m, code)
+            self.inference_count.labels(*m)
+            self.exec_count.labels(*m)
 
     # -- hooks ---------------------------------------------------------------------------
     def received(self, queue: str) -> None:
@@ -248,9 +268,10 @@ class EcosystemMetrics:
     def retried(self, queue: str) -> None:
         self._task("retried", queue).inc()
 
-    def batch(self, size: int) -> None:
-        self.child(self.inference_count, self.model, self.modality).inc(size)
-        self.child(self.exec_count, self.model, self.modality).inc()
+    def batch(self, size: int, model: str | None = None) -> None:
+        model = model or self.model
+        self.child(self.inference_count, model, self.modality).inc(size)
+        self.child(self.exec_count, model, self.modality).inc()
 
     def finished(
         self,
@@ -264,7 +285,7 @@ class EcosystemMetrics:
         """One request's final outcome: ``code`` None for success, else its error code.
         With ``tally`` the updates are recorded there (applied by its owner)."""
         t = Tally() if tally is None else tally
-        m, c = (self.model, self.modality), self.child
+        m, c = (self.queue_models.get(queue, self.model), self.modality), self.child
         if code is None:
             t.count(self._task("succeeded", queue))
             t.count(c(self.success, *m))

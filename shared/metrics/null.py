@@ -54,10 +54,13 @@ NULL_METRIC = NullMetric()
 class NullEcosystemMetrics:
     """``EcosystemMetrics``' interface, recording nothing (metrics off)."""
 
-    def __init__(self, modality: str, model: str, hostname: str) -> None:
+    def __init__(
+        self, modality: str, model: str, hostname: str, queue_models: dict[str, str] | None = None
+    ) -> None:
         self.modality, self.model, self.hostname = modality, model, hostname
         self.task = schema.task_name(modality)
         self.queues = {schema.queue_name(modality), schema.realtime_queue_name(modality)}
+        self.queue_models = dict(queue_models or {})
         for attr in of("ecosystem"):  # the series of shared.metrics.series, recording nothing
             setattr(self, attr, NULL_METRIC)
 
@@ -82,7 +85,7 @@ class NullEcosystemMetrics:
     def retried(self, queue: str) -> None:
         pass
 
-    def batch(self, size: int) -> None:
+    def batch(self, size: int, model: str | None = None) -> None:
         pass
 
     def finished(

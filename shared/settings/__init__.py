@@ -259,7 +259,10 @@ class DebugSettings(_Section):
 
 
 class ModalityConfig(_Section):
-    model: str
+    model: str  # the default model: a request that names none (its queue is the modality's)
+    # More [models.<name>] tables this modality serves, each on queues of its own
+    # (shared.model_routes); a worker serves them all unless `fleet worker --models` says.
+    models: list[str] = Field(default_factory=list)
     max_retries: int = 3  # transient faults only; bad input is never retried
     retry_backoff_s: float = 0.05  # doubles per attempt
     max_queue_length: int = 10_000  # all priorities together; QUEUE_FULL beyond it
@@ -353,6 +356,31 @@ class Settings(RedisAccess, BaseSettings):
                 f"{t.default_ttl_s / MIN_TTL_JANITOR_INTERVALS:g} or raise default_ttl_s to "
                 f"at least {need:g}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _served_models_known(self) -> Settings:
+        """Each table a modality's ``models`` lists exists, and no two of its tables share a
+        served name and version (a request could not say which it means)."""
+        for modality, cfg in self.modalities.items():
+            seen: dict[tuple[str, str], str] = {}
+            for key in dict.fromkeys([cfg.model, *cfg.models]):
+                opts = self.models.get(key)
+                if opts is None:
+                    if key == cfg.model:
+                        continue  # the default model: checked where it is loaded
+                    known = ", ".join(sorted(self.models)) or "none"
+                    raise ValueError(
+                        f"[modalities.{modality}] models names {key!r}, which is no "
+                        f"[models.<name>] table (configured: {known})"
+                    )
+                served = (opts.served_name or key, opts.version)
+                if served in seen:
+                    raise ValueError(
+                        f"[modalities.{modality}]: [models.{seen[served]}] and [models.{key}] "
+                        f"are both {served[0]!r} version {served[1]}; give one another version"
+                    )
+                seen[served] = key
         return self
 
     @classmethod

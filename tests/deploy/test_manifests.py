@@ -357,3 +357,36 @@ def test_every_fleet_command_and_option_exists() -> None:
     if missing:
         assert missing == ["exporter"], missing
         pytest.skip("`fleet exporter` is not in this build: its argv is unchecked")
+
+
+# -- two models of one modality (overlays/cpu-two-text-models) ------------------------------
+def test_two_text_models_each_scale_on_their_own_demand() -> None:
+    """The example of several models per modality: MiniLM and "bge" each have a Deployment
+    (disjoint pods), a ScaledObject on that model's demand, and every process that routes
+    text (the workers, the gateway, the exporter) knows both models."""
+    from shared.model_routes import catalog, worker_models
+
+    objs = render("cpu-two-text-models")
+    for o in objs:
+        if o["kind"] not in KEDA_KINDS:
+            kubernetes_validate.validate(o, KUBERNETES_VERSION, strict=True)
+        assert o["kind"] == "Namespace" or o["metadata"].get("namespace") == "mmfleet"
+    schema = json.loads((Path(__file__).parent / "keda_schema.json").read_text())
+    deps, scaled = of_kind(objs, "Deployment"), of_kind(objs, "ScaledObject")
+    serves = {}
+    for name, model in (("worker-text", "minilm"), ("worker-text-bge", "bge")):
+        dep = deps[name]
+        assert dep["spec"]["selector"]["matchLabels"]["mmfleet.io/model"] == model
+        args = container(dep)["args"]
+        assert args == ["worker", "text", "--models", model]
+        settings = pod_settings(container(dep))
+        serves[name] = [m.table for m in worker_models(settings, "text", args[-1])]
+        so = scaled[name]
+        jsonschema.validate(so, {**schema, "$ref": "#/$defs/ScaledObject"})
+        assert so["spec"]["scaleTargetRef"]["name"] == name
+        (trigger,) = so["spec"]["triggers"]
+        assert trigger["metadata"]["query"] == f'sum(fleet_queue_demand{{model="{model}"}})'
+    assert serves == {"worker-text": ["minilm"], "worker-text-bge": ["bge"]}
+    for name in ("gateway", "exporter"):
+        settings = pod_settings(container(deps[name]))
+        assert [m.table for m in catalog(settings, "text")] == ["minilm", "bge"], name

@@ -210,7 +210,8 @@ def test_behind_sentinel_a_killed_gateways_job_is_queued_once_after_its_retry(
 ) -> None:
     admin = redis_client(ha_fleet.st.s, role="admin")
     replica = replica_client(ha_fleet)
-    admin.zadd(schema.live_key("text"), {"text@heartbeat-by-hand": time.time() + 3600})
+    for key in (schema.live_key("text"), schema.live_key("text", "minilm")):  # as a worker
+        admin.zadd(key, {"text@heartbeat-by-hand": time.time() + 3600})
     task_id = f"crash-ha-{point}-{uuid.uuid4().hex[:8]}"
     model, payload = body("text")
     headers = {"Authorization": f"Bearer {ha_fleet.token}", "Idempotency-Key": task_id}

@@ -257,7 +257,7 @@ def test_raw_envelopes_a_worker_refuses_keep_metrics_bounded(
     bogus = "prio-" + "x" * 300
     cases = {
         "INVALID_PRIORITY": raw({**base, "priority": bogus}),
-        "INVALID_INPUT": raw({**base, "model": "not-a-served-model"}),
+        "MODEL_NOT_FOUND": raw({**base, "model": "not-a-served-model"}),  # an InvalidInput
         "INVALID_INPUT ": raw(base, args=(1, 2)),  # positional args
     }
     served = raw({**base, "model": fleet_settings.modalities["text"].model})

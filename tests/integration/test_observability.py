@@ -265,7 +265,7 @@ def test_demand_counts_the_prefetch_window_llen_hides(obs: dict[str, Any]) -> No
         for i in range(10)
     )
     handles = [slow, *backlog]
-    reserved = 'fleet_queue_reserved{queue="text"}'
+    reserved = 'fleet_queue_reserved{model="minilm",queue="text"}'  # exposition order
     _until(lambda: _scrape(exporter).get(reserved) == WINDOW, 30, "a full prefetch window")
     time.sleep(2.5)  # a few scrapes of the stable state
     unfinished = sum(o is None for o in client.poll(handles))

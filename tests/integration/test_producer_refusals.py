@@ -86,7 +86,8 @@ def submit_refused(client: FleetClient) -> tuple[BrokerUnavailable, float]:
 @pytest.mark.parametrize("reason", REASONS)
 def test_a_refusal_is_coded_with_its_reason_at_once(st: Stack, reason: str) -> None:
     admin = redis_client(st.s, "admin")
-    admin.zadd(schema.live_key("text"), {"text@heartbeat-by-hand": time.time() + 3600})
+    for key in (schema.live_key("text"), schema.live_key("text", "minilm")):  # as a worker
+        admin.zadd(key, {"text@heartbeat-by-hand": time.time() + 3600})
     warm = FleetClient(st.s)
     warm.submit("text", {"text": "before"}, "bulk")  # its connection is up
     url = f"http://{st.s.gateway.host}:{st.s.gateway.port}/v2/models/minilm/infer"
@@ -136,7 +137,8 @@ def test_submits_refused_once_redis_fills_up_are_coded_with_cause_and_fix(st: St
     path, one message per call), the gateway and ``fleet submit``, is ``BROKER_UNAVAILABLE``
     with reason ``OOM``, the cause and the fix; never a raw kombu or redis-py error."""
     admin = redis_client(st.s, "admin", socket_timeout=10)
-    admin.zadd(schema.live_key("text"), {"text@heartbeat-by-hand": time.time() + 3600})
+    for key in (schema.live_key("text"), schema.live_key("text", "minilm")):  # as a worker
+        admin.zadd(key, {"text@heartbeat-by-hand": time.time() + 3600})
     client = FleetClient(st.s)
     url = f"http://{st.s.gateway.host}:{st.s.gateway.port}/v2/models/minilm/infer"
     auth = {"Authorization": f"Bearer {st.s.gateway_token()}"}

@@ -261,7 +261,7 @@ def test_the_message_from_the_validated_inputs_json_equals_the_one_built_from_th
     client = FleetClient(redis_only.s)
     try:
         env, data = client._validated(*case)
-        route = {(env.modality, env.priority): ("q", 3)}
+        route = {(env.modality, env.priority, env.model): ("q", 3)}
         builder = client.payloads()
         fast = builder.build_many([(env, "tid", data)], route, "r", True)[0]
         slow = builder.build_many([(env, "tid", None)], route, "r", True)[0]

@@ -14,7 +14,7 @@ import time
 from engine_fakes import MODALITY, Doubler, FakeReq, MemoryCounters, envelope
 
 from shared.errors import FleetError, WorkerLost
-from shared.schema import Priority
+from shared.schema import Priority, TaskEnvelope
 from shared.settings import Settings
 from shared.tracing import Tracing
 from workers.batching.admission import Admission, Deliveries, Refusal, Served, screen
@@ -67,9 +67,14 @@ def test_screen_refuses_with_codes_and_a_bounded_priority_label() -> None:
             "unknown",
         ),
         "modality": (screen((), kw, Served("image", "minilm")), "UNSUPPORTED_MODALITY", "normal"),
-        "model": (
+        "model": (  # MODEL_NOT_FOUND is bad input (an InvalidInput): never retried
             screen((), envelope(1, model="other").to_kwargs(), SERVED),
-            "INVALID_INPUT",
+            "MODEL_NOT_FOUND",
+            "normal",
+        ),
+        "default model not served": (  # a worker of bge-small alone: null means minilm
+            screen((), kw, Served(MODALITY, "minilm", ("bge-small",))),
+            "MODEL_NOT_FOUND",
             "normal",
         ),
         "deadline": (
@@ -81,6 +86,9 @@ def test_screen_refuses_with_codes_and_a_bounded_priority_label() -> None:
     for name, (got, code, label) in cases.items():
         assert isinstance(got, Refusal), name
         assert (got.error.code, got.priority) == (code, label), name
+    both = Served(MODALITY, "minilm", ("minilm", "bge-small"))
+    for model in (None, "minilm", "bge-small"):  # a worker of both takes either, and null
+        assert isinstance(screen((), envelope(1, model=model).to_kwargs(), both), TaskEnvelope)
 
 
 # -- admit -----------------------------------------------------------------------------------

@@ -102,6 +102,7 @@ from shared.errors import (
     DeadlineExceeded,
     FleetError,
     InvalidInput,
+    ModelNotFound,
     UnsupportedModality,
     WorkerLost,
 )
@@ -135,26 +136,35 @@ log = logging.getLogger("fleet.engine")
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """What this worker serves: one modality, one model (by its configured name)."""
+    """What this worker serves: one modality, its models (by ``[models.<name>]`` table).
+
+    Attributes:
+        model: the modality's default model (what an envelope naming none means).
+        models: the tables this worker serves; empty: ``model`` alone.
+    """
 
     modality: str
     model: str
+    models: tuple[str, ...] = ()
 
     def check(self, env: TaskEnvelope) -> None:
         """Refuse an envelope for another modality, or naming a model this worker lacks.
 
         Raises:
             UnsupportedModality: ``env.modality`` is not this worker's.
-            InvalidInput: ``env.model`` is set and is not the configured model's name.
+            ModelNotFound: ``env.model`` (``None``: the default) is not a model this worker
+                serves.
         """
         if env.modality != self.modality:
             raise UnsupportedModality(
                 f"modality {env.modality!r} sent to the {self.modality!r} queue"
             )
-        if env.model is not None and env.model != self.model:
-            raise InvalidInput(
-                f"model {env.model!r} is not served; {self.modality} workers serve "
-                f"{self.model!r} (or leave 'model' null)"
+        served = self.models or (self.model,)
+        if (self.model if env.model is None else env.model) not in served:
+            raise ModelNotFound(
+                f"model {env.model or self.model!r} is not served by this worker; it serves "
+                f"{', '.join(served)} (a null 'model' is {self.modality}'s default, "
+                f"{self.model!r})"
             )
 
 
@@ -236,7 +246,7 @@ class Admission:
             if fault is not None:
                 self.faults.on_prepare(fault)
             with self.tracing.in_request(req):
-                prepared = self.adapter.prepare(inputs)
+                prepared = self.adapter.prepare_for(env.model, inputs)
         except Exception as exc:  # an adapter bug must not kill the consumer either
             if isinstance(exc, FleetError):
                 return exc

@@ -240,19 +240,19 @@ class BatchRunner:
         for d in ran:
             d.run_ms = elapsed * 1000.0
         if ran:
-            self.metrics.observe_batch(len(ran), elapsed)
+            self.metrics.observe_batch(len(ran), elapsed, batch[0].env.model)
         self.runtime.yield_now()
         self.post(self._retry_transient(failed + ran))
         if next(self._trim_count) % TRIM_EVERY_BATCHES == 0:
             heap.trim()
 
-    def run_alone(self, inputs: dict[str, Any]) -> dict[str, Any]:
+    def run_alone(self, inputs: dict[str, Any], model: str | None = None) -> dict[str, Any]:
         """Run one request's inputs alone, in the calling thread (baseline mode).
 
         Raises:
             FleetError: bad input (with its code) or a model fault (``as_fleet_error``).
         """
-        sample = self.adapter.preprocess(self.adapter.prepare(inputs))
+        sample = self.adapter.preprocess(self.adapter.prepare_for(model, inputs))
         t0 = time.perf_counter()
         try:
             with self.runtime.batch_context():

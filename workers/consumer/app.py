@@ -8,6 +8,9 @@ Environment:
     FLEET_WORKER_MODE      ``batch`` (default): the batching engine takes messages from the
                            prefetch window; ``baseline``: plain Celery, one task per message,
                            executed by the task body (the benchmark's baseline).
+    FLEET_WORKER_MODELS    the ``[models.<name>]`` tables this process serves, comma-separated
+                           (default: every model the modality serves; ``shared.model_routes``).
+                           ``-Q`` must name their queues (``fleet worker`` does).
 
 The model is loaded and warmed in ``worker_init``, before the consumer starts, so a worker
 that answers a ping has its model ready. With the solo pool that process is the worker
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from celery import signals
 from celery.worker.control import inspect_command
 
-from shared import metrics
+from shared import metrics, model_routes
 from shared.celery_app import make_app
 from shared.errors import FleetError
 from shared.metrics import metrics_port, serve
@@ -86,7 +89,11 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
     validate_partitions(settings)
     heap.PAUSES.install()  # collection pauses, for fleet_stats (workers.batching.heap)
     try:
-        engine = Engine(modality, settings, app, threaded=(mode == "batch"))
+        served = model_routes.worker_models(
+            settings, modality, os.environ.get("FLEET_WORKER_MODELS", "")
+        )
+        models = [m.table for m in served]
+        engine = Engine(modality, settings, app, threaded=(mode == "batch"), models=models)
         engine.start()
     except Exception as exc:
         # Celery logs and swallows exceptions of signal handlers; a worker without its
@@ -117,9 +124,10 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
             gauge = engine.metrics.clock_skew.labels(modality)
             clock_watch.start(engine.keeper.clock, settings.redis.clock_skew_warn_s, gauge)
         if engine.cfg.batching.realtime_lane:
-            step = realtime_consumer_step(modality, engine.cfg.batching.realtime_prefetch)
+            queues = model_routes.worker_queues(served, realtime_apart=True)[1]
+            step = realtime_consumer_step(modality, engine.cfg.batching.realtime_prefetch, queues)
             app.steps["consumer"].add(step)
-    log.info("worker mode=%s modality=%s", mode, modality)
+    log.info("worker mode=%s modality=%s models=%s", mode, modality, ",".join(models))
 
 
 @signals.worker_ready.connect
@@ -128,7 +136,10 @@ def _log_ready(sender: Any = None, **_: Any) -> None:
     engine = current_engine()
     if engine.keeper is not None and sender is not None:
         try:
-            engine.keeper.announce(engine.modality, sender.hostname)
+            serves_default = engine.cfg.model in engine.models  # it consumes <modality>
+            engine.keeper.announce(
+                engine.modality, sender.hostname, engine.models, default=serves_default
+            )
         except Exception as exc:  # Redis away: the next renewal announces it
             log.warning("liveness not announced yet: %s", exc)
     clock_watch.remind()  # the first sample's warning came before logging was configured

@@ -140,13 +140,27 @@ from workers.batching.execution import BatchRunner, CircuitBreaker, RetryPolicy
 from workers.batching.inject import RequestInjector
 from workers.consumer import stats
 from workers.consumer.lease import LeaseKeeper, ack_batch, give_back
-from workers.models import make_adapter
+from workers.models import make_models
 from workers.models.runtime import DeviceRuntime
 
 __all__ = ["Engine"]
 
 
 log = logging.getLogger("fleet.engine")
+
+
+def _queue_models(engine: Engine) -> dict[str, str]:
+    """Queue -> model table of the queues a worker of several models consumes (its
+    metrics label each request with its queue's model); empty for one model."""
+    if engine.models == [engine.cfg.model]:
+        return {}
+    from shared.model_routes import worker_models, worker_queues
+
+    out: dict[str, str] = {}
+    for m in worker_models(engine.settings, engine.modality, ",".join(engine.models)):
+        for q in worker_queues([m], realtime_apart=False)[0]:
+            out[q] = m.table
+    return out
 
 
 IN_FLIGHT_TTL_S = 7 * 86400  # least TTL of a blame record (workers.batching.admission)
@@ -169,15 +183,25 @@ class Engine:
         app: the worker's Celery app (for the result backend).
         threaded: start the inference threads (batch mode); ``False`` for baseline mode,
             where Celery runs each task through :meth:`run_one`.
+        models: the ``[models.<name>]`` tables it serves (``shared.model_routes``); default:
+            the modality's default model alone. Several share one
+            :class:`~workers.models.model_set.ModelSet`.
     """
 
     def __init__(
-        self, modality: str, settings: Settings, app: Celery, *, threaded: bool = True
+        self,
+        modality: str,
+        settings: Settings,
+        app: Celery,
+        *,
+        threaded: bool = True,
+        models: Sequence[str] | None = None,
     ) -> None:
         cfg = settings.modality(modality)
         self.modality, self.cfg, self.settings, self.app = modality, cfg, settings, app
+        self.models = list(models) if models else [cfg.model]
         self.runtime = DeviceRuntime(cfg.device, lanes=2 if cfg.batching.realtime_lane else 1)
-        self.adapter = make_adapter(modality, settings, self.runtime)
+        self.adapter = make_models(modality, settings, self.runtime, self.models)
         b = cfg.batching
         self.batcher = Batcher(
             Policy(
@@ -203,7 +227,8 @@ class Engine:
         self.keeper: LeaseKeeper | None = None
         self.stats = EngineStats()
         self.events = TaskEvents()
-        self.metrics = FleetMetrics(modality, model=cfg.model)
+        default = cfg.model if cfg.model in self.models else self.models[0]
+        self.metrics = FleetMetrics(modality, model=default, queue_models=_queue_models(self))
         self.tracing = Tracing(settings, modality)
         self.ready = False
         self.warmup_later: dict[str, Any] = {}  # what _warmup left for the idle main lane
@@ -219,7 +244,7 @@ class Engine:
         """Admission, execution and completion, connected through this engine's state."""
         progress, obs = ProgressThrottle(), Observers(self.stats, self.metrics, self.tracing)
         self.loop = Loop()
-        self.served = Served(self.modality, self.cfg.model)
+        self.served = Served(self.modality, self.cfg.model, tuple(self.models))
         self.admission = Admission(
             self.adapter, self.deliveries, self.faults, self.tracing, self._worker_store
         )
@@ -406,7 +431,7 @@ class Engine:
         env = screen((), {"request": request}, self.served)
         if isinstance(env, Refusal):
             raise env.error
-        return self.runner.run_alone(env.inputs)
+        return self.runner.run_alone(env.inputs, env.model)
 
     # -- loop thread: arrivals ----------------------------------------------------------
     def on_request(self, req: Any) -> None:

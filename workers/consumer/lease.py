@@ -46,7 +46,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -95,7 +95,8 @@ class LeaseKeeper:
         self.renewals = 0
         self.renew_failures = 0
         self.last_renew_ms = 0.0
-        self._live: tuple[str, str] | None = None  # (sorted set, node name) once announced
+        # (sorted sets, node name) once announced: the modality's and each served model's
+        self._live: tuple[tuple[str, ...], str] | None = None
 
     # -- holding ------------------------------------------------------------------------
     def hold(self, tag: str) -> None:
@@ -175,10 +176,18 @@ class LeaseKeeper:
         self.release(tags)
 
     # -- liveness -----------------------------------------------------------------------
-    def announce(self, modality: str, node: str) -> None:
-        """Report ``node`` live for ``modality`` with every renewal, from now on (call it once
-        the worker is ready: producers take a live worker to mean requests will run)."""
-        self._live = (schema.live_key(modality), node)
+    def announce(
+        self, modality: str, node: str, models: Sequence[str] = (), default: bool = True
+    ) -> None:
+        """Report ``node`` live for ``modality`` (``default``: it consumes the modality's own
+        queue, its default model's) and for each of ``models`` (the ``[models.<name>]``
+        tables it serves) with every renewal, from now on (call it once the worker is ready:
+        producers take a live worker to mean requests will run)."""
+        keys = (
+            *((schema.live_key(modality),) if default else ()),
+            *(schema.live_key(modality, m) for m in models),
+        )
+        self._live = (keys, node)
         self.heartbeat()
 
     def heartbeat(self) -> None:
@@ -190,20 +199,22 @@ class LeaseKeeper:
         """
         if self._live is None:
             return
-        key, node = self._live
+        keys, node = self._live
         now = self.clock.now()  # Redis' time: producers compare it with Redis' time
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.zadd(key, {node: now})
-            pipe.zremrangebyscore(key, "-inf", now - schema.LIVE_FORGET_S)
+            for key in keys:
+                pipe.zadd(key, {node: now})
+                pipe.zremrangebyscore(key, "-inf", now - schema.LIVE_FORGET_S)
             pipe.execute()
 
     def _withdraw(self) -> None:
         if self._live is not None:
-            key, node = self._live
-            try:
-                self.client.zrem(key, node)
-            except redis.RedisError:
-                log.warning("could not withdraw %s from %s; it ages out", node, key)
+            keys, node = self._live
+            for key in keys:
+                try:
+                    self.client.zrem(key, node)
+                except redis.RedisError:
+                    log.warning("could not withdraw %s from %s; it ages out", node, key)
 
     # -- the renewal thread -------------------------------------------------------------
     def start(self) -> None:

@@ -15,6 +15,7 @@ Private kombu/Celery names (read from Celery 5.5 to 5.7; ``tests/unit/test_priva
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from celery import bootsteps
@@ -24,8 +25,12 @@ from kombu.common import ignore_errors
 from shared import schema
 
 
-def realtime_consumer_step(modality: str, prefetch: int) -> type[bootsteps.ConsumerStep]:
-    """A consumer bootstep reading ``modality``'s REALTIME queue with its own window."""
+def realtime_consumer_step(
+    modality: str, prefetch: int, queues: Sequence[str] = ()
+) -> type[bootsteps.ConsumerStep]:
+    """A consumer bootstep reading ``modality``'s REALTIME queue (``queues``: the REALTIME
+    queues of the models the worker serves, ``shared.model_routes``) with its own window."""
+    names = list(queues) or [schema.realtime_queue_name(modality)]
 
     class RealtimeLaneConsumer(bootsteps.ConsumerStep):
         # Start after the Tasks step: the task strategies (our batching handler) exist then.
@@ -38,7 +43,7 @@ def realtime_consumer_step(modality: str, prefetch: int) -> type[bootsteps.Consu
             return [
                 Consumer(
                     channel,
-                    queues=[Queue(schema.realtime_queue_name(modality))],
+                    queues=[Queue(q) for q in names],
                     on_message=c.create_task_handler(),
                     on_decode_error=c.on_decode_error,
                     accept=["json"],

@@ -42,11 +42,34 @@ def adapter_class(kind: str) -> type[ModelAdapter]:
     return cls
 
 
-def make_adapter(modality: str, settings: Settings, runtime: DeviceRuntime) -> ModelAdapter:
-    """Build (not load) the adapter configured for ``modality``.
+def make_adapter(
+    modality: str, settings: Settings, runtime: DeviceRuntime, model: str | None = None
+) -> ModelAdapter:
+    """Build (not load) the adapter of ``model`` (a ``[models.<name>]`` table; default: the
+    one configured for ``modality``).
 
     Raises:
         KeyError: the modality, its model, or the model's kind is not configured/known.
     """
-    model_cfg = settings.models[settings.modality(modality).model]
+    model_cfg = settings.models[model or settings.modality(modality).model]
     return adapter_class(model_cfg.kind)(model_cfg, settings, runtime)
+
+
+def make_models(
+    modality: str, settings: Settings, runtime: DeviceRuntime, tables: list[str]
+) -> ModelAdapter:
+    """Build (not load) what serves the models ``tables`` of ``modality``: the one model's
+    adapter, or a :class:`~workers.models.model_set.ModelSet` over several.
+
+    Raises:
+        KeyError: a model or its kind is not configured/known.
+    """
+    cfg = settings.modality(modality)
+    if tables == [cfg.model]:
+        return make_adapter(modality, settings, runtime)
+    from workers.models.model_set import ModelSet
+
+    adapters = {t: make_adapter(modality, settings, runtime, t) for t in tables}
+    default = cfg.model if cfg.model in adapters else None
+    budget = cfg.batching.max_batch_bytes * runtime.lanes
+    return ModelSet(adapters, default, runtime, activation_bytes=budget)

@@ -129,6 +129,12 @@ class ModelAdapter(ABC):
     def prepare(self, inputs: dict[str, Any]) -> Prepared:
         """Validate a request's inputs cheaply and bucket it. Raises InvalidInput."""
 
+    def prepare_for(self, model: str | None, inputs: dict[str, Any]) -> Prepared:
+        """:meth:`prepare` of a request naming ``model`` (a ``[models.<name>]`` table;
+        ``None``: the modality's default). One adapter serves one model, which admission
+        checked already; ``workers.models.model_set.ModelSet`` routes by it."""
+        return self.prepare(inputs)
+
     def preprocess(self, prepared: Prepared) -> Any:
         """Turn a prepared request into a model-ready sample. Default: the payload."""
         return prepared.payload
