@@ -42,7 +42,7 @@ from celery import Celery
 
 from producer.client.results import ResultHandle, ResultReading, resolve_tensors, tensor_wires
 from producer.client.wire import DepthCheck, Outgoing, PayloadBuilder, Pusher, fresh_ids
-from shared import schema, tracing
+from shared import schema, tenant_quota, tenants, tracing
 from shared.celery_app import make_app
 from shared.clock import RedisClock
 from shared.errors import FleetError, InvalidInput, PayloadTooLarge, UnsupportedModality
@@ -81,6 +81,7 @@ class SubmitRequest:
     priority: str = "normal"
     timeout_s: float | None = None
     task_id: str | None = None  # None: the id its video input is bound to, else a fresh one
+    tenant: str | None = None  # None: the default tenant (shared.tenants)
 
 
 _TEXT_MODALITIES = frozenset({"text", "xmodal"})
@@ -289,6 +290,8 @@ class ClientBase:
                 "deadline_ms": None if timeout_s is None else now_ms + timeout_s * 1000.0,
                 "inputs": inputs,
             }
+            if r.tenant is not None:
+                fields["tenant"] = tenants.check_name(r.tenant)
             envs.append(_validate_envelope(fields))  # TaskEnvelope(**fields): pydantic validates
             datas.append(data)
         return envs, datas
@@ -336,7 +339,27 @@ class ClientBase:
         datas = itertools.repeat(None) if inputs_json is None else inputs_json
         requests = zip(envs, ids, datas, strict=False)
         while part := list(itertools.islice(requests, BUILD_BATCH)):
-            yield from builder.build_many(part, route, reply_to, events)
+            built = builder.build_many(part, route, reply_to, events)
+            if self.settings.tenants:  # no [tenants]: every message as before
+                built = self._tenanted(part, built)
+            yield from built
+
+    def _tenanted(
+        self, part: list[tuple[TaskEnvelope, str, bytes | None]], built: list[Outgoing]
+    ) -> list[Outgoing]:
+        """``built`` with each request's tenant applied: its tenant list (fair share on, a
+        ``[tenants]`` tenant; ``shared.tenants``) and its tenant's ``max_queued``
+        (``shared.tenant_quota``)."""
+        out = []
+        settings = self.settings
+        for (env, task_id, _), m in zip(part, built, strict=True):
+            quota = tenant_quota.quota_of(settings, env.tenant, task_id)
+            key = m.key
+            if tenants.has_own_list(settings, env.tenant):
+                queue, step = self._routes()[(env.modality, env.priority)]
+                key = tenants.tenant_list_key(queue, step, env.tenant)
+            out.append(m._replace(key=key, quota=quota) if quota or key != m.key else m)
+        return out
 
     def _routes(self) -> dict[tuple[str, str], tuple[str, int]]:
         """(modality, priority label) -> (queue, Celery priority), for every pair: made once
@@ -368,6 +391,15 @@ class ClientBase:
             for modality in sorted(limited)
             for label, step in prios.items()
         ]
+        if self.settings.tenants:  # the tenants' own lists count too
+            rows += [
+                (modality, label, key)
+                for modality in sorted(limited)
+                for label, step in prios.items()
+                for key in tenants.tenant_lists(
+                    self.settings, schema.queue_for(modality, label), step
+                )
+            ]
         return DepthCheck(self.settings, envs, rows)
 
     def _submission(
@@ -652,12 +684,15 @@ class Publishing:
                     for name, p in zip(names, prios, strict=True):
                         queue = schema.queue_for(modality, name)
                         pipe.llen(schema.priority_list_key(queue, p))
-                    counts = pipe.execute()
+                        for key in tenants.tenant_lists(self.settings, queue, p):
+                            pipe.llen(key)
+                    counts = iter(pipe.execute())
         except BROKER_FAULTS as exc:
             if reason_of(exc) is None:
                 raise
             raise broker_unavailable(exc, "could not read the queue depth") from exc
-        return dict(zip(names, (int(c) for c in counts), strict=True))
+        per_list = 1 + len(tenants.tenant_lists(self.settings, modality, 0))
+        return {n: sum(int(next(counts)) for _ in range(per_list)) for n in names}
 
     def live_workers(self, modality: str) -> list[str]:
         """Node names of ``modality``'s batching workers that are ready and alive: those
@@ -744,22 +779,27 @@ class FleetClient(ClientBase, Publishing, ResultReading):
         priority: str = "normal",
         timeout_s: float | None = None,
         task_id: str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> ResultHandle:
         """Enqueue one request; returns at once with its handle.
 
         Args:
             task_id: the request's id (default: the one :meth:`video_inputs` bound its video
                 input to, else a fresh uuid4).
+            tenant: who the request is for (``None``: the default tenant; docs/tenants.md).
 
         Raises:
-            FleetError: invalid request (see :meth:`envelope`), or ``QueueFull`` when the
-                modality's queue holds ``max_queue_length`` messages.
+            FleetError: invalid request (see :meth:`envelope`), ``QueueFull`` when the
+                modality's queue holds ``max_queue_length`` messages, or ``TenantQuota``
+                when the tenant has ``max_queued`` requests queued or running.
             BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
                 ``READONLY``, ``NOPERM``; at once, never retried), refused the credentials
                 (``AUTH``; at once) or is not Redis (``NOT_REDIS``), or stayed unreachable
                 through the publish retries (``UNREACHABLE``; see :meth:`submit_many`).
         """
-        return self.submit_many([SubmitRequest(modality, inputs, priority, timeout_s, task_id)])[0]
+        request = SubmitRequest(modality, inputs, priority, timeout_s, task_id, tenant)
+        return self.submit_many([request])[0]
 
     def submit_many(self, requests: Iterable[SubmitRequest]) -> list[ResultHandle]:
         """Enqueue many requests: pipelined, ``CHUNK`` requests per Redis transaction.

@@ -1,0 +1,173 @@
+"""A tenant's ``max_queued`` (``shared.tenant_quota``) on a real Redis and text worker of its
+own: refusals coded ``TENANT_QUOTA`` at the blocking and asyncio clients, other tenants and the
+default one untouched, and the count exact through faults: a worker SIGKILLed with the
+tenant's requests in its window (redelivered by the lease), a duplicate delivery, a cancel
+and a deadline that passes in the queue. Every request's final state is counted, and the
+tenant's count is back to 0 at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from producer.client import AsyncFleetClient, FleetClient, SubmitRequest
+from producer.client.results import ResultHandle
+from shared import schema
+from shared.errors import TenantQuota
+from shared.tenant_quota import open_key
+from tests.conftest import REPO, own_text_stack
+
+pytestmark = pytest.mark.integration
+
+LEASE_S = 3.0
+LIMIT = 40
+
+
+@pytest.fixture(scope="module")
+def qstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    overrides = {
+        "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
+        "FLEET_REDIS__LEASE_S": str(LEASE_S),
+        "FLEET_DEBUG__FAULT_INJECTION": "true",
+        "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "8",
+        "FLEET_MODALITIES__TEXT__BATCHING__LENGTH_BUCKETS": "[16]",
+        "FLEET_METRICS__PORT_BASE": "0",
+        "FLEET_TENANTS__ACME__MAX_QUEUED": str(LIMIT),
+        "FLEET_TENANTS__OTHER__WEIGHT": "2",
+    }
+    with own_text_stack(tmp_path_factory, "tenant-quota", overrides) as st:
+        yield st
+
+
+@pytest.fixture(scope="module")
+def qclient(qstack: Any) -> Iterator[FleetClient]:
+    c = FleetClient(qstack.s)
+    yield c
+    c.close()
+
+
+@pytest.fixture()
+def worker(qstack: Any) -> Iterator[Any]:
+    if not qstack.alive("worker-text"):
+        qstack.start_worker("text")
+    yield qstack
+    if not qstack.alive("worker-text"):
+        qstack.stop("worker-text", timeout_s=1)
+        qstack.start_worker("text")
+
+
+def redis_of(st: Any) -> redis.Redis:
+    return redis.Redis.from_url(st.s.redis_url())
+
+
+def held(st: Any) -> int:
+    return int(redis_of(st).scard(open_key("acme")))
+
+
+def words(i: int) -> str:
+    return f"Sentence number {i} about a quiet river."
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def slow_blocker(client: FleetClient, seconds: float) -> Any:
+    """A request of no tenant that holds the worker's only lane for ``seconds``."""
+    return client.submit("text", {"text": "blocker", "_inject": f"slow:{seconds}"}, "realtime")
+
+
+def test_max_queued_refuses_at_the_client_and_counts_back_to_zero(
+    qclient: FleetClient, worker: Any
+) -> None:
+    blocker = slow_blocker(qclient, 3)
+    first = qclient.submit_many(
+        [SubmitRequest("text", {"text": words(i)}, "bulk", tenant="acme") for i in range(LIMIT)]
+    )
+    assert held(worker) == LIMIT
+    with pytest.raises(TenantQuota) as refused:
+        qclient.submit("text", {"text": "one too many"}, "bulk", tenant="acme")
+    assert refused.value.code == "TENANT_QUOTA" and "acme" in str(refused.value)
+    # other tenants, and requests without one, are not limited by acme's quota
+    others = [
+        qclient.submit("text", {"text": "other"}, "bulk", tenant="other"),
+        qclient.submit("text", {"text": "nobody"}, "bulk"),
+    ]
+    outs = qclient.wait_all([blocker, *first, *others], timeout_s=120)
+    assert all(o is not None and "result" in o for o in outs), outs
+    wait_for(lambda: held(worker) == 0, "acme's count to reach 0")
+    # room again
+    assert qclient.submit("text", {"text": "fits again"}, tenant="acme").get(60)["dim"] == 384
+    wait_for(lambda: held(worker) == 0, "acme's count to reach 0")
+
+
+def test_the_asyncio_client_refuses_the_same_way(qclient: FleetClient, worker: Any) -> None:
+    blocker = slow_blocker(qclient, 3)
+
+    async def run() -> list[Any]:
+        async with AsyncFleetClient(worker.s) as ac:
+            handles = await ac.submit_many(
+                [
+                    SubmitRequest("text", {"text": words(i)}, "bulk", tenant="acme")
+                    for i in range(LIMIT)
+                ]
+            )
+            with pytest.raises(TenantQuota):
+                await ac.submit("text", {"text": "one too many"}, "bulk", tenant="acme")
+            return [ResultHandle(qclient, h.id, h.envelope) for h in handles]
+
+    handles = asyncio.run(run())
+    assert held(worker) == LIMIT
+    outs = qclient.wait_all([blocker, *handles], timeout_s=120)
+    assert all(o is not None and "result" in o for o in outs), outs
+    wait_for(lambda: held(worker) == 0, "acme's count to reach 0")
+
+
+def test_the_count_stays_exact_through_a_sigkill_a_duplicate_a_cancel_and_an_expiry(
+    qclient: FleetClient, worker: Any
+) -> None:
+    r = redis_of(worker)
+    blocker = slow_blocker(qclient, 4)
+    reqs = [SubmitRequest("text", {"text": words(i)}, "bulk", tenant="acme") for i in range(30)]
+    reqs.append(SubmitRequest("text", {"text": "expires"}, "bulk", timeout_s=0.5, tenant="acme"))
+    handles = qclient.submit_many(reqs)
+    cancelled = handles[5]
+    assert qclient.cancel(cancelled.id)
+    # a second copy of one request (a duplicate delivery)
+    dup = handles[7]
+    with qclient.app.producer_or_acquire() as producer:
+        env = dup.envelope
+        qclient.publish(producer, env, dup.id, schema.queue_for(env.modality, env.priority), 9)
+    assert held(worker) == len(reqs)
+    wait_for(lambda: r.hlen(schema.UNACKED_KEY) >= 20, "the worker to take the tenant's requests")
+    pid = worker._read_pid(worker.pids / "worker-text.pid")
+    os.killpg(pid, signal.SIGKILL)
+    worker.stop("worker-text", timeout_s=1)
+    before = held(worker)  # the blocker still ran: the tenant's requests are all held
+    assert before >= len(reqs) - 2  # at most the cancelled and the expired one settled
+    time.sleep(LEASE_S)
+    assert held(worker) == before  # nothing released by a worker that died
+    worker.start_worker("text")
+    outs = qclient.wait_all([blocker, *handles], timeout_s=LEASE_S + 90)
+    states: dict[str, int] = {}
+    for o in outs[1:]:
+        assert o is not None
+        code = o["error"]["code"] if "error" in o else "SUCCESS"
+        states[code] = states.get(code, 0) + 1
+    print("final states:", states)
+    assert states == {"SUCCESS": len(reqs) - 2, "REVOKED": 1, "DEADLINE_EXCEEDED": 1}
+    # every message drained (the cancelled one and the duplicate too): the count is 0
+    wait_for(lambda: held(worker) == 0, "acme's count to reach 0", timeout_s=LEASE_S + 30)
+    wait_for(lambda: r.hlen(schema.UNACKED_KEY) == 0, "the unacked hash to empty")
