@@ -85,8 +85,10 @@ def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> N
 
 
 def slow_blocker(client: FleetClient, seconds: float) -> Any:
-    """A request of no tenant that holds the worker's only lane for ``seconds``."""
-    return client.submit("text", {"text": "blocker", "_inject": f"slow:{seconds}"}, "realtime")
+    """A request of no tenant that holds the worker's main lane for ``seconds``."""
+    h = client.submit("text", {"text": "blocker", "_inject": f"slow:{seconds}"}, "bulk")
+    time.sleep(0.5)  # taken and running before what follows
+    return h
 
 
 def test_max_queued_refuses_at_the_client_and_counts_back_to_zero(
@@ -141,7 +143,7 @@ def test_the_count_stays_exact_through_a_sigkill_a_duplicate_a_cancel_and_an_exp
     r = redis_of(worker)
     blocker = slow_blocker(qclient, 4)
     reqs = [SubmitRequest("text", {"text": words(i)}, "bulk", tenant="acme") for i in range(30)]
-    reqs.append(SubmitRequest("text", {"text": "expires"}, "bulk", timeout_s=0.5, tenant="acme"))
+    reqs.append(SubmitRequest("text", {"text": "expires"}, "bulk", timeout_s=1.5, tenant="acme"))
     handles = qclient.submit_many(reqs)
     cancelled = handles[5]
     assert qclient.cancel(cancelled.id)
