@@ -319,7 +319,10 @@ class ClientBase:
         its own (``LPUSH`` of ``key`` and ``payload``): the HTTP gateway's job commit
         (``producer.gateway.commit``)."""
         route = self._routes()
-        return self.payloads().build_many([(env, task_id, None)], route, self.app.thread_oid)[0]
+        built = self.payloads().build_many([(env, task_id, None)], route, self.app.thread_oid)
+        if self.settings.tenants:  # its tenant's list and max_queued (see outgoing)
+            built = self._tenanted([(env, task_id, None)], built)
+        return built[0]
 
     def outgoing(
         self,

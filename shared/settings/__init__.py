@@ -270,6 +270,9 @@ class TenantConfig(_Section):
     # (and no counting: the tenant's requests cost Redis nothing more)
     max_queued: int | None = Field(default=None, ge=1)
     weight: float = Field(default=1.0, gt=0.0)  # its share within a priority class
+    # a bearer token of the gateway bound to this tenant: requests it authenticates are this
+    # tenant's, whatever their X-Fleet-Tenant header or parameters.tenant say
+    gateway_token: str | None = Field(default=None, min_length=16)
 
 
 class TenancySettings(_Section):

@@ -1,20 +1,26 @@
 """A tenant's ``max_queued`` (``shared.tenant_quota``) on a real Redis and text worker of its
-own: refusals coded ``TENANT_QUOTA`` at the blocking and asyncio clients, other tenants and the
-default one untouched, and the count exact through faults: a worker SIGKILLed with the
-tenant's requests in its window (redelivered by the lease), a duplicate delivery, a cancel
-and a deadline that passes in the queue. Every request's final state is counted, and the
-tenant's count is back to 0 at the end.
+own: refusals coded ``TENANT_QUOTA`` at the blocking and asyncio clients, ``fleet submit``
+(exit 1, as ``QUEUE_FULL``) and the gateway (429 with ``Retry-After``; a token bound to a
+tenant cannot name another: 403), other tenants and the default one untouched, and the count
+exact through faults: a worker SIGKILLed with the tenant's requests in its window
+(redelivered by the lease), a duplicate delivery, a cancel and a deadline that passes in the
+queue. Every request's final state is counted, and the tenant's count is back to 0 at the
+end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -29,6 +35,7 @@ pytestmark = pytest.mark.integration
 
 LEASE_S = 3.0
 LIMIT = 40
+ACME_TOKEN = "acme-token-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +49,7 @@ def qstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         "FLEET_METRICS__PORT_BASE": "0",
         "FLEET_TENANTS__ACME__MAX_QUEUED": str(LIMIT),
         "FLEET_TENANTS__OTHER__WEIGHT": "2",
+        "FLEET_TENANTS__ACME__GATEWAY_TOKEN": ACME_TOKEN,
     }
     with own_text_stack(tmp_path_factory, "tenant-quota", overrides) as st:
         yield st
@@ -173,3 +181,66 @@ def test_the_count_stays_exact_through_a_sigkill_a_duplicate_a_cancel_and_an_exp
     # every message drained (the cancelled one and the duplicate too): the count is 0
     wait_for(lambda: held(worker) == 0, "acme's count to reach 0", timeout_s=LEASE_S + 30)
     wait_for(lambda: r.hlen(schema.UNACKED_KEY) == 0, "the unacked hash to empty")
+
+
+def infer(text: str, **params: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]
+    }
+    if params:
+        body["parameters"] = params
+    return body
+
+
+def fill_acme(client: FleetClient) -> list[Any]:
+    return client.submit_many(
+        [SubmitRequest("text", {"text": words(i)}, "bulk", tenant="acme") for i in range(LIMIT)]
+    )
+
+
+def test_the_cli_and_the_gateway_refuse_a_full_tenant(qclient: FleetClient, worker: Any) -> None:
+    blocker = slow_blocker(qclient, 6)
+    first = fill_acme(qclient)
+    env = {**os.environ, **worker.env()}
+    cli = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "submit", "text", "--text", "more", "--tenant",
+         "acme", "--wait-s", "0"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert cli.returncode == 1, cli.stderr
+    assert json.loads(cli.stdout)["error"]["code"] == "TENANT_QUOTA"
+    worker.start_gateway()
+    try:
+        g = worker.s.gateway
+        url = f"http://{g.host}:{g.port}"
+        main = {"Authorization": f"Bearer {worker.s.gateway_token()}"}
+        acme = {"Authorization": f"Bearer {ACME_TOKEN}"}
+        infer_url = "/v2/models/minilm/infer"
+        with httpx.Client(base_url=url, timeout=60.0) as h:
+            async_ = {"Prefer": "respond-async"}
+            r = h.post(infer_url, json=infer(words(1), tenant="acme"), headers=main)
+            assert (r.status_code, r.json()["code"]) == (429, "TENANT_QUOTA"), r.text
+            assert int(r.headers["Retry-After"]) >= 1
+            r = h.post(infer_url, json=infer(words(2)), headers={**main, "X-Fleet-Tenant": "acme"})
+            assert (r.status_code, r.json()["code"]) == (429, "TENANT_QUOTA"), r.text
+            # the tenant's own token: its requests are acme's, whatever they name
+            r = h.post(infer_url, json=infer(words(3)), headers=acme)
+            assert (r.status_code, r.json()["code"]) == (429, "TENANT_QUOTA"), r.text
+            r = h.post(infer_url, json=infer(words(4), tenant="other"), headers=acme)
+            assert (r.status_code, r.json()["code"]) == (403, "TENANT_FORBIDDEN"), r.text
+            r = h.post(infer_url, json=infer(words(5)), headers={**acme, "X-Fleet-Tenant": "other"})
+            assert (r.status_code, r.json()["code"]) == (403, "TENANT_FORBIDDEN"), r.text
+            # another tenant, with the gateway's token, is admitted
+            r = h.post(infer_url, json=infer(words(6), tenant="other"), headers={**main, **async_})
+            assert r.status_code == 202, r.text
+            other_id = r.json()["id"]
+            outs = qclient.wait_all([blocker, *first], timeout_s=120)
+            assert all(o is not None and "result" in o for o in outs), outs
+            wait_for(lambda: held(worker) == 0, "acme's count to reach 0")
+            # room again: acme's token sends an acme request
+            r = h.post(infer_url, json=infer(words(7)), headers=acme)
+            assert r.status_code == 200, r.text
+        assert qclient.wait_all([ResultHandle(qclient, other_id, first[0].envelope)], 60)[0]
+        wait_for(lambda: held(worker) == 0, "acme's count to reach 0")
+    finally:
+        worker.stop("gateway", timeout_s=5)
