@@ -50,10 +50,10 @@ def test_a_late_tenant_is_served_beside_a_backlog_not_behind_it() -> None:
     for i in range(10):
         b.add(req(f"b{i}", "b"))
     batches = drain(b)
-    # equal weights: b's ten requests share the next batches half and half with a's
-    assert [sum(x.startswith("b") for x in batch) for batch in batches[:3]] == [4, 4, 2]
-    done_b = max(i for i, batch in enumerate(batches) if any(x.startswith("b") for x in batch))
-    assert done_b == 2  # fifo would run them after all 92 of a's left: the 13th batch
+    # b starts at the virtual time of the last batch's head: its ten requests go first
+    assert [sum(x.startswith("b") for x in batch) for batch in batches[:3]] == [8, 2, 0]
+    assert sorted(batches[1]) == sorted(["b8", "b9", *(f"a{i}" for i in range(8, 14))])
+    # fifo would run them after all 92 of a's left: the 13th batch
 
 
 def test_fifo_keeps_arrival_order() -> None:
@@ -63,6 +63,16 @@ def test_fifo_keeps_arrival_order() -> None:
     b.add(req("b0", "b"))
     batches = drain(b)
     assert "b0" in batches[-1] and len(batches) == 3
+
+
+def test_with_both_backlogged_the_shares_follow_the_weights() -> None:
+    b = batcher()
+    for i in range(40):
+        b.add(req(f"a{i}", "a"))
+    for i in range(40):
+        b.add(req(f"b{i}", "b"))
+    first = drain(b)[:5]
+    assert [sum(x[0] == "b" for x in batch) for batch in first] == [4, 4, 4, 4, 4]
 
 
 def test_weights_set_the_shares() -> None:
@@ -130,7 +140,7 @@ def test_start_tags_follow_sfq() -> None:
     for p in a:
         fs.tag(p)
     assert [p.vstart for p in a] == [0.0, 1.0, 2.0]
-    fs.served(a[:2])  # V = 1
+    fs.served(a[1:])  # V = the head's tag, 1 (a2 rode along)
     b = [req(f"b{i}", "b") for i in range(3)]
     for p in b:
         fs.tag(p)

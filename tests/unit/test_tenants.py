@@ -143,3 +143,17 @@ def test_release_names_only_limited_tenants() -> None:
     ]
     assert tenant_quota.quota_of(s, "free", "x") is None
     assert tenant_quota.quota_of(s, "acme", "x") == ("fleet:tenant:acme:open", 5, "x")
+
+
+def test_the_take_starts_with_the_list_the_window_holds_fewest_of() -> None:
+    turns = TenantTurns(("a", "b"), {"": 1.0, "a": 1.0, "b": 1.0})
+    base, a, b = turns.lists("text", 9)
+    for i in range(200):
+        turns.taken(a, f"t{i}")
+    for i in range(10):
+        turns.taken(b, f"u{i}")
+    order = turns.next("text", 9)
+    assert order.index(b) < order.index(a)  # b's list first while the window is a's
+    turns.forget({f"t{i}" for i in range(5)} | {f"u{i}" for i in range(10)})
+    order = turns.next("text", 9)
+    assert order[-1] == b  # now b holds more than a (10 against 5)

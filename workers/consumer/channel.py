@@ -545,6 +545,9 @@ class Channel(kombu_redis.Channel):
             return []
         if self.tenant_names:  # within a step, the tenants' lists in weighted turns
             turns = self._tenant_turns()
+            keeper = lease.current()
+            if keeper is not None:
+                turns.forget(set(keeper.held()))
             keys = [k for pri in self.priority_steps for q in queues for k in turns.next(q, pri)]
         else:
             keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
@@ -584,10 +587,13 @@ class Channel(kombu_redis.Channel):
         if len(items) > 1:
             self.fetched_in_batches += len(items)
             Channel.fetched_in_batches_total += len(items)
+        turns = self._turns if self.tenant_names else None
         for i, (key, raw) in enumerate(items):
             queue = bytes_to_str(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
             payload = schema.loads(raw)
+            if turns is not None:  # which list the window's message came from
+                turns.taken(bytes_to_str(key), payload["properties"]["delivery_tag"])
             if i == 0 and not recorded:
                 self.connection._deliver(payload, queue)
                 continue

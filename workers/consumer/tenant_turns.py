@@ -5,20 +5,24 @@ With ``[tenancy] share = "fair"``, each ``[tenants]`` tenant's messages wait in 
 their own beside the priority list (which holds the default tenant's and every other
 tenant's). The take script (``take_many.lua``) empties its keys in the order it is given,
 up to the window's free slots; in that order the priority steps come first (priorities
-unchanged), and within a step this module picks which tenant's list comes first in each
-take: smooth weighted round robin (nginx's: each list gains its weight every turn, the
-richest goes first and pays the total back), so over many takes each tenant with messages
-waiting starts a take in proportion to its weight, and its messages enter the window beside
-the others'. The rest of the step's lists follow in the same rotation, so a take never
-leaves free slots while some list holds messages. The window's own order is the batcher's
-(``workers.batching.fairshare``).
+unchanged), and within a step this module orders the tenants' lists for each take: the list
+whose messages the window holds fewest of, for its weight, first (the window's deficit:
+the channel records which list each message it holds came from, :meth:`TenantTurns.taken`,
+and forgets those no longer held), ties broken by smooth weighted round robin (nginx's:
+each list gains its weight every turn, the richest goes first and pays the total back). So
+a tenant arriving behind another's backlog fills the window's free slots first until the
+window holds both in proportion to their weights, instead of half of each take for as long
+as the backlog's messages already fill the window. Every list of the step follows, so a
+take never leaves free slots while some list holds messages. The window's own order is the
+batcher's (``workers.batching.fairshare``).
 
 Without tenant lists (no ``[tenants]``, or only the default one) nothing here runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from shared import schema, tenants
@@ -40,6 +44,7 @@ class TenantTurns:
         self._lists: dict[tuple[str, int], list[str]] = {}
         self._credit: dict[str, float] = {}
         self._weight: dict[str, float] = {}
+        self._where: dict[str, str] = {}  # delivery tag -> the list it was taken from
 
     def lists(self, queue: str, step: int) -> list[str]:
         """The priority list of ``queue`` at ``step``, then its tenants' lists."""
@@ -53,18 +58,28 @@ class TenantTurns:
                 self._weight[key] = self.weights.get(name, 1.0)
         return found
 
+    def taken(self, key: str, tag: str) -> None:
+        """The window holds the message ``tag`` taken from list ``key``."""
+        self._where[tag] = key
+
+    def forget(self, held: Collection[str]) -> None:
+        """Keep only the messages still ``held`` (the lease keeper's tags)."""
+        if len(held) < len(self._where):
+            self._where = {t: k for t, k in self._where.items() if t in held}
+
     def next(self, queue: str, step: int) -> list[str]:
-        """The lists of ``queue`` at ``step`` in this take's order: the one whose turn it is
-        first, then the others in rotation."""
+        """The lists of ``queue`` at ``step`` in this take's order: fewest held in the window
+        for their weight first, then the one whose round-robin turn it is."""
         group = self.lists(queue, step)
         credit, weight = self._credit, self._weight
         total = 0.0
         for key in group:
             credit[key] = credit.get(key, 0.0) + weight[key]
             total += weight[key]
-        first = max(range(len(group)), key=lambda i: credit[group[i]])
-        credit[group[first]] -= total
-        return [*group[first:], *group[:first]]
+        held = Counter(self._where.values())
+        order = sorted(group, key=lambda k: (held[k] / weight[k], -credit[k]))
+        credit[order[0]] -= total
+        return order
 
 
 def tenant_transport_options(settings: Settings) -> dict[str, Any]:
