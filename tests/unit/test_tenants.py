@@ -147,7 +147,7 @@ def test_release_names_only_limited_tenants() -> None:
 
 def test_the_take_starts_with_the_list_the_window_holds_fewest_of() -> None:
     turns = TenantTurns(("a", "b"), {"": 1.0, "a": 1.0, "b": 1.0})
-    base, a, b = turns.lists("text", 9)
+    _, a, b = turns.lists("text", 9)
     for i in range(200):
         turns.taken(a, f"t{i}")
     for i in range(10):
