@@ -110,6 +110,8 @@ class Prober:
             user, password = settings.redis_credentials("producer")
             self.can_read_queues = False
         self.client = probe_client(settings, user, password)
+        default = settings.tenancy.default_tenant
+        self.tenants = sorted(t for t in settings.tenants if t != default)  # own lists
 
     def locate(self, task_id: str) -> loc.Location:
         """Raises: redis connection errors."""
@@ -117,7 +119,7 @@ class Prober:
 
         if self.can_read_queues:
             try:
-                return loc.locate(self.client, task_id)
+                return loc.locate(self.client, task_id, tenants=self.tenants)
             except NoPermissionError:  # a producer user's FLEET_REDIS__PASSWORD
                 self.can_read_queues = False
         return loc.locate(self.client, task_id, can_read_queues=False)

@@ -62,7 +62,7 @@ def main(
     if w.runner == "tenant-fairness":  # its own runner: fair share vs FIFO, not modes
         from producer.tools.bench.fairness import run_fairness
 
-        return run_fairness(w, out_dir, run_dir.resolve() if run_dir else None, err)
+        return run_fairness(w, out_dir, run_dir.resolve() if run_dir else None, err, repetitions)
     if modes == ",".join(MODES) and w.modes:  # --modes left at its default
         modes = ",".join(w.modes)
     wanted = tuple(m for m in modes.split(",") if m)
