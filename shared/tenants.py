@@ -16,8 +16,9 @@ default one) wait in lists of their own beside each priority list of their queue
 (the step is written even for step 0, so that a worker reading the queue name back from the
 list name, ``rsplit`` at kombu's separator, finds the queue). A worker takes from its queues'
 lists step by step (priority order unchanged) and, within a step, from the tenants' lists in
-weighted turns (``workers.consumer.channel``): a tenant's backlog of thousands of messages
-no longer sits ahead of another tenant's in one Redis list. Every other tenant, and the
+turns, the list its window holds fewest of for its weight first
+(``workers.consumer.tenant_turns``): a tenant's backlog of thousands of messages no longer
+sits ahead of another tenant's in one Redis list. Every other tenant, and the
 default one, shares the priority list itself. A message's ``routing_key`` is its queue, so
 kombu's restore of a lapsed lease returns it to the shared priority list: it is taken from
 there like any other.
@@ -29,7 +30,7 @@ exporter count them when their own settings name the tenant).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from shared.errors import InvalidInput
@@ -38,16 +39,12 @@ from shared.settings import TENANT_NAME, Settings
 
 __all__ = [
     "TENANT_SEP",
-    "all_lists",
     "check_name",
     "effective",
     "has_own_list",
     "kwargs_tenant",
-    "list_tenant",
-    "rotated",
     "tenant_list_key",
     "tenant_lists",
-    "weights",
 ]
 
 
@@ -89,29 +86,13 @@ def tenant_list_key(queue: str, step: int, tenant: str) -> str:
     return f"{queue}{PRIORITY_SEP}{step}{TENANT_SEP}{tenant}"
 
 
-def list_tenant(key: str) -> str | None:
-    """The tenant of a tenant list's name, or ``None`` for a shared priority list."""
-    _, sep, tenant = key.rpartition(TENANT_SEP)
-    return tenant if sep else None
-
-
 def tenant_lists(settings: Settings, queue: str, step: int) -> list[str]:
-    """The tenant lists of ``queue`` at ``step`` that producers with these settings may
-    push to (none with ``share = "fifo"``: then every message is in the priority list),
-    in the tenants' name order. Workers read them in either mode: messages pushed before a
-    switch to FIFO are still taken."""
+    """The tenant lists of ``queue`` at ``step`` (every ``[tenants]`` tenant's but the default
+    one's), in the tenants' name order. Read and counted in either mode: producers push to
+    them only with ``share = "fair"``, but messages pushed before a switch to FIFO are still
+    there."""
     default = settings.tenancy.default_tenant
     return [tenant_list_key(queue, step, t) for t in sorted(settings.tenants) if t != default]
-
-
-def all_lists(settings: Settings, queue: str, steps: Iterable[int]) -> list[str]:
-    """Every tenant list of ``queue`` over ``steps`` (:func:`tenant_lists`)."""
-    return [k for s in steps for k in tenant_lists(settings, queue, s)]
-
-
-def weights(settings: Settings) -> dict[str, float]:
-    """Each ``[tenants]`` tenant's weight (others weigh 1)."""
-    return {name: t.weight for name, t in settings.tenants.items()}
 
 
 def kwargs_tenant(kwargs: Any) -> str | None:
@@ -119,11 +100,3 @@ def kwargs_tenant(kwargs: Any) -> str | None:
     env = kwargs.get("request") if isinstance(kwargs, Mapping) else None
     tenant = env.get("tenant") if isinstance(env, Mapping) else None
     return tenant if isinstance(tenant, str) else None
-
-
-def rotated(keys: Sequence[str], start: int) -> list[str]:
-    """``keys`` starting at ``start`` (mod their count)."""
-    if not keys:
-        return []
-    i = start % len(keys)
-    return [*keys[i:], *keys[:i]]
