@@ -244,3 +244,21 @@ def test_the_cli_and_the_gateway_refuse_a_full_tenant(qclient: FleetClient, work
         wait_for(lambda: held(worker) == 0, "acme's count to reach 0")
     finally:
         worker.stop("gateway", timeout_s=5)
+
+
+def test_the_count_survives_a_redis_restart_from_its_aof(qclient: FleetClient, worker: Any) -> None:
+    """Redis SIGKILLed with the tenant's requests queued and held, started again from its
+    AOF: the sets come back with the lists (written in the same transactions), every request
+    finishes once, and the count ends at 0."""
+    blocker = slow_blocker(qclient, 6)
+    handles = fill_acme(qclient)
+    r = redis_of(worker)
+    wait_for(lambda: r.hlen(schema.UNACKED_KEY) >= 10, "the worker to hold a window")
+    pid = worker._read_pid(worker.pids / "redis.pid")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not worker.alive("redis"), "redis-server to die", 10)
+    worker.start_redis()
+    assert held(worker) == LIMIT  # the requests, as they were: none final yet
+    outs = qclient.wait_all([blocker, *handles], timeout_s=120)
+    assert all(o is not None and "result" in o for o in outs), outs
+    wait_for(lambda: held(worker) == 0, "acme's count to reach 0", timeout_s=LEASE_S + 30)
