@@ -231,8 +231,8 @@ class PayloadBuilder:
         Raises:
             TypeError, ValueError: ``env.inputs`` is not JSON (see :func:`envelope_json`).
         """
-        key, payload, _ = self.build(env, task_id, queue, celery_priority, reply_to)
-        return key, payload
+        built = self.build(env, task_id, queue, celery_priority, reply_to)
+        return built.key, built.payload
 
     def build(
         self,
