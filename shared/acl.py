@@ -14,8 +14,10 @@ producer    enqueue (``LPUSH`` onto the modality queues, kombu's bindings), read
             (``fleet:live:*``) and Redis' clock (``TIME``), publish ``task-sent`` events,
             ``WAIT`` for a replica after a publish (Redis behind Sentinel), ``INFO`` (the
             ready check of ioredis, celery-node's client: server statistics, no key's data;
-            an ACL cannot narrow a bare ``INFO`` to sections). Nothing else: no ``EVAL``,
-            ``CONFIG``, ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, no other key or channel.
+            an ACL cannot narrow a bare ``INFO`` to sections), a tenant's open requests
+            (``fleet:tenant:*``: ``SCARD``, ``SMISMEMBER``, ``SADD``; ``shared.tenant_quota``).
+            Nothing else: no ``EVAL``, ``CONFIG``, ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, no
+            other key or channel.
 worker      every key and channel, every command but Redis's ``@dangerous`` ones (``CONFIG``,
             ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, ``DEBUG``, ``ACL``, ``CLIENT KILL``...):
             workers run the fleet's Lua scripts (fetch, result writes, batch gate, the
@@ -42,6 +44,7 @@ from collections.abc import Mapping
 
 from shared import schema
 from shared.settings import MODALITIES
+from shared.tenant_quota import OPEN_PREFIX
 
 __all__ = [
     "ADMIN",
@@ -65,6 +68,7 @@ PRODUCER_COMMANDS: tuple[str, ...] = (
     "ping", "hello", "auth", "select", "reset", "multi", "exec", "discard",
     "watch", "unwatch",  # optimistic transactions: cancel, a gateway job's record + message
     "lpush", "llen", "exists", "sadd", "smembers",
+    "scard", "smismember",  # a tenant's max_queued, checked before a push (shared.tenant_quota)
     "get", "mget", "set", "setex",
     "publish", "subscribe", "unsubscribe",
     "zrangebyscore",
@@ -85,6 +89,7 @@ def producer_keys() -> list[str]:
         f"{schema.FINAL_KEY_PREFIX}*",
         f"{schema.JOB_KEY_PREFIX}*",
         f"{schema.LIVE_PREFIX}*",
+        f"{OPEN_PREFIX}*",  # tenants' open requests (shared.tenant_quota)
     ]
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "QueueFull",
     "Revoked",
     "ShmCapacityError",
+    "TenantQuota",
     "TensorRefError",
     "TransientError",
     "TransportError",
@@ -146,6 +147,14 @@ class QueueFull(FleetError):
     """Backpressure: the modality/priority queue is at its configured maximum length."""
 
     code = "QUEUE_FULL"
+
+
+class TenantQuota(FleetError):
+    """Backpressure per tenant: the request's tenant already has ``[tenants.<name>]
+    max_queued`` requests queued or running (``shared.tenants``). Refused at submit; nothing
+    was sent."""
+
+    code = "TENANT_QUOTA"
 
 
 class DeadlineUnreachable(FleetError):

@@ -31,6 +31,7 @@ from importlib import resources
 from typing import Any
 
 from shared import clock, schema
+from shared.tenants import tenant_list_key
 
 __all__ = [
     "FLEET_HEADER_FIELDS",
@@ -121,20 +122,44 @@ class QueueReader:
     Args:
         client: a ``redis.Redis`` (the ``operator`` role may run it: reads and ``EVALSHA``).
         queues: queue names (``shared.schema.queue_name`` / ``realtime_queue_name``).
+        tenants: tenants whose messages wait in lists of their own beside each priority list
+            (``shared.tenants``): read as rows of their own, added to their queue's
+            waiting messages and oldest submit time, and kept apart in :attr:`by_tenant`.
     """
 
-    def __init__(self, client: Any, queues: Sequence[str]) -> None:
+    def __init__(self, client: Any, queues: Sequence[str], tenants: Sequence[str] = ()) -> None:
         self.queues = list(queues)
-        self._keys = [
-            schema.priority_list_key(q, s) for q in self.queues for s in schema.PRIORITY_STEPS
-        ] + [schema.UNACKED_KEY]
+        self.tenants = list(tenants)
+        self._rows = [*self.queues, *(f"{q}\x1f{t}" for q in self.queues for t in self.tenants)]
+        steps = schema.PRIORITY_STEPS
+        self._keys = [schema.priority_list_key(q, s) for q in self.queues for s in steps]
+        self._keys += [
+            tenant_list_key(q, s, t) for q in self.queues for t in self.tenants for s in steps
+        ]
+        self._keys.append(schema.UNACKED_KEY)
         self._script = client.register_script(_SCRIPT)
+        self.by_tenant: dict[tuple[str, str], QueueStats] = {}  # (queue, tenant): last read
 
     def read(self) -> tuple[list[QueueStats], int]:
-        """Every queue's stats and the reserved messages of queues not listed.
+        """Every queue's stats (its tenants' lists included) and the reserved messages of
+        queues not listed.
 
         Raises:
             redis.RedisError: Redis is unreachable or refused the script.
         """
-        args = [len(self.queues), len(schema.PRIORITY_STEPS), *self.queues]
-        return parse_rows(self.queues, self._script(keys=self._keys, args=args))
+        args = [len(self._rows), len(schema.PRIORITY_STEPS), *self._rows]
+        stats, other = parse_rows(self._rows, self._script(keys=self._keys, args=args))
+        queues = {st.queue: st for st in stats[: len(self.queues)]}
+        self.by_tenant = {}
+        for st in stats[len(self.queues) :]:
+            queue, _, tenant = st.queue.partition("\x1f")
+            self.by_tenant[(queue, tenant)] = st
+            merged = queues[queue]
+            for step, n in st.waiting.items():
+                merged.waiting[step] = merged.waiting.get(step, 0) + n
+            if st.oldest_submitted_ms is not None and (
+                merged.oldest_submitted_ms is None
+                or st.oldest_submitted_ms < merged.oldest_submitted_ms
+            ):
+                merged.oldest_submitted_ms = st.oldest_submitted_ms
+        return list(queues.values()), other

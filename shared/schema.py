@@ -7,7 +7,7 @@ queue of that modality, with a single keyword argument ``request`` holding the e
 
     {"v": 1, "modality": "text", "priority": "realtime",
      "submitted_ms": 1764460800123.4, "deadline_ms": 1764460800323.4,
-     "model": null, "inputs": {"text": "A man is playing a guitar."}}
+     "model": null, "tenant": null, "inputs": {"text": "A man is playing a guitar."}}
 
 Times are Unix epoch milliseconds on Redis' clock (``TIME``, ``shared.clock``), the one
 clock producers and workers on different hosts share: a host whose own clock is off neither
@@ -124,6 +124,7 @@ class TaskEnvelope(BaseModel):
     submitted_ms: float = Field(default_factory=lambda: clock.now_s() * 1000.0)
     deadline_ms: float | None = None
     model: str | None = None
+    tenant: str | None = None  # None: the default tenant (shared.tenants)
     inputs: dict[str, Any]
 
     def expired(self, now_ms: float | None = None) -> bool:

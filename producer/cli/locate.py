@@ -33,6 +33,7 @@ from typing import Any
 
 from shared import schema
 from shared.settings import MODALITIES
+from shared.tenants import tenant_list_key
 
 QUEUED = "queued"
 HELD = "held"  # in a worker's prefetch window or running batch (kombu's unacked hash)
@@ -153,6 +154,24 @@ def find_in_lists(client: Any, task_id: str, models: Sequence[str] = ()) -> Loca
     return None
 
 
+def find_in_tenant_lists(
+    client: Any, task_id: str, tenants: Sequence[str], models: Sequence[str] = ()
+) -> Location | None:
+    """Look for ``task_id`` in the tenants' own lists (of every queue, ``models``' too); its
+    position is the one in its tenant's list (the take serves tenants in turns, so no one
+    queue order holds)."""
+    needle = task_id.encode()
+    for q in all_queues(models):
+        for step in schema.PRIORITY_STEPS:
+            for t in tenants:
+                key = tenant_list_key(q, step, t)
+                items = client.lrange(key, 0, -1) if client.llen(key) else []
+                for i, raw in enumerate(items):
+                    if needle in raw and message_id(raw) == task_id:
+                        return Location(QUEUED, q, len(items) - i, len(items))
+    return None
+
+
 def find_in_unacked(client: Any, task_id: str) -> Location | None:
     """Look for ``task_id`` among the messages workers hold (kombu's unacked hash)."""
     for _tag, entry in client.hscan_iter(schema.UNACKED_KEY, count=CHUNK):
@@ -175,13 +194,18 @@ def trace(client: Any, task_id: str) -> Location | None:
 
 
 def locate(
-    client: Any, task_id: str, can_read_queues: bool = True, models: Sequence[str] = ()
+    client: Any,
+    task_id: str,
+    can_read_queues: bool = True,
+    models: Sequence[str] = (),
+    tenants: Sequence[str] = (),
 ) -> Location:
     """Where ``task_id`` is (see the module docstring); ``client``: a redis-py client;
     ``models``: the queues of the models that are not a modality's default.
 
     ``can_read_queues``: False with credentials that may not read the queues (a producer
-    user): then only the final traces are looked for.
+    user): then only the final traces are looked for. ``tenants``: those whose messages wait
+    in lists of their own (``shared.tenants``), looked through after the shared lists.
 
     Raises:
         redis errors: Redis is unreachable, or refused a command (``NoPermissionError``).
@@ -191,6 +215,7 @@ def locate(
     for _attempt in range(2):
         found = (
             find_in_lists(client, task_id, models)
+            or find_in_tenant_lists(client, task_id, tenants, models)
             or find_in_unacked(client, task_id)
             or trace(client, task_id)
         )

@@ -119,6 +119,8 @@ class Prober:
             if not s.default
             for q in (s.queue, s.realtime_queue)
         ]
+        default = settings.tenancy.default_tenant
+        self.tenants = sorted(t for t in settings.tenants if t != default)  # own lists
 
     def locate(self, task_id: str) -> loc.Location:
         """Raises: redis connection errors."""
@@ -126,7 +128,7 @@ class Prober:
 
         if self.can_read_queues:
             try:
-                return loc.locate(self.client, task_id, models=self.queues)
+                return loc.locate(self.client, task_id, models=self.queues, tenants=self.tenants)
             except NoPermissionError:  # a producer user's FLEET_REDIS__PASSWORD
                 self.can_read_queues = False
         return loc.locate(self.client, task_id, can_read_queues=False)

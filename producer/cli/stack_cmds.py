@@ -15,6 +15,7 @@ from shared.settings import MODALITIES
 
 if TYPE_CHECKING:
     from producer.stack.local import Proc, Stack
+    from shared.settings import Settings
 
 DEFAULT_SENTINEL_PORTS = (26379, 26380, 26381)  # `fleet up --ha` without [redis] sentinels
 
@@ -219,7 +220,10 @@ def status() -> None:
     redis_problem = broker_problem(settings, "operator")
     live: dict[str, list[str]] = {}
     models: dict[str, dict[str, list[str]]] = {}
+    tenants: dict[str, dict[str, int]] = {}
     dead_nodes = stack.dead_worker_nodes()
+    if redis_problem is None and settings.tenants:
+        tenants = tenant_status(settings)
     if redis_problem is None:
         from producer.client import FleetClient
 
@@ -249,6 +253,7 @@ def status() -> None:
             "live_workers": {m: n for m, n in live.items() if n},
             "live_models": models,
             "dead_workers": sorted(dead_nodes),
+            **({"tenants": tenants} if tenants else {}),
         }
     )
     dead = [n for n, ok in procs.items() if not ok]
@@ -262,6 +267,36 @@ def status() -> None:
             f"no stack started in {settings.run_dir} ({settings.run_dir_source}) and no live "
             "worker on this Redis; start one with `make up` (or `fleet up`)"
         )
+
+
+def tenant_status(settings: Settings) -> dict[str, dict[str, int]]:
+    """Per ``[tenants]`` tenant: ``queued``, its messages waiting in lists of its own (fair
+    share; every queue and step), and with a ``max_queued`` its ``open`` requests (queued or
+    running) and the limit (``docs/tenants.md``). One round trip."""
+    from shared import schema, tenant_quota, tenants
+    from shared.redis_client import redis_client
+
+    default = settings.tenancy.default_tenant
+    names = sorted(settings.tenants)
+    queues = [q for m in MODALITIES for q in (schema.queue_name(m), schema.realtime_queue_name(m))]
+    client = redis_client(settings, "operator", socket_timeout=5.0)
+    with client.pipeline(transaction=False) as pipe:
+        for t in names:
+            for q in queues:
+                for s in schema.PRIORITY_STEPS:
+                    pipe.llen(tenants.tenant_list_key(q, s, t))
+            pipe.scard(tenant_quota.open_key(t))
+        replies = iter(pipe.execute())
+    out: dict[str, dict[str, int]] = {}
+    for t in names:
+        queued = sum(int(next(replies)) for _ in range(len(queues) * len(schema.PRIORITY_STEPS)))
+        row = {"queued": queued} if t != default else {}
+        held = int(next(replies))
+        limit = settings.tenants[t].max_queued
+        if limit is not None:
+            row |= {"open": held, "max_queued": limit}
+        out[t] = row
+    return out
 
 
 @app.command("flower")

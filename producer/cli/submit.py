@@ -26,11 +26,20 @@ from producer.cli.base import (
     submit_app,
 )
 from producer.cli.output import jsonable
+from shared import tenants
 from shared.errors import FleetError, InvalidInput, NoReadyWorker, PayloadTooLarge
 from shared.settings import MODALITIES, Settings
 
 PriorityOpt = Annotated[str, typer.Option(help="realtime, high, normal or bulk")]
 TimeoutOpt = Annotated[float | None, typer.Option(help="deadline in seconds from now")]
+TenantOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tenant",
+        help="who the request is for (docs/tenants.md); default: the default tenant",
+        show_default=False,
+    ),
+]
 WaitOpt = Annotated[
     float, typer.Option(help="seconds to wait for the result; 0 = print the id and return")
 ]
@@ -120,6 +129,7 @@ def run_submit(
     priority: str,
     timeout_s: float | None,
     wait_s: float,
+    tenant: str | None = None,
     full: bool = True,
     queue_anyway: bool = False,
     precheck: Callable[[Settings], None] | None = None,
@@ -150,13 +160,21 @@ def run_submit(
         client = FleetClient(settings)
         # modality, priority, timeout and model (MODEL_NOT_FOUND, exit 2)
         env = client.envelope(modality, {}, priority, timeout_s, model, version)
+        if tenant is not None:
+            tenants.check_name(tenant)
         if modality in MODALITIES:
             waiting = wait_s > 0 and not queue_anyway  # no model named: the modality's queue
             _check_live_worker(settings, client, modality, waiting, env.model)
         inputs = make_inputs(client)
         try:
             handle = client.submit(
-                modality, inputs, priority, timeout_s, model=model, version=version
+                modality,
+                inputs,
+                priority=priority,
+                timeout_s=timeout_s,
+                model=model,
+                version=version,
+                tenant=tenant,
             )
         except BaseException:
             client.release_inputs(inputs)
@@ -284,6 +302,7 @@ def submit_text(
     ] = None,
     priority: PriorityOpt = "normal",
     timeout_s: TimeoutOpt = None,
+    tenant: TenantOpt = None,
     wait_s: WaitOpt = 30.0,
     queue_anyway: QueueAnywayOpt = False,
     model: ModelOpt = None,
@@ -302,6 +321,7 @@ def submit_text(
         lambda _c: {"text": read[0]},
         priority=priority,
         timeout_s=timeout_s,
+        tenant=tenant,
         wait_s=wait_s,
         queue_anyway=queue_anyway,
         precheck=precheck,
@@ -331,6 +351,7 @@ def submit_image(
     top_k: TopKOpt = None,
     priority: PriorityOpt = "normal",
     timeout_s: TimeoutOpt = None,
+    tenant: TenantOpt = None,
     wait_s: WaitOpt = 30.0,
     queue_anyway: QueueAnywayOpt = False,
     model: ModelOpt = None,
@@ -345,6 +366,7 @@ def submit_image(
         lambda _c: _with_top_k(image_inputs(file), top_k),
         priority=priority,
         timeout_s=timeout_s,
+        tenant=tenant,
         wait_s=wait_s,
         queue_anyway=queue_anyway,
         precheck=lambda s: check_inline_file(file, s, "image file"),
@@ -359,6 +381,7 @@ def submit_video(
     top_k: TopKOpt = None,
     priority: PriorityOpt = "normal",
     timeout_s: TimeoutOpt = None,
+    tenant: TenantOpt = None,
     wait_s: WaitOpt = 120.0,
     full: FullOpt = False,
     queue_anyway: QueueAnywayOpt = False,
@@ -377,6 +400,7 @@ def submit_video(
         lambda c: _with_top_k(c.video_inputs(file), top_k),
         priority=priority,
         timeout_s=timeout_s,
+        tenant=tenant,
         wait_s=wait_s,
         full=full,
         queue_anyway=queue_anyway,
@@ -393,6 +417,7 @@ def submit_xmodal(
     top_k: TopKOpt = None,
     priority: PriorityOpt = "normal",
     timeout_s: TimeoutOpt = None,
+    tenant: TenantOpt = None,
     wait_s: WaitOpt = 30.0,
     full: FullOpt = False,
     queue_anyway: QueueAnywayOpt = False,
@@ -420,6 +445,7 @@ def submit_xmodal(
         lambda _c: _with_top_k(xmodal_inputs(image, text), top_k),
         priority=priority,
         timeout_s=timeout_s,
+        tenant=tenant,
         wait_s=wait_s,
         full=full,
         queue_anyway=queue_anyway,
@@ -435,6 +461,7 @@ def submit_raw(
     inputs: Annotated[str, typer.Option(help="the inputs as a JSON object")],
     priority: PriorityOpt = "normal",
     timeout_s: TimeoutOpt = None,
+    tenant: TenantOpt = None,
     wait_s: WaitOpt = 30.0,
     queue_anyway: QueueAnywayOpt = False,
     model: ModelOpt = None,
@@ -451,6 +478,7 @@ def submit_raw(
         lambda _c: parsed,
         priority=priority,
         timeout_s=timeout_s,
+        tenant=tenant,
         wait_s=wait_s,
         queue_anyway=queue_anyway,
         model=model,

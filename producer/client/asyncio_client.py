@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import Any
 
 from celery import Celery
+from redis.exceptions import WatchError
 
 from producer.client.asyncio_results import AsyncResultHandle, broker_faults
 from producer.client.fleet import (
@@ -47,7 +48,7 @@ from producer.client.fleet import (
 from producer.client.results import Revocation
 from producer.client.subscriptions import Subscriptions
 from producer.client.wire import push_commands, sent_topics
-from shared import schema
+from shared import schema, tenant_quota, tenants
 from shared.clock import RedisClock
 from shared.redis_client import Waiter, async_redis_client
 from shared.schema import Priority
@@ -118,12 +119,17 @@ class AsyncFleetClient(ClientBase):
         task_id: str | None = None,
         model: str | None = None,
         version: str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> AsyncResultHandle:
         """``FleetClient.submit`` on asyncio: one request (``task_id``: its id, default the
         one :meth:`video_inputs` bound its video input to, else a fresh uuid4; ``model`` and
-        ``version``: the model, default the modality's), returned once it is on Redis as its
-        handle. Raises as :meth:`submit_many`."""
-        request = SubmitRequest(modality, inputs, priority, timeout_s, task_id, model, version)
+        ``version``: the model, default the modality's; ``tenant``: who it is for, ``None``
+        the default tenant), returned once it is on Redis as its handle. Raises as
+        :meth:`submit_many`."""
+        request = SubmitRequest(
+            modality, inputs, priority, timeout_s, task_id, model, version, tenant
+        )
         return (await self.submit_many([request]))[0]
 
     async def submit_many(self, requests: Iterable[SubmitRequest]) -> list[AsyncResultHandle]:
@@ -136,6 +142,9 @@ class AsyncFleetClient(ClientBase):
         Raises:
             FleetError: an invalid request (see :meth:`envelope`), or ``QueueFull`` when a
                 modality's queue holds ``max_queue_length`` messages; nothing is sent.
+            TenantQuota: a chunk's tenant has ``max_queued`` requests queued or running:
+                that chunk was not sent (the chunks before it were, as their handles in the
+                exception's ``submitted`` say).
             BrokerUnavailable: Redis refused a chunk (``reason``: ``OOM``, ``MISCONF``,
                 ``READONLY``, ``NOPERM``), refused the credentials (``AUTH``), is not Redis
                 (``NOT_REDIS``) or could not be reached (``UNREACHABLE``, after redis-py's
@@ -167,8 +176,38 @@ class AsyncFleetClient(ClientBase):
             group = self.payloads().sent_group
             while part := list(itertools.islice(sub.messages, CHUNK)):
                 events = [m.event for m in part if m.event is not None]
-                await self._run(push_commands(part, group(events) if events else None, topics))
+                commands = push_commands(part, group(events) if events else None, topics)
+                if any(m.quota for m in part):  # a tenant's max_queued: checked under WATCH
+                    await self._push_admitted(tenant_quota.sets_of(part), commands)
+                else:
+                    await self._run(commands)
                 sub.sent(len(sub.handles) + len(part))
+
+    async def _push_admitted(
+        self, sets: tenant_quota.Sets, commands: Sequence[tuple[Any, ...]]
+    ) -> None:
+        """``commands`` (a chunk's pushes) as one transaction once the limited tenants'
+        sets, read under ``WATCH`` on its connection, allow the chunk; checked and sent
+        again when a worker's release changed a set in between.
+
+        Raises:
+            TenantQuota: a tenant's limit would be passed; nothing was sent.
+        """
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for tries in itertools.count(1):
+                try:
+                    checks = tenant_quota.check_commands(sets)
+                    replies = [await pipe.execute_command(*c) for c in checks]
+                    tenant_quota.judge(sets, replies)
+                    pipe.multi()
+                    for command in commands:
+                        pipe.execute_command(*command)
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    if tries >= tenant_quota.WATCH_TRIES:
+                        raise
+                    await pipe.reset()
 
     async def _push_waiting(self, sub: Submission[AsyncResultHandle]) -> None:
         """The blocking client's publish (its ``WAIT`` for a replica) on a thread."""
@@ -209,16 +248,18 @@ class AsyncFleetClient(ClientBase):
         """
         names = [p.label for p in Priority]
         route = None if model is None else self.route_model(modality, model)
-        keys = [
-            schema.priority_list_key(
-                schema.queue_for(modality, name, route),
-                Priority.parse(name).celery_priority(self.settings),
-            )
-            for name in names
-        ]
+        lists = []
+        for name in names:
+            queue = schema.queue_for(modality, name, route)
+            step = Priority.parse(name).celery_priority(self.settings)
+            own = tenants.tenant_lists(self.settings, queue, step)
+            lists.append([schema.priority_list_key(queue, step), *own])
         with broker_faults("could not read the queue depth"):
-            counts = await self._run([("LLEN", k) for k in keys], transaction=False)
-        return dict(zip(names, (int(c) for c in counts), strict=True))
+            counts = await self._run(
+                [("LLEN", k) for keys in lists for k in keys], transaction=False
+            )
+        found = iter(int(c) for c in counts)
+        return {n: sum(next(found) for _ in keys) for n, keys in zip(names, lists, strict=True)}
 
     async def live_workers(self, modality: str, model: str | None = None) -> list[str]:
         """Node names of ``modality``'s batching workers that are alive: a heartbeat

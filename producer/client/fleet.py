@@ -42,7 +42,7 @@ from celery import Celery
 
 from producer.client.results import ResultHandle, ResultReading, resolve_tensors, tensor_wires
 from producer.client.wire import DepthCheck, Outgoing, PayloadBuilder, Pusher, fresh_ids
-from shared import model_routes, schema, tracing
+from shared import model_routes, schema, tenant_quota, tenants, tracing
 from shared.celery_app import make_app
 from shared.clock import RedisClock
 from shared.errors import FleetError, InvalidInput, PayloadTooLarge, UnsupportedModality
@@ -83,6 +83,7 @@ class SubmitRequest:
     task_id: str | None = None  # None: the id its video input is bound to, else a fresh one
     model: str | None = None  # a served name or table name; None: the modality's default
     version: str | None = None  # the model's version; None: its latest (shared.model_routes)
+    tenant: str | None = None  # None: the default tenant (shared.tenants)
 
 
 _TEXT_MODALITIES = frozenset({"text", "xmodal"})
@@ -326,6 +327,8 @@ class ClientBase:
             }
             if r.model is not None or r.version is not None:  # named: its table travels
                 fields["model"] = self.served_model(modality, r.model, r.version).table
+            if r.tenant is not None:
+                fields["tenant"] = tenants.check_name(r.tenant)
             envs.append(_validate_envelope(fields))  # TaskEnvelope(**fields): pydantic validates
             datas.append(data)
         return envs, datas
@@ -353,7 +356,10 @@ class ClientBase:
         its own (``LPUSH`` of ``key`` and ``payload``): the HTTP gateway's job commit
         (``producer.gateway.commit``)."""
         route = self._routes()
-        return self.payloads().build_many([(env, task_id, None)], route, self.app.thread_oid)[0]
+        built = self.payloads().build_many([(env, task_id, None)], route, self.app.thread_oid)
+        if self.settings.tenants:  # its tenant's list and max_queued (see outgoing)
+            built = self._tenanted([(env, task_id, None)], built)
+        return built[0]
 
     def outgoing(
         self,
@@ -373,7 +379,27 @@ class ClientBase:
         datas = itertools.repeat(None) if inputs_json is None else inputs_json
         requests = zip(envs, ids, datas, strict=False)
         while part := list(itertools.islice(requests, BUILD_BATCH)):
-            yield from builder.build_many(part, route, reply_to, events)
+            built = builder.build_many(part, route, reply_to, events)
+            if self.settings.tenants:  # no [tenants]: every message as before
+                built = self._tenanted(part, built)
+            yield from built
+
+    def _tenanted(
+        self, part: list[tuple[TaskEnvelope, str, bytes | None]], built: list[Outgoing]
+    ) -> list[Outgoing]:
+        """``built`` with each request's tenant applied: its tenant list (fair share on, a
+        ``[tenants]`` tenant; ``shared.tenants``) and its tenant's ``max_queued``
+        (``shared.tenant_quota``)."""
+        out = []
+        settings = self.settings
+        for (env, task_id, _), m in zip(part, built, strict=True):
+            quota = tenant_quota.quota_of(settings, env.tenant, task_id)
+            key = m.key
+            if tenants.has_own_list(settings, env.tenant):
+                queue, step = self._routes()[(env.modality, env.priority, env.model)]
+                key = tenants.tenant_list_key(queue, step, env.tenant)
+            out.append(m._replace(key=key, quota=quota) if quota or key != m.key else m)
+        return out
 
     def _routes(self) -> dict[tuple[str, str, str | None], tuple[str, int]]:
         """(modality, priority label, model table or ``None``) -> (queue, Celery priority),
@@ -443,6 +469,15 @@ class ClientBase:
             for modality, route in sorted(limited, key=lambda x: (x[0], x[1] or ""))
             for label, step in prios.items()
         ]
+        if self.settings.tenants:  # the tenants' own lists count too
+            rows += [
+                (modality, label, key, route)
+                for modality, route in sorted(limited, key=lambda x: (x[0], x[1] or ""))
+                for label, step in prios.items()
+                for key in tenants.tenant_lists(
+                    self.settings, schema.queue_for(modality, label, route), step
+                )
+            ]
         return DepthCheck(self.settings, envs, rows, routes)
 
     def _submission(
@@ -729,12 +764,15 @@ class Publishing:
                     for name, p in zip(names, prios, strict=True):
                         queue = schema.queue_for(modality, name, route)
                         pipe.llen(schema.priority_list_key(queue, p))
-                    counts = pipe.execute()
+                        for key in tenants.tenant_lists(self.settings, queue, p):
+                            pipe.llen(key)
+                    counts = iter(pipe.execute())
         except BROKER_FAULTS as exc:
             if reason_of(exc) is None:
                 raise
             raise broker_unavailable(exc, "could not read the queue depth") from exc
-        return dict(zip(names, (int(c) for c in counts), strict=True))
+        per_list = 1 + len(tenants.tenant_lists(self.settings, modality, 0))
+        return {n: sum(int(next(counts)) for _ in range(per_list)) for n in names}
 
     def live_workers(self, modality: str, model: str | None = None) -> list[str]:
         """Node names of ``modality``'s batching workers that are ready and alive: those
@@ -826,6 +864,8 @@ class FleetClient(ClientBase, Publishing, ResultReading):
         task_id: str | None = None,
         model: str | None = None,
         version: str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> ResultHandle:
         """Enqueue one request; returns at once with its handle.
 
@@ -835,17 +875,21 @@ class FleetClient(ClientBase, Publishing, ResultReading):
             model: the model to run it (a served name, or a ``[models.<name>]`` table
                 name); ``None``: the modality's default. ``version``: that model's version
                 (``None``: its latest).
+            tenant: who the request is for (``None``: the default tenant; docs/tenants.md).
 
         Raises:
             FleetError: invalid request (see :meth:`envelope`; ``ModelNotFound`` for a model
-                the modality does not serve), or ``QueueFull`` when the model's queue holds
-                ``max_queue_length`` messages.
+                the modality does not serve), ``QueueFull`` when the model's queue holds
+                ``max_queue_length`` messages, or ``TenantQuota`` when the tenant has
+                ``max_queued`` requests queued or running.
             BrokerUnavailable: Redis refused it (``reason``: ``OOM``, ``MISCONF``,
                 ``READONLY``, ``NOPERM``; at once, never retried), refused the credentials
                 (``AUTH``; at once) or is not Redis (``NOT_REDIS``), or stayed unreachable
                 through the publish retries (``UNREACHABLE``; see :meth:`submit_many`).
         """
-        request = SubmitRequest(modality, inputs, priority, timeout_s, task_id, model, version)
+        request = SubmitRequest(
+            modality, inputs, priority, timeout_s, task_id, model, version, tenant
+        )
         return self.submit_many([request])[0]
 
     def submit_many(self, requests: Iterable[SubmitRequest]) -> list[ResultHandle]:

@@ -59,17 +59,19 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
+import redis
 from celery import Celery
 from celery.utils.nodenames import anon_nodename
 from celery.utils.time import utcoffset
 from kombu.utils.json import dumps
 
-from shared import schema, tracing
-from shared.errors import QueueFull
+from shared import schema, tenant_quota, tracing
+from shared.errors import QueueFull, TenantQuota
 from shared.ha import WaitingPut
 from shared.queue_stats import FLEET_HEADER_FIELDS
 from shared.redis_client import SentTransaction, send_transaction
 from shared.schema import ENVELOPE_KWARG, TaskEnvelope
+from shared.tenant_quota import Quota
 
 if TYPE_CHECKING:
     from shared.settings import Settings
@@ -77,21 +79,23 @@ if TYPE_CHECKING:
 
 def kwargs_summary(env: TaskEnvelope) -> str:
     """A short ``kwargsrepr`` for a request (Flower's "kwargs" column): modality, priority,
-    model and the input keys, never the inputs themselves."""
+    model, tenant and the input keys, never the inputs themselves."""
     inputs = ", ".join(sorted(env.inputs))
     return (
         f"{{'request': {{'modality': {env.modality!r}, 'priority': {env.priority!r}, "
-        f"'model': {env.model!r}, 'inputs': <{inputs}>}}}}"
+        f"'model': {env.model!r}, 'tenant': {env.tenant!r}, 'inputs': <{inputs}>}}}}"
     )
 
 
 class Outgoing(NamedTuple):
     """One request ready to push: its priority list, its message, its ``task-sent`` event's
-    JSON (``None``: no event, ``task_send_sent_event`` off)."""
+    JSON (``None``: no event, ``task_send_sent_event`` off), and what its tenant's
+    ``max_queued`` must admit (``shared.tenant_quota.Quota``; ``None``: no limit)."""
 
     key: str
     payload: bytes
     event: bytes | None
+    quota: Quota | None = None
 
 
 class _Format:
@@ -227,8 +231,8 @@ class PayloadBuilder:
         Raises:
             TypeError, ValueError: ``env.inputs`` is not JSON (see :func:`envelope_json`).
         """
-        key, payload, _ = self.build(env, task_id, queue, celery_priority, reply_to)
-        return key, payload
+        built = self.build(env, task_id, queue, celery_priority, reply_to)
+        return built.key, built.payload
 
     def build(
         self,
@@ -282,7 +286,7 @@ class PayloadBuilder:
                 found = kinds[pair] = (self._kind(pair[0], queue, prio, reply_to), event)
             kind, event = found
             tid = orjson.dumps(task_id)
-            summary = summaries.get((*pair, *d["inputs"])) or self._summary(env)
+            summary = summaries.get((*pair, d["tenant"], *d["inputs"])) or self._summary(env)
             message = kind.message
             if (fv := _fleet_values(d)) != last:  # one submit time for a call's requests
                 last, fleet = fv, ((_json(fv),) if _FLEET_ONE else tuple(map(_json, fv)))
@@ -296,17 +300,17 @@ class PayloadBuilder:
             )
             payload = message.fmt % message.pick(values)
             if event is None:
-                out.append(_outgoing(Outgoing, (kind.list_key, payload, None)))
+                out.append(_outgoing(Outgoing, (kind.list_key, payload, None, None)))
                 continue
             sent = (tid, summary, utc, b"%d" % next(clock), stamp)
-            built = (kind.list_key, payload, event.fmt % event.pick(sent))
+            built = (kind.list_key, payload, event.fmt % event.pick(sent), None)
             out.append(_outgoing(Outgoing, built))
         return out
 
     def _summary(self, env: TaskEnvelope) -> bytes:
-        """:func:`kwargs_summary` as JSON, cached per modality, priority, model and input
-        keys (a few kinds per producer; bounded)."""
-        key = (env.modality, env.priority, env.model, *env.inputs)
+        """:func:`kwargs_summary` as JSON, cached per modality, priority, model, tenant and
+        input keys (a few kinds per producer; bounded)."""
+        key = (env.modality, env.priority, env.model, env.tenant, *env.inputs)
         found = self._summaries.get(key)
         if found is None:
             found = orjson.dumps(kwargs_summary(env))
@@ -512,11 +516,16 @@ def push_commands(
     """The commands that put ``part`` on Redis, for one ``MULTI``/``EXEC`` (both clients
     send these): an ``LPUSH`` per list (its messages in order: ``LPUSH k a b`` is ``LPUSH k
     a; LPUSH k b``), then a ``PUBLISH`` of ``group`` (the part's ``task-sent`` events,
-    :meth:`PayloadBuilder.sent_group`; ``None``: none) on each of ``topics``."""
+    :meth:`PayloadBuilder.sent_group`; ``None``: none) on each of ``topics``. A part with
+    requests of a tenant with ``max_queued`` first adds their ids to its tenant's set
+    (``shared.tenant_quota``; the sender checked the limit under ``WATCH`` before)."""
+    commands: list[tuple[Any, ...]] = []
+    if any(m.quota is not None for m in part):  # a tenant's max_queued: its open requests
+        commands = tenant_quota.add_commands(part)
     lists: dict[str, list[bytes]] = {}
     for m in part:
         lists.setdefault(m.key, []).append(m.payload)
-    commands: list[tuple[Any, ...]] = [("LPUSH", k, *v) for k, v in lists.items()]
+    commands += [("LPUSH", k, *v) for k, v in lists.items()]
     if group is not None:
         commands += [("PUBLISH", t, group) for t in topics]
     return commands
@@ -688,19 +697,48 @@ class Pusher:
             check.judge(self._finish())
         while part:
             events = [m.event for m in part if m.event is not None]
-            self.inflight = Chunk(part, self.group(events) if events else None, self.exchange)
-            self.inflight.send(self.line)
+            group = self.group(events) if events else None
+            sets = tenant_quota.sets_of(part) if any(m.quota for m in part) else None
+            self._send(part, group, sets)
             failed = None
             try:  # the next chunk is built while Redis takes this one
                 following = list(itertools.islice(messages, chunk))
             except Exception as exc:  # this chunk is sent: it is counted first
                 following, failed = [], exc
-            self._finish()
+            for tries in itertools.count(1):
+                try:
+                    self._finish()
+                    break
+                except redis.WatchError:  # a limited tenant's set changed: checked again
+                    if sets is None or tries >= tenant_quota.WATCH_TRIES:
+                        raise
+                    self._send(part, group, sets)
             sent += len(part)
             yield sent
             if failed is not None:
                 raise failed
             part = following
+
+    def _send(self, part: list[Outgoing], group: bytes | None, sets: Any) -> None:
+        """Send a chunk; one with requests of limited tenants (``sets``:
+        ``shared.tenant_quota.sets_of``) only once their limits, read under ``WATCH`` on the
+        same connection, allow it.
+
+        Raises:
+            TenantQuota: a tenant's limit would be passed; nothing of the chunk was sent.
+        """
+        if sets:
+            check = Chunk([], None, self.exchange, tenant_quota.check_commands(sets))
+            check.send(self.line)
+            self.inflight = check
+            replies = self._finish()
+            try:
+                tenant_quota.judge(sets, replies)
+            except TenantQuota:
+                self.line.send([("UNWATCH",)], atomic=False).replies()
+                raise
+        self.inflight = Chunk(part, group, self.exchange)
+        self.inflight.send(self.line)
 
     def _finish(self) -> list[Any]:
         """The in-flight transaction's replies (retried per the policy)."""
@@ -738,7 +776,8 @@ class DepthCheck:
         ``LLEN`` answers, in ``rows``' order)."""
         depth: dict[tuple[str, str | None], dict[str, int]] = {}
         for (modality, label, _, model), n in zip(self.rows, counts, strict=True):
-            depth.setdefault((modality, model), {})[label] = int(n)
+            by_class = depth.setdefault((modality, model), {})  # a class's lists: summed
+            by_class[label] = by_class.get(label, 0) + int(n)
         models = self.models if self.models is not None else [None] * len(self.envs)
         for (modality, model), by_class in depth.items():
             envs = [e for e, m in zip(self.envs, models, strict=True) if m == model]

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from producer.gateway import openapi as doc
-from producer.gateway.auth import check_bearer
+from producer.gateway.auth import bearer_tenant
 from producer.gateway.render import error_response, fleet_error_response
 from producer.gateway.routes_docs import add_docs_routes
 from producer.gateway.routes_infer import add_infer_routes, read_body
@@ -80,7 +80,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.gateway = gw
 
     async def auth(request: Request) -> None:  # async: FastAPI runs a sync one on a thread
-        check_bearer(request.headers.get("authorization"), gw.token)
+        header = request.headers.get("authorization")
+        request.state.bound_tenant = bearer_tenant(header, gw.token, gw.tenant_tokens)
 
     secured = [Depends(auth)]
     add_error_handlers(app, settings.gateway.retry_after_s)

@@ -55,6 +55,7 @@ import redis
 
 from producer.client.wire import Line, Nothing, Outgoing
 from producer.gateway.crashpoints import pause, pause_sync
+from shared import tenant_quota
 
 if TYPE_CHECKING:
     from producer.client.fleet import ClientBase
@@ -78,11 +79,17 @@ class Attempt:
     maybe_sent: bool = False
 
     def writes(self) -> list[tuple[Any, ...]]:
-        """The transaction's commands: the record, then the message."""
+        """The transaction's commands: the record, then the message (and, for a tenant with
+        ``max_queued``, its id among the tenant's open requests: ``shared.tenant_quota``)."""
         return [
             ("SET", self.key, self.record, "EX", self.ttl_s),
+            *(tenant_quota.add_commands([self.message]) if self.message.quota else ()),
             ("LPUSH", self.message.key, self.message.payload),
         ]
+
+    def quota_sets(self) -> tenant_quota.Sets:
+        """The tenant set its push adds to (empty: its tenant has no ``max_queued``)."""
+        return tenant_quota.sets_of([self.message]) if self.message.quota else {}
 
 
 async def commit(aredis: Any, job: Attempt, admit: Callable[[], Awaitable[None]]) -> bytes | None:
@@ -98,15 +105,19 @@ async def commit(aredis: Any, job: Attempt, admit: Callable[[], Awaitable[None]]
     """
     for _ in range(TRIES):
         async with aredis.pipeline(transaction=True) as pipe:
-            found, admitted = await asyncio.gather(
-                _watch_get(pipe, job.key), admit(), return_exceptions=True
+            sets = job.quota_sets()
+            read, admitted = await asyncio.gather(
+                _watch_get(pipe, job.key, sets), admit(), return_exceptions=True
             )
-            if isinstance(found, BaseException):
-                raise found
+            if isinstance(read, BaseException):
+                raise read
+            found, counts = read
             if found is not None:  # the job exists: a refusal of this copy does not matter
                 return found
             if isinstance(admitted, BaseException):
                 raise admitted
+            if sets:
+                tenant_quota.judge(sets, counts)  # TenantQuota: nothing written
             await pause("before-push", job.job_id)
             pipe.multi()
             for command in job.writes():
@@ -124,10 +135,16 @@ async def commit(aredis: Any, job: Attempt, admit: Callable[[], Awaitable[None]]
     raise redis.WatchError(f"the record of job {job.job_id} kept changing")
 
 
-async def _watch_get(pipe: Any, key: str) -> bytes | None:
-    await pipe.watch(key)
+async def _watch_get(
+    pipe: Any, key: str, sets: tenant_quota.Sets
+) -> tuple[bytes | None, list[Any]]:
+    """``WATCH`` of the record (and of the tenant's set), the record, and the set's counts
+    (``shared.tenant_quota.check_commands``' answers; none without a set)."""
+    checks = tenant_quota.check_commands(sets) if sets else []
+    await pipe.watch(key, *sets)
     found: bytes | None = await pipe.get(key)
-    return found
+    counts: list[Any] = [True, *[await pipe.execute_command(*c) for c in checks[1:]]]
+    return found, counts
 
 
 def commit_waiting(client: ClientBase, job: Attempt) -> bytes | None:
@@ -158,11 +175,18 @@ def _attempt(_kconn: Any, line: Line, job: Attempt) -> bytes | None:
     """One attempt of :func:`commit_waiting` on ``line``'s connection (dropped on a fault:
     its ``WATCH`` goes with it)."""
     try:
+        sets = job.quota_sets()
+        checks = tenant_quota.check_commands(sets)[1:] if sets else []
         for _ in range(TRIES):
-            found = line.send([("WATCH", job.key), ("GET", job.key)], atomic=False).replies()[1]
+            read = line.send(
+                [("WATCH", job.key, *sets), ("GET", job.key), *checks], atomic=False
+            ).replies()
+            found = read[1]
             if found is not None:
                 line.send([("UNWATCH",)], atomic=False).replies()
                 return None if found == job.record.encode() else found
+            if sets:  # TenantQuota: nothing written (the connection, its WATCH, dropped)
+                tenant_quota.judge(sets, [True, *read[2:]])
             pause_sync("before-push", job.job_id)
             job.maybe_sent = True
             try:

@@ -31,6 +31,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "ETA_NOT_SUPPORTED": 400,
     "TENSOR_REF_INVALID": 400,
     "UNAUTHORIZED": 401,
+    "TENANT_FORBIDDEN": 403,
     "NOT_FOUND": 404,
     "MODEL_NOT_FOUND": 404,
     "METHOD_NOT_ALLOWED": 405,
@@ -41,6 +42,7 @@ STATUS_BY_CODE: dict[str, int] = {
     # refused up front, try again later: 429 with Retry-After
     "QUEUE_FULL": 429,
     "DEADLINE_UNREACHABLE": 429,
+    "TENANT_QUOTA": 429,
     # the fleet's own faults: 5xx
     "FLEET_ERROR": 500,
     "MODEL_ERROR": 500,
@@ -60,6 +62,7 @@ RETRY_AFTER_CODES = frozenset(
     {
         "QUEUE_FULL",
         "DEADLINE_UNREACHABLE",
+        "TENANT_QUOTA",
         "NO_READY_WORKER",
         "CIRCUIT_OPEN",
         "TRANSIENT",
@@ -109,3 +112,10 @@ class IdConflict(GatewayError):
     different request (``producer.gateway.fingerprint``)."""
 
     code = "ID_CONFLICT"
+
+
+class TenantForbidden(GatewayError):
+    """The bearer token is bound to a tenant and the request names another
+    (``producer.gateway.tenancy``)."""
+
+    code = "TENANT_FORBIDDEN"

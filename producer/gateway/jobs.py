@@ -321,6 +321,7 @@ class JobService:
         task_id: str | None,
         body_bytes: int = 0,
         parameters: dict[str, Any] | None = None,
+        tenant: str | None = None,
     ) -> tuple[Job, bool]:
         """Admit and publish a request; returns ``(job, created)``. ``created`` is False when
         ``task_id`` named an existing job of the same request (:func:`same_request`): that
@@ -328,7 +329,8 @@ class JobService:
 
         Raises:
             FleetError: invalid input (400s), ``NoReadyWorker``, ``QueueFull``,
-                ``DeadlineUnreachable``, ``BrokerUnavailable``; ``IdConflict``: ``task_id``
+                ``DeadlineUnreachable``, ``TenantQuota`` (``tenant``'s ``max_queued``:
+                ``producer.gateway.commit``), ``BrokerUnavailable``; ``IdConflict``: ``task_id``
                 names a job of another model or of a different request.
         """
         inputs, video, fingerprint = await self._decoded(spec, tensors, body_bytes, parameters)
@@ -349,6 +351,8 @@ class JobService:
         attempt: Attempt | None = None
         try:
             env = await self._envelope(spec, inputs, priority, timeout_s, body_bytes)
+            if tenant is not None:
+                env = env.model_copy(update={"tenant": tenant})
             job = Job(
                 task_id,
                 spec.key,

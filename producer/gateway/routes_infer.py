@@ -30,6 +30,7 @@ from producer.gateway.params import (
     wait_budget,
 )
 from producer.gateway.render import accepted, error_response, infer_response, job_view
+from producer.gateway.tenancy import TENANT_HEADER, request_tenant
 from shared.errors import PayloadTooLarge
 
 if TYPE_CHECKING:
@@ -89,8 +90,13 @@ async def run_infer(gw: Gateway, spec: ModelSpec, request: Request) -> Response:
     timeout_s = timeout_seconds(req.parameters.get("timeout"))
     prefer = parse_prefer(request.headers.getlist("prefer"))
     task_id = _task_id(request, req.id)
+    tenant = request_tenant(
+        getattr(request.state, "bound_tenant", None),
+        request.headers.get(TENANT_HEADER),
+        req.parameters.get("tenant"),
+    )
     job, created = await jobs.submit(
-        spec, req.inputs, priority, timeout_s, task_id, len(body), req.parameters
+        spec, req.inputs, priority, timeout_s, task_id, len(body), req.parameters, tenant
     )
     if prefer.respond_async:
         # a new job is queued; a repeated one may be running or final already

@@ -28,6 +28,12 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.token = settings.gateway_token()
+        # tenant -> its own bearer token ([tenants.<name>] gateway_token; producer.gateway.auth)
+        self.tenant_tokens = {
+            name: t.gateway_token
+            for name, t in settings.tenants.items()
+            if t.gateway_token is not None
+        }
         self.models: dict[str, ModelSpec] = model_specs(settings)
         self.client: AsyncFleetClient | None = None
         self.jobs: JobService | None = None

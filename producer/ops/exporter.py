@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shared import model_routes, schema
+from shared import model_routes, schema, tenant_quota
 from shared.clock import RedisClock
 from shared.metrics.series import of
 from shared.queue_stats import QueueReader, QueueStats
@@ -133,6 +133,19 @@ def queue_families(
     yield from (length, waiting, reserved, demand, age, live)
 
 
+def tenant_families(
+    by_tenant: dict[tuple[str, str], QueueStats], open_: dict[str, int]
+) -> Iterator[GaugeMetricFamily]:
+    """``fleet_tenant_queued`` per (queue, tenant) list set and ``fleet_tenant_open`` per
+    limited tenant (none configured: empty families)."""
+    queued, opened = family("tenant_queued"), family("tenant_open")
+    for (queue, tenant), st in sorted(by_tenant.items()):
+        queued.add_metric([queue, tenant], st.waiting_total)
+    for tenant, n in sorted(open_.items()):
+        opened.add_metric([tenant], n)
+    yield from (queued, opened)
+
+
 def shm_families(used: float, capacity: float) -> Iterator[GaugeMetricFamily]:
     """The fleet's /dev/shm bytes in use and its budget."""
     g = family("shm_used")
@@ -160,7 +173,10 @@ class QueueCollector(Collector):
         self.clock = RedisClock(self.client.time)
         self.queues = all_queues(settings)
         self.models = queue_models(settings)
-        self.reader = QueueReader(self.client, self.queues)
+        default = settings.tenancy.default_tenant
+        own = sorted(n for n in settings.tenants if n != default)  # lists of their own
+        self.reader = QueueReader(self.client, self.queues, own)
+        self.limited = sorted(tenant_quota.limits(settings))
         self.steps = step_labels(settings)
         self._lock = threading.Lock()  # concurrent scrapes read Redis one at a time
         self._shm: Any = None
@@ -170,13 +186,25 @@ class QueueCollector(Collector):
             try:
                 stats, _other = self.reader.read()
                 consumers = self._consumers()
+                open_ = self._open()
                 ok = 1.0
             except Exception as exc:  # a scrape must answer even when Redis does not
                 log.warning("reading queue stats failed: %s", exc)
-                stats, consumers, ok = [], {}, 0.0
+                stats, consumers, open_, ok = [], {}, {}, 0.0
         yield up_family(ok)
         yield from queue_families(stats, consumers, self.steps, self.clock.now(), self.models)
+        yield from tenant_families(self.reader.by_tenant if ok else {}, open_)
         yield from self._shm_families()
+
+    def _open(self) -> dict[str, int]:
+        """Each limited tenant's requests queued or running (``shared.tenant_quota``)."""
+        if not self.limited:
+            return {}
+        with self.client.pipeline(transaction=False) as pipe:
+            for t in self.limited:
+                pipe.scard(tenant_quota.open_key(t))
+            counts = pipe.execute()
+        return {t: int(n) for t, n in zip(self.limited, counts, strict=True)}
 
     def _consumers(self) -> dict[str, int]:
         """Live workers per queue: those serving its model, heartbeats younger than a lease

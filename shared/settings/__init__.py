@@ -32,10 +32,11 @@ and secret files. Import every name from here.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -258,6 +259,32 @@ class DebugSettings(_Section):
     fault_injection: bool = False  # honour "_inject" inputs (tests and drills only)
 
 
+# A tenant's name: it is part of Redis keys and list names (shared.tenants)
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class TenantConfig(_Section):
+    """One tenant's share of the fleet (``[tenants.<name>]``; ``shared.tenants``)."""
+
+    # queued-or-running requests beyond this many are refused TENANT_QUOTA; None: no limit
+    # (and no counting: the tenant's requests cost Redis nothing more)
+    max_queued: int | None = Field(default=None, ge=1)
+    weight: float = Field(default=1.0, gt=0.0)  # its share within a priority class
+    # a bearer token of the gateway bound to this tenant: requests it authenticates are this
+    # tenant's, whatever their X-Fleet-Tenant header or parameters.tenant say
+    gateway_token: str | None = Field(default=None, min_length=16)
+
+
+class TenancySettings(_Section):
+    """How tenants share a worker (``[tenancy]``; docs/tenants.md)."""
+
+    # fair: batches by weighted fair share across tenants within a priority class, and each
+    # [tenants.*] tenant's requests wait in lists of their own, taken in turns; fifo: one list
+    # per priority step, batches in arrival order (what the fleet did before tenants)
+    share: Literal["fair", "fifo"] = "fair"
+    default_tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
 class ModalityConfig(_Section):
     model: str  # the default model: a request that names none (its queue is the modality's)
     # More [models.<name>] tables this modality serves, each on queues of its own
@@ -295,6 +322,8 @@ class Settings(RedisAccess, BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     modalities: dict[str, ModalityConfig] = Field(default_factory=dict)
+    tenancy: TenancySettings = Field(default_factory=TenancySettings)
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     # One table per model; its ``kind`` picks its typed options (shared.model_kinds).
     models: dict[str, AnyModelOptions] = Field(default_factory=dict)
 
@@ -310,6 +339,14 @@ class Settings(RedisAccess, BaseSettings):
         missing = set(PRIORITY_NAMES) - set(v)
         if missing:
             raise ValueError(f"priority classes missing from config: {sorted(missing)}")
+        return v
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, v: dict[str, TenantConfig]) -> dict[str, TenantConfig]:
+        bad = [name for name in v if not TENANT_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"tenant names must match {TENANT_NAME.pattern}: {bad}")
         return v
 
     @model_validator(mode="after")

@@ -11,7 +11,13 @@ from celery import Celery
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
-from producer.ops.exporter import all_queues, queue_families, shm_families, up_family
+from producer.ops.exporter import (
+    all_queues,
+    queue_families,
+    shm_families,
+    tenant_families,
+    up_family,
+)
 from producer.ops.sent_events import SentTap
 from shared.metrics import EcosystemMetrics, FleetMetrics
 from shared.metrics.null import NULL_METRIC, NullEcosystemMetrics
@@ -58,6 +64,7 @@ def test_every_exporter_series_is_in_the_exporters_registry_with_its_type_and_la
             stats = [QueueStats("text", {0: 2, 9: 1}, reserved=3, oldest_submitted_ms=0.0)]
             yield from queue_families(stats, {"text": 2}, {0: "bulk", 9: "realtime"}, 5.0)
             yield from shm_families(10.0, 100.0)
+            yield from tenant_families({("text", "acme"): QueueStats("text", {9: 4})}, {"acme": 7})
 
     registry = CollectorRegistry()
     registry.register(Scrape())

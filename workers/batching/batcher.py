@@ -119,6 +119,7 @@ from typing import Any
 
 from shared import clock
 from shared.schema import Priority, TaskEnvelope
+from workers.batching.fairshare import FairShare
 from workers.models.base import Prepared
 from workers.models.runtime import DeviceRuntime
 
@@ -167,6 +168,8 @@ class Pending:
     nbytes: int = 0
     item: Any = field(default=None, repr=False)
     seq: int = 0
+    tenant: str | None = None  # None: the default tenant (shared.tenants)
+    vstart: float = 0.0  # its start tag while fair share is on (workers.batching.fairshare)
 
     def sort_key(self) -> tuple[int, float, int]:
         return (int(self.priority), self.arrival_s, self.seq)
@@ -185,6 +188,9 @@ class Policy:
     realtime_grace_s: float = 1.0
     realtime_lane: bool = False
     preferred_batch_sizes: tuple[int, ...] = ()  # ascending, each <= max_batch_size
+    fair_share: bool = False  # tenants' weighted fair share within a class ([tenancy] share)
+    tenant_weights: tuple[tuple[str, float], ...] = ()  # [tenants.*] weight; others weigh 1
+    default_tenant: str = "default"
 
     def preferred_size(self, available: int) -> int | None:
         """The largest preferred size ``<= available``, or ``None``."""
@@ -255,6 +261,14 @@ class Batcher:
         self._held: dict[str, Pending] = {}
         self._seq = 0
         self._last_realtime_s: float | None = None
+        # Fair share: on while some held request names a tenant (_named of them); with none
+        # named, the order is arrival's and workers.batching.fairshare never runs.
+        self.fair = (
+            FairShare(dict(policy.tenant_weights), policy.default_tenant)
+            if policy.fair_share
+            else None
+        )
+        self._named = 0
 
     def __len__(self) -> int:
         return len(self._held)
@@ -266,10 +280,29 @@ class Batcher:
         self._held[p.id] = p
         if p.priority is Priority.REALTIME:
             self._last_realtime_s = p.arrival_s
+        if self.fair is not None and (self._named or p.tenant is not None):
+            if not self._named:  # fair share starts: every held request gets its tag
+                self.fair.retag(sorted(self._held.values(), key=Pending.sort_key))
+            else:
+                self.fair.tag(p)
+            self._named += p.tenant is not None
 
     def remove(self, request_id: str) -> Pending | None:
         """Drop a held request (revoked, or handled elsewhere)."""
-        return self._held.pop(request_id, None)
+        p = self._held.pop(request_id, None)
+        if p is not None:
+            self._gone(p)
+        return p
+
+    def _gone(self, p: Pending) -> None:
+        """``p`` is no longer held (dispatched, expired, removed)."""
+        if p.tenant is not None and self._named:
+            self._named -= 1
+
+    def fair_now(self) -> bool:
+        """Whether batches are formed by tenants' fair share now (some held request names a
+        tenant, fair share on)."""
+        return self.fair is not None and self._named > 0
 
     def lane_of(self, p: Pending) -> Lane:
         """The lane that runs ``p``: REALTIME requests on the REALTIME lane when it is on."""
@@ -298,12 +331,16 @@ class Batcher:
         pool = self._lane_requests(lane)
         if not pool:
             return Decision([], None, expired, None)
-        ordered = sorted(pool, key=Pending.sort_key)
+        fair = self.fair if self._named else None
+        ordered = sorted(pool, key=Pending.sort_key if fair is None else fair.key)
         head = ordered[0]
-        members = sorted(
-            (p for p in ordered if p.bucket == head.bucket),
-            key=lambda p: (int(p.priority), abs(p.length - head.length), p.arrival_s, p.seq),
-        )
+        if fair is None:
+            members = sorted(
+                (p for p in ordered if p.bucket == head.bucket),
+                key=lambda p: (int(p.priority), abs(p.length - head.length), p.arrival_s, p.seq),
+            )
+        else:  # tenants' turns before nearness in length (the bucket still bounds padding)
+            members = [p for p in ordered if p.bucket == head.bucket]
         cap = self.size_cap(head.bucket, now)
         trigger, wake_at = self._trigger(now, ordered, members, cap)
         batch = self._take(members, cap)
@@ -316,6 +353,9 @@ class Batcher:
             batch = batch[:preferred]
         for p in batch:
             del self._held[p.id]
+            self._gone(p)
+        if fair is not None:
+            fair.served(batch)
         return Decision(batch, trigger, expired, None)
 
     # -- internals ----------------------------------------------------------------------
@@ -328,6 +368,7 @@ class Batcher:
         gone = [p for p in self._held.values() if p.deadline_s is not None and now > p.deadline_s]
         for p in gone:
             del self._held[p.id]
+            self._gone(p)
         return gone
 
     def _take(self, members: list[Pending], cap: int) -> list[Pending]:
@@ -706,6 +747,7 @@ class Work:
             length=self.prepared.length,
             nbytes=self.prepared.nbytes,
             item=self,
+            tenant=self.env.tenant,
         )
 
 

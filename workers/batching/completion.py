@@ -338,7 +338,8 @@ class Completer:
         )
         return (
             f"request id={req.id} state={o.state} code={o.error.code if o.error else '-'} "
-            f"priority={w.env.priority if w else '-'} queued_ms={queued_ms:.1f} "
+            f"priority={w.env.priority if w else '-'} "
+            f"tenant={(w.env.tenant if w else None) or '-'} queued_ms={queued_ms:.1f} "
             f"run_ms={d.run_ms:.1f} batch={w.batch_id if w else '-'} "
             f"size={w.batch_size if w else 0} bucket={w.prepared.bucket if w else '-'} "
             f"length={w.prepared.length if w else 0} attempts={(w.attempts + 1) if w else 0} "

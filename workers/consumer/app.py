@@ -37,6 +37,7 @@ from workers.batching import heap
 from workers.consumer import clock_watch
 from workers.consumer.lease import lease_transport_options
 from workers.consumer.realtime import realtime_consumer_step
+from workers.consumer.tenant_turns import tenant_transport_options
 from workers.janitor import ShmJanitor
 from workers.models.runtime import refuse_early_cuda, validate_partitions
 from workers.probe import PROBE_TASK, read_tensor
@@ -117,6 +118,7 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
             "fetch_limit": engine.cfg.device.fetch_limit,
             "fetch_notify": settings.redis.fetch_notify,
             **lease_transport_options(settings),
+            **tenant_transport_options(settings),
         }
         engine.start_leases()
         # Redis' clock for every timestamp (workers.consumer.clock_watch)

@@ -69,6 +69,7 @@ from shared import clock, schema
 from workers.batching import refusals
 from workers.batching.refusals import REFUSALS
 from workers.consumer import lease
+from workers.consumer.tenant_turns import TenantTurns
 
 log = logging.getLogger("fleet.broker")
 
@@ -151,11 +152,17 @@ class Channel(kombu_redis.Channel):
     # (the worker's stats); each channel also counts its own in ``fetched_in_batches``.
     fetched_in_batches_total = 0
     fetch_notify = True  # wait on push notifications instead of BRPOP where the server can
+    # [tenants] with lists of their own (shared.tenants): their names, in order, and each
+    # tenant's weight in the take's turns (workers.consumer.tenant_turns); none: as kombu
+    tenant_names: tuple[str, ...] = ()
+    tenant_weights: dict[str, float] | None = None
     from_transport_options = (
         *kombu_redis.Channel.from_transport_options,
         "fetch_limit",
         "fetch_max_bytes",
         "fetch_notify",
+        "tenant_names",
+        "tenant_weights",
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -169,6 +176,7 @@ class Channel(kombu_redis.Channel):
         self._retry_at = 0.0  # monotonic: a refused take is retried from then (by the kick)
         self._last_take = 0.0  # monotonic
         self._unbound: list[tuple[Any, ...]] = []  # queue bindings Redis refused: bound later
+        self._turns: TenantTurns | None = None  # made on first use (tenant lists only)
         super().__init__(*args, **kwargs)
 
     def _get_client(self) -> Any:
@@ -230,6 +238,8 @@ class Channel(kombu_redis.Channel):
         if not self._notify_usable():
             if self._notify is None or self._fetch_held(time.monotonic()):
                 return  # nothing sent: kombu asks again at the next loop turn
+            if self.tenant_names:  # kombu's BRPOP, on the tenant lists too
+                return self._brpop_tenanted(timeout)
             return super()._brpop_start(timeout)
         conn = self.client.connection
         if conn._sock is None:
@@ -401,7 +411,34 @@ class Channel(kombu_redis.Channel):
 
     def _fetch_keyset(self) -> set[bytes]:
         queues = list(self.active_queues)
-        return {self._q_for_pri(q, p).encode() for p in self.priority_steps for q in queues}
+        keys = {self._q_for_pri(q, p).encode() for p in self.priority_steps for q in queues}
+        if self.tenant_names:
+            keys |= {k.encode() for k in self._tenant_keys(queues)}
+        return keys
+
+    # -- tenant lists (shared.tenants) ------------------------------------------------------
+    def _tenant_turns(self) -> TenantTurns:
+        if self._turns is None:
+            self._turns = TenantTurns(self.tenant_names, self.tenant_weights or {})
+        return self._turns
+
+    def _tenant_keys(self, queues: list[str]) -> list[str]:
+        """Every tenant list of ``queues``, over the channel's priority steps."""
+        turns = self._tenant_turns()
+        return [k for p in self.priority_steps for q in queues for k in turns.lists(q, p)[1:]]
+
+    def _brpop_tenanted(self, timeout: Any = None) -> None:
+        """kombu's ``_brpop_start`` with each priority list's tenant lists after it."""
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        turns = self._tenant_turns()
+        keys = [k for p in self.priority_steps for q in queues for k in turns.lists(q, p)]
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        self.client.connection.send_command(
+            "BRPOP", *keys, self.brpop_timeout if timeout is None else timeout or 0
+        )
 
     def _fetch_client(self) -> Any:
         client = self.__dict__.get("_fetch_client_")
@@ -506,7 +543,14 @@ class Channel(kombu_redis.Channel):
         queues = self._queue_cycle.consume(len(self.active_queues))
         if n <= 0 or not queues or not self._batchable(queues):
             return []
-        keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
+        if self.tenant_names:  # within a step, the tenants' lists in weighted turns
+            turns = self._tenant_turns()
+            keeper = lease.current()
+            if keeper is not None:
+                turns.forget(set(keeper.held()))
+            keys = [k for pri in self.priority_steps for q in queues for k in turns.next(q, pri)]
+        else:
+            keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
         keys += [self.unacked_key, self.unacked_index_key]
         try:
             if self._take_many is None:
@@ -543,10 +587,13 @@ class Channel(kombu_redis.Channel):
         if len(items) > 1:
             self.fetched_in_batches += len(items)
             Channel.fetched_in_batches_total += len(items)
+        turns = self._turns if self.tenant_names else None
         for i, (key, raw) in enumerate(items):
             queue = bytes_to_str(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
             payload = schema.loads(raw)
+            if turns is not None:  # which list the window's message came from
+                turns.taken(bytes_to_str(key), payload["properties"]["delivery_tag"])
             if i == 0 and not recorded:
                 self.connection._deliver(payload, queue)
                 continue

@@ -72,6 +72,7 @@ device slot), installed by ``workers.consumer.app`` when the worker starts.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -87,6 +88,7 @@ from celery.worker import state as worker_state
 from celery.worker.request import create_request_cls
 from celery.worker.strategy import hybrid_to_proto2, proto1_to_proto2
 
+from shared import tenant_quota
 from shared.errors import (
     DeadlineExceeded,
     EtaNotSupported,
@@ -215,11 +217,20 @@ class Engine:
                 preferred_batch_sizes=tuple(
                     sorted({s for s in b.preferred_batch_sizes if 1 <= s <= b.max_batch_size})
                 ),
+                fair_share=settings.tenancy.share == "fair",
+                tenant_weights=tuple((n, t.weight) for n, t in settings.tenants.items()),
+                default_tenant=settings.tenancy.default_tenant,
             )
         )
         self.breaker = CircuitBreaker(cfg.circuit_threshold, cfg.circuit_cooldown_s)
         self.faults = RequestInjector(settings.debug.fault_injection)
         self.writer = ResultWriter(app, Waiter.of(settings))
+        # a tenant's max_queued: its requests leave its set with their acks (none: no cost)
+        self._release = (
+            functools.partial(tenant_quota.release_commands, settings)
+            if tenant_quota.limits(settings)
+            else None
+        )
         ttl = max(IN_FLIGHT_TTL_S, settings.redis.visibility_timeout_s * (MAX_DELIVERIES + 1))
         self.inflight = InFlight(app.backend.client, int(ttl), Waiter.of(settings))
         self.deliveries = Deliveries(self.inflight)
@@ -561,7 +572,7 @@ class Engine:
         return f"{self._host}-{os.getpid()}-{next(self._batch_seq)}"  # next() is atomic
 
     def ack(self, reqs: list[Any]) -> int:
-        return ack_batch(reqs, self.keeper)
+        return ack_batch(reqs, self.keeper, self._release)
 
     def task_ready(self, req: Any) -> None:
         worker_state.task_ready(req)

@@ -46,7 +46,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -58,6 +58,9 @@ from shared import schema
 from shared.clock import RedisClock
 from shared.settings import Settings
 from workers.batching.refusals import REFUSALS, reason_of
+
+# what a tenant's max_queued releases with the acks: (task id, kwargs) each -> commands
+Release = Callable[[list[tuple[str, Any]]], Sequence[tuple[Any, ...]]]
 
 if TYPE_CHECKING:
     from shared.tracing import Tracing
@@ -144,8 +147,10 @@ class LeaseKeeper:
         self.renewals += 1
         return kept
 
-    def ack(self, tags: list[str]) -> None:
+    def ack(self, tags: list[str], also: Sequence[tuple[Any, ...]] = ()) -> None:
         """Remove ``tags``' unacked entries (kombu's ack) in one round trip, then release them.
+        ``also``: commands applied with the ack, atomically (``MULTI``/``EXEC``): a tenant's
+        ``max_queued`` release (``shared.tenant_quota``).
 
         Raises:
             redis.RedisError: the entries are still there (the caller retries or gives up;
@@ -153,7 +158,9 @@ class LeaseKeeper:
         """
         if not tags:
             return
-        with self.client.pipeline(transaction=False) as pipe:
+        with self.client.pipeline(transaction=bool(also)) as pipe:
+            for command in also:
+                pipe.execute_command(*command)
             pipe.zrem(schema.UNACKED_INDEX_KEY, *tags)
             pipe.hdel(schema.UNACKED_KEY, *tags)
             pipe.execute()
@@ -295,12 +302,19 @@ def lease_transport_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def ack_batch(requests: Iterable[Any], keeper: LeaseKeeper | None = None) -> int:
+def ack_batch(
+    requests: Iterable[Any],
+    keeper: LeaseKeeper | None = None,
+    release: Release | None = None,
+) -> int:
     """Acknowledge Celery requests in one pipeline.
 
     Args:
         requests: ``celery.worker.request.Request`` objects whose results are stored.
         keeper: the process's lease keeper (``workers.consumer.lease.current()`` if ``None``).
+        release: given each acked request's ``(task id, kwargs)``, the commands applied with
+            the acks (``shared.tenant_quota.release_commands``); ``None``: no tenant has a
+            ``max_queued``.
 
     Returns:
         How many were acked through the shared pipeline (the rest went one by one).
@@ -327,7 +341,8 @@ def ack_batch(requests: Iterable[Any], keeper: LeaseKeeper | None = None) -> int
             continue
         items.append((req, msg))
     if items:
-        keeper.ack([msg.delivery_tag for _, msg in items])
+        also = release([(req.id, req.kwargs) for req, _ in items]) if release else ()
+        keeper.ack([msg.delivery_tag for _, msg in items], also)
         for req, msg in items:
             VirtualQoS.ack(msg.channel.qos, msg.delivery_tag)
             msg._state = "ACK"

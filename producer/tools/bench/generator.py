@@ -146,10 +146,7 @@ class Sender:
             if self.one_queue
             else schema.queue_for(env.modality, env.priority)
         )
-        key, payload, event = self._builder.build(
-            env, rec.id, queue, celery_prio, self._reply_to, self._events
-        )
-        return Outgoing(key, payload, event)
+        return self._builder.build(env, rec.id, queue, celery_prio, self._reply_to, self._events)
 
 
 class _GeneratorThread(threading.Thread):

@@ -3,7 +3,9 @@
 A workload with a ``tensor`` source (``transport``) runs ``producer/tools/bench/transport.py``
 instead of the fleet/baseline/limit modes (``--modes`` does not apply to it), and one with
 ``runner = "submit-rate"`` runs ``producer/tools/bench/submitrate.py`` (the producer's enqueue
-rate against raw Redis pipelines; ``--repetitions`` gives its rounds). With
+rate against raw Redis pipelines; ``--repetitions`` gives its rounds); one with ``runner =
+"tenant-fairness"`` runs ``producer/tools/bench/fairness.py`` (tenants' fair share against
+FIFO, one sitting; ``--modes`` does not apply). With
 ``metrics_cost`` (``--metrics-cost``) the run is ``producer/tools/bench/metricscost.py`` instead:
 the fleet mode with metrics and tracing on vs off, interleaved (``--modes`` and
 ``--repetitions`` do not apply: one repetition per round and variant). A workload's ``modes``
@@ -57,6 +59,10 @@ def main(
         from producer.tools.bench.submitrate import run_submit_rate
 
         return run_submit_rate(w, repetitions, out_dir, run_dir.resolve() if run_dir else None, err)
+    if w.runner == "tenant-fairness":  # its own runner: fair share vs FIFO, not modes
+        from producer.tools.bench.fairness import run_fairness
+
+        return run_fairness(w, out_dir, run_dir.resolve() if run_dir else None, err, repetitions)
     if modes == ",".join(MODES) and w.modes:  # --modes left at its default
         modes = ",".join(w.modes)
     wanted = tuple(m for m in modes.split(",") if m)

@@ -115,6 +115,7 @@ class Phase(_Spec):
     duration_s: float | None = Field(default=None, gt=0.0)
     start_s: float = Field(default=0.0, ge=0.0)
     mix: list[MixEntry] = Field(min_length=1)
+    tenant: str | None = None  # the tenant of the phase's requests (the tenant-fairness runner)
 
     @model_validator(mode="after")
     def _complete(self) -> Phase:
@@ -150,7 +151,8 @@ class Workload(_Spec):
     skip_reason: str = ""
     # "submit-rate": producer/tools/bench/submitrate.py runs it (the producer's enqueue rate)
     # instead of the fleet/baseline/limit modes.
-    runner: Literal["modes", "submit-rate"] = "modes"
+    # "tenant-fairness": producer/tools/bench/fairness.py (fair share vs FIFO between tenants).
+    runner: Literal["modes", "submit-rate", "tenant-fairness"] = "modes"
     repetitions: int = Field(default=3, ge=1)
     seed: int = 0
     warmup_s: float = Field(default=0.0, ge=0.0)
