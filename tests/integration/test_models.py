@@ -82,6 +82,7 @@ def _env(root: Path) -> dict[str, str]:
     }
     env["FLEET_MODALITIES__TEXT__MODELS"] = json.dumps(list(tables))
     env["FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE"] = "4"  # short warmups
+    env["FLEET_TENANTS__ACME__WEIGHT"] = "2"  # a tenant with lists of its own (fair share)
     return env
 
 
@@ -215,6 +216,31 @@ def test_the_asyncio_client_names_a_model_and_a_version(fleet: Fleet) -> None:
     v2, v1 = asyncio.run(run())
     _close([v2["embedding"]], fleet.reference("tiny-bert-2", TEXTS[1:2]), "v2")
     _close([v1["embedding"]], fleet.reference("tiny-bert", TEXTS[1:2]), "v1")
+
+
+def test_a_tenant_naming_a_model_waits_in_that_models_tenant_list(fleet: Fleet) -> None:
+    """Models and tenants compose: a ``[tenants]`` tenant's request for a named model is
+    pushed to the tenant list of that model's queue, taken from there by the worker serving
+    the model, and answered by that model; through the gateway (header) too."""
+    from shared.tenants import tenant_list_key
+
+    client = fleet.client
+    env = client.envelope("text", {"text": TEXTS[2]}, "bulk", None, "tiny-bert", "1")
+    key = client.message(env.model_copy(update={"tenant": "acme"}), "probe").key
+    assert key == tenant_list_key("text@tiny-bert", 9, "acme")
+    h = client.submit("text", {"text": TEXTS[2]}, "bulk", model="tiny-bert", version="1",
+                      tenant="acme")  # fmt: skip
+    _close([h.get(60)["embedding"]], fleet.reference("tiny-bert", TEXTS[2:3]), "acme v1")
+    s = client.settings
+    auth = {"Authorization": f"Bearer {s.gateway_token()}", "X-Fleet-Tenant": "acme"}
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [TEXTS[3]]}]}
+    with httpx.Client(base_url=fleet.stack.gateway_url(), headers=auth, timeout=60) as http:
+        r = http.post("/v2/models/tiny-bert/versions/2/infer", json=body)
+    assert r.status_code == 200, r.text
+    _close([r.json()["outputs"][0]["data"]], fleet.reference("tiny-bert-2", TEXTS[3:4]))
+    with client.app.connection_for_write() as conn:
+        redis = conn.default_channel.client
+        assert redis.llen(key) == 0  # taken from the tenant list, nothing left behind
 
 
 def test_versions_side_by_side_through_the_gateway(fleet: Fleet) -> None:
