@@ -80,7 +80,7 @@ def test_the_dashboard_is_grafana_json_on_the_provisioned_datasource() -> None:
     ds = yaml.safe_load((OBS / "grafana/provisioning/datasources/prometheus.yml").read_text())
     uid = ds["datasources"][0]["uid"]
     ids = [p["id"] for p in dash["panels"]]
-    assert len(ids) == len(set(ids)) >= 12
+    assert len(ids) == len(set(ids)) >= 13
     for p in dash["panels"]:
         assert p["datasource"]["uid"] == uid and p["type"] in ("timeseries", "stat"), p["title"]
         assert {"x", "y", "w", "h"} <= set(p["gridPos"]) and p["description"], p["title"]
@@ -139,6 +139,9 @@ def obs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "FLEET_MODALITIES__TEXT__BATCHING__MAX_BATCH_SIZE": "4",
         "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
         "FLEET_TRANSPORT__CAPACITY_BYTES": str(SHM_BUDGET),
+        # a tenant with lists of its own and a max_queued: the tenants' panel has series
+        "FLEET_TENANTS__ACME__MAX_QUEUED": "1000",
+        "FLEET_TENANTS__ACME__WEIGHT": "2",
     }
     prom_proc = None
     try:
