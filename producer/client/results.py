@@ -133,8 +133,9 @@ class ResultHandle:
                     propagate=False,
                     disable_sync_subtasks=False,
                 )
-                meta = res.backend.get_task_meta(self.id)
-                return outcome_from_meta(meta)
+                # the meta get() read and cached (Celery's decoding, as get_task_meta's): no
+                # second read of the document
+                return outcome_from_meta({"status": res.state, "result": res.result})
             except Exception as exc:  # celery.exceptions.TimeoutError is not a builtin one
                 if type(exc).__name__ == "TimeoutError":
                     raise TimeoutError(f"no result for {self.id} within {timeout_s} s") from None

@@ -187,3 +187,33 @@ def test_a_cancel_refused_halfway_leaves_no_marker_and_a_worker_result_then_wins
         assert ResultWriter(app).write([Outcome("cancel-fresh", result={"late": 1})]) == [False]
     finally:
         client.close()
+
+
+def test_reading_a_stored_outcome_reads_the_result_document_once(own_redis: Any) -> None:
+    """``ResultHandle.outcome()`` of a request whose result is stored: the document is read
+    once (the result consumer's read when it subscribes); the outcome comes from what that
+    read gave, success and coded failure alike (a second ``GET`` of the same document cost
+    Redis a command per request)."""
+    from producer.client import FleetClient
+    from producer.client.results import ResultHandle
+
+    app = make_app(own_redis.s, name="test-results", role="worker")
+    admin = redis.Redis.from_url(own_redis.s.redis_url("admin"))
+    writer = ResultWriter(app)
+    ok, failed = "outcome-read-ok", "outcome-read-failed"
+    writer.write([Outcome(ok, result={"n": 7}), Outcome(failed, error=DeadlineExceeded("late"))])
+    client = FleetClient(own_redis.s)
+    try:
+        env = client.envelope("text", {"text": "x"})
+        ResultHandle(client, "outcome-read-warm", env)  # the client's connections, made now
+        client.live_workers("text")
+        got = {}
+        for task_id in (ok, failed):
+            admin.config_resetstat()
+            got[task_id] = ResultHandle(client, task_id, env).outcome(10)
+            calls = _calls(admin)
+            assert calls.get("get", 0) + calls.get("mget", 0) == 1, (task_id, calls)
+    finally:
+        client.close()
+    assert got[ok] == {"result": {"n": 7}}
+    assert got[failed]["error"]["code"] == "DEADLINE_EXCEEDED"
