@@ -264,7 +264,7 @@ class FairnessBench:
     def _report(
         self, reps: list[dict[str, Any]], started: str, run_dir: Path, duration_s: float
     ) -> dict[str, Any]:
-        from producer.tools.bench.report import SCHEMA_VERSION
+        from producer.tools.bench.report import report_head
 
         a, b = self.flooder, self.late
         by_rep = [
@@ -311,13 +311,7 @@ class FairnessBench:
             and fairness["realtime_beats_every_bulk"]["fair"]
         )
         return {
-            "schema": SCHEMA_VERSION,
-            "workload": self.w.name,
-            "description": self.w.description,
-            "workload_spec": self.w.model_dump(mode="json"),
-            "started_utc": started,
-            "finished_utc": datetime.now(UTC).isoformat(),
-            "duration_s": round(duration_s, 1),
+            **report_head(self.w, started, duration_s),
             "run_dir": str(run_dir),
             "load_avg_end": os.getloadavg(),
             "repetitions": reps,

@@ -103,6 +103,22 @@ NOISY_SPREAD = 0.10  # (max - min) / median of throughput above this: say it is 
 _PACKAGES = ("torch", "transformers", "celery", "kombu", "redis", "pydantic", "numpy")
 
 
+def report_head(w: Workload, started: str, duration_s: float) -> dict[str, Any]:
+    """The keys every bench report starts with: the schema, the workload (name, description,
+    spec), when it started and finished (UTC, ISO 8601) and how long it ran."""
+    from datetime import UTC, datetime
+
+    return {
+        "schema": SCHEMA_VERSION,
+        "workload": w.name,
+        "description": w.description,
+        "workload_spec": w.model_dump(mode="json"),
+        "started_utc": started,
+        "finished_utc": datetime.now(UTC).isoformat(),
+        "duration_s": round(duration_s, 1),
+    }
+
+
 def machine_info(res: BenchResult) -> dict[str, Any]:
     """Cores, CPU, memory, device and torch threads per modality, versions, load."""
     versions = {"python": platform.python_version()}

@@ -318,20 +318,14 @@ class SubmitRateBench:
         load_start: tuple[float, ...],
         duration_s: float,
     ) -> dict[str, Any]:
-        from producer.tools.bench.report import SCHEMA_VERSION
+        from producer.tools.bench.report import report_head
         from producer.tools.bench.transport_report import busy_warnings, machine_facts
 
         body["verdict"] = verdict(body["ratios"]["submit_many_over_raw"])
         if self.rounds < 3:
             self.notes.append(f"{self.rounds} round(s): medians need at least 3")
         return {
-            "schema": SCHEMA_VERSION,
-            "workload": self.w.name,
-            "description": self.w.description,
-            "workload_spec": self.w.model_dump(mode="json"),
-            "started_utc": started,
-            "finished_utc": datetime.now(UTC).isoformat(),
-            "duration_s": round(duration_s, 1),
+            **report_head(self.w, started, duration_s),
             "repetitions": self.rounds,
             "run_dir": str(run_dir),
             "machine": machine_facts(load_start, os.getloadavg()),

@@ -353,18 +353,12 @@ class TransportBench:
         load_start: tuple[float, ...],
         duration_s: float,
     ) -> dict[str, Any]:
-        from producer.tools.bench.report import SCHEMA_VERSION
+        from producer.tools.bench.report import report_head
 
         verdict = done_when(body["transport"], size_label(max(self.sizes)))
         load_end = os.getloadavg()
         return {
-            "schema": SCHEMA_VERSION,
-            "workload": self.w.name,
-            "description": self.w.description,
-            "workload_spec": self.w.model_dump(mode="json"),
-            "started_utc": started,
-            "finished_utc": datetime.now(UTC).isoformat(),
-            "duration_s": round(duration_s, 1),
+            **report_head(self.w, started, duration_s),
             "repetitions": self.reps,
             "run_dir": str(run_dir),
             "machine": machine_facts(load_start, load_end),
