@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -133,29 +132,17 @@ class FairnessBench:
         Raises:
             BenchError: Redis or the worker did not start, or results were missing.
         """
-        from producer.stack.local import Stack, StackError
-        from producer.tools.bench.runner import bench_environment
+        from producer.tools.bench.runner import bench_stack
 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         run_dir = self.run_dir or (REPO / ".run" / "bench" / f"{self.w.name}-{stamp}")
         started = datetime.now(UTC).isoformat()
         t_start = time.monotonic()
         reps: list[dict[str, Any]] = []
-        with bench_environment(self.w, run_dir) as settings:
-            stack = Stack(settings)
-            stack.prepare()
-            try:
-                with self._step("starting Redis"):
-                    stack.start_redis()
-                for rep in range(self.reps):
-                    order = MODES if rep % 2 == 0 else MODES[::-1]
-                    reps.append({mode: self._mode(stack, settings, mode) for mode in order})
-            except StackError as exc:
-                raise BenchError(str(exc)) from None
-            finally:
-                with self._step("stopping the stack"):
-                    stack.down()
-                shutil.rmtree(run_dir / "redis", ignore_errors=True)
+        with bench_stack(self.w, run_dir, self._step) as (settings, stack):
+            for rep in range(self.reps):
+                order = MODES if rep % 2 == 0 else MODES[::-1]
+                reps.append({mode: self._mode(stack, settings, mode) for mode in order})
         return self._report(reps, started, run_dir, time.monotonic() - t_start)
 
     @contextlib.contextmanager

@@ -91,6 +91,34 @@ def bench_environment(workload: Workload, run_dir: Path) -> Iterator[Settings]:
         shutil.rmtree(shm_root, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def bench_stack(
+    workload: Workload, run_dir: Path, step: Callable[[str], contextlib.AbstractContextManager[Any]]
+) -> Iterator[tuple[Settings, Any]]:
+    """A bench runner's own stack: :func:`bench_environment`, a prepared ``Stack`` with Redis
+    started (each step shown through ``step``), stopped afterwards with Redis's data removed.
+    Yields ``(settings, stack)``.
+
+    Raises:
+        BenchError: Redis or a process the body started did not start (``StackError``).
+    """
+    from producer.stack.local import Stack, StackError
+
+    with bench_environment(workload, run_dir) as settings:
+        stack = Stack(settings)
+        stack.prepare()
+        try:
+            with step("starting Redis"):
+                stack.start_redis()
+            yield settings, stack
+        except StackError as exc:
+            raise BenchError(str(exc)) from None
+        finally:
+            with step("stopping the stack"):
+                stack.down()
+            shutil.rmtree(run_dir / "redis", ignore_errors=True)
+
+
 class Bench:
     """Runs one workload in every requested mode. See the module docstring."""
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -113,27 +112,15 @@ class SubmitRateBench:
         Raises:
             BenchError: Redis or the worker did not start, or a path lost messages/results.
         """
-        from producer.stack.local import Stack, StackError
-        from producer.tools.bench.runner import bench_environment
+        from producer.tools.bench.runner import bench_stack
 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         run_dir = self.run_dir or (REPO / ".run" / "bench" / f"{self.w.name}-{stamp}")
         started = datetime.now(UTC).isoformat()
         load_start = os.getloadavg()
         t_start = time.monotonic()
-        with bench_environment(self.w, run_dir) as settings:
-            stack = Stack(settings)
-            stack.prepare()
-            try:
-                with self._step("starting Redis"):
-                    stack.start_redis()
-                body = self._measure(stack, settings)
-            except StackError as exc:
-                raise BenchError(str(exc)) from None
-            finally:
-                with self._step("stopping the stack"):
-                    stack.down()
-                shutil.rmtree(run_dir / "redis", ignore_errors=True)
+        with bench_stack(self.w, run_dir, self._step) as (settings, stack):
+            body = self._measure(stack, settings)
         return self._report(body, started, run_dir, load_start, time.monotonic() - t_start)
 
     @contextlib.contextmanager

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -55,7 +54,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from producer.tools.bench.runner import BenchError, bench_environment
+from producer.tools.bench.runner import BenchError, bench_stack
 from producer.tools.bench.transport_env import (
     bench_shm_root,
     env_var,
@@ -131,32 +130,22 @@ class TransportBench:
         Raises:
             BenchError: Redis or the worker did not start.
         """
-        from producer.stack.local import Stack, StackError
-
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         run_dir = self.run_dir or (REPO / ".run" / "bench" / f"{self.w.name}-{stamp}")
         shm_root = bench_shm_root()
         started = datetime.now(UTC).isoformat()
         load_start = os.getloadavg()
         t_start = time.monotonic()
-        with (
-            env_var("FLEET_TRANSPORT__SHM_ROOT", str(shm_root)),
-            bench_environment(self.w, run_dir) as settings,
-        ):
-            stack = Stack(settings)
-            stack.prepare()
-            try:
-                with self._step("starting Redis and a text worker"):
-                    stack.start_redis()
+        try:
+            with (
+                env_var("FLEET_TRANSPORT__SHM_ROOT", str(shm_root)),
+                bench_stack(self.w, run_dir, self._step) as (settings, stack),
+            ):
+                with self._step("starting a text worker"):
                     stack.start_worker("text", "batch")
                 body = self._measure(settings)
-            except StackError as exc:
-                raise BenchError(str(exc)) from None
-            finally:
-                with self._step("stopping the stack"):
-                    stack.down()
-                shutil.rmtree(run_dir / "redis", ignore_errors=True)
-                left = remove_root(shm_root)
+        finally:
+            left = remove_root(shm_root)
         body["shm_root_left_after_stop"] = left
         if left:
             self.notes.append(f"files were left in the bench's shm root after the run: {left}")
