@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 from shared import schema
 from shared.errors import ModelNotFound
-from shared.settings import Settings
+from shared.settings import MODALITIES, Settings
 
 __all__ = [
+    "Routes",
     "ServedModel",
     "catalog",
     "pick",
@@ -186,3 +187,61 @@ def worker_queues(
     if realtime_apart:
         return main, realtime
     return [q for m in models for q in (m.queue, m.realtime_queue)], []
+
+
+class Routes:
+    """A producer's routing table for one (frozen) settings: which model a request reaches
+    and which queue and Celery priority its message takes. Made once per settings and kept
+    by the client, so a submit looks routes up instead of walking the settings.
+    """
+
+    #: resolved (modality, name, version) triples kept at most (names come from callers)
+    MAX_RESOLVED = 1024
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        prios = {p.label: p.celery_priority(settings) for p in schema.Priority}
+        #: (modality, priority label, model table or ``None``: the default) -> (queue,
+        #: Celery priority), for every triple
+        self.queues: dict[tuple[str, str, str | None], tuple[str, int]] = {}
+        self._route_models: dict[tuple[str, str], str | None] = {}
+        for modality in MODALITIES:
+            models: list[tuple[str | None, str | None]] = [(None, None)]
+            for m in catalog(settings, modality):
+                models.append((m.table, m.route_model))
+                self._route_models[(modality, m.table)] = m.route_model
+            for table, route in models:
+                for label, prio in prios.items():
+                    queue = schema.queue_for(modality, label, route)
+                    self.queues[(modality, label, table)] = (queue, prio)
+        self._resolved: dict[tuple[str, str | None, str | None], ServedModel] = {}
+
+    def served(
+        self, modality: str, model: str | None = None, version: str | None = None
+    ) -> ServedModel:
+        """The model a request of ``modality`` naming ``model``/``version`` reaches
+        (:func:`resolve`).
+
+        Raises:
+            ModelNotFound: the modality serves no such model (or version).
+        """
+        key = (modality, model, version)
+        found = self._resolved.get(key)
+        if found is None:
+            found = resolve(self.settings, modality, model, version)
+            if len(self._resolved) < self.MAX_RESOLVED:
+                self._resolved[key] = found
+        return found
+
+    def route_model(self, modality: str, table: str) -> str | None:
+        """The model part of the queue names of ``modality``'s model ``table`` (a
+        ``[models.<name>]`` table, as envelopes carry it; ``None``: the modality's own
+        queues).
+
+        Raises:
+            ModelNotFound: the modality serves no such table.
+        """
+        key = (modality, table)
+        if key in self._route_models:
+            return self._route_models[key]
+        return self.served(modality, table).route_model

@@ -247,7 +247,7 @@ class AsyncFleetClient(ClientBase):
             BrokerUnavailable: Redis refused it or could not be reached.
         """
         names = [p.label for p in Priority]
-        route = None if model is None else self.route_model(modality, model)
+        route = None if model is None else self.routes.route_model(modality, model)
         lists = []
         for name in names:
             queue = schema.queue_for(modality, name, route)

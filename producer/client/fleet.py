@@ -250,26 +250,14 @@ class ClientBase:
         envs, datas = self._validated_many([request])
         return envs[0], datas[0]
 
-    def served_model(
-        self, modality: str, model: str | None = None, version: str | None = None
-    ) -> model_routes.ServedModel:
-        """The model a request of ``modality`` naming ``model``/``version`` reaches
-        (``shared.model_routes.resolve``), from a table made once per settings.
-
-        Raises:
-            ModelNotFound: the modality serves no such model (or version).
-        """
-        cached = self.__dict__.get("_model_table")
-        if cached is None or cached[0] is not self.settings:
-            cached = self.__dict__["_model_table"] = (self.settings, {})
-        table: dict[tuple[str, str | None, str | None], model_routes.ServedModel] = cached[1]
-        key = (modality, model, version)
-        found = table.get(key)
-        if found is None:
-            found = model_routes.resolve(self.settings, modality, model, version)
-            if len(table) < 1024:
-                table[key] = found
-        return found
+    @property
+    def routes(self) -> model_routes.Routes:
+        """This client's routing table (``shared.model_routes.Routes``), made once per
+        settings (they are frozen)."""
+        cached = self.__dict__.get("_route_table")
+        if cached is None or cached.settings is not self.settings:
+            cached = self.__dict__["_route_table"] = model_routes.Routes(self.settings)
+        return cached
 
     def _validated_many(
         self, requests: list[SubmitRequest], now_ms: float | None = None
@@ -326,7 +314,7 @@ class ClientBase:
                 "inputs": inputs,
             }
             if r.model is not None or r.version is not None:  # named: its table travels
-                fields["model"] = self.served_model(modality, r.model, r.version).table
+                fields["model"] = self.routes.served(modality, r.model, r.version).table
             if r.tenant is not None:
                 fields["tenant"] = tenants.check_name(r.tenant)
             envs.append(_validate_envelope(fields))  # TaskEnvelope(**fields): pydantic validates
@@ -355,7 +343,7 @@ class ClientBase:
         without a ``task-sent`` event. For a caller that puts it on Redis in a transaction of
         its own (``LPUSH`` of ``key`` and ``payload``): the HTTP gateway's job commit
         (``producer.gateway.commit``)."""
-        route = self._routes()
+        route = self.routes.queues
         built = self.payloads().build_many([(env, task_id, None)], route, self.app.thread_oid)
         if self.settings.tenants:  # its tenant's list and max_queued (see outgoing)
             built = self._tenanted([(env, task_id, None)], built)
@@ -375,7 +363,7 @@ class ClientBase:
         builder = self.payloads()
         events = bool(self.app.conf.task_send_sent_event)
         reply_to = self.app.thread_oid
-        route = self._routes()
+        route = self.routes.queues
         datas = itertools.repeat(None) if inputs_json is None else inputs_json
         requests = zip(envs, ids, datas, strict=False)
         while part := list(itertools.islice(requests, BUILD_BATCH)):
@@ -396,55 +384,14 @@ class ClientBase:
             quota = tenant_quota.quota_of(settings, env.tenant, task_id)
             key = m.key
             if tenants.has_own_list(settings, env.tenant):
-                queue, step = self._routes()[(env.modality, env.priority, env.model)]
+                queue, step = self.routes.queues[(env.modality, env.priority, env.model)]
                 key = tenants.tenant_list_key(queue, step, env.tenant)
             out.append(m._replace(key=key, quota=quota) if quota or key != m.key else m)
         return out
 
-    def _routes(self) -> dict[tuple[str, str, str | None], tuple[str, int]]:
-        """(modality, priority label, model table or ``None``) -> (queue, Celery priority),
-        for every triple: made once per settings (they are frozen). A model's queues are
-        its own, the default model's the modality's (``shared.model_routes``)."""
-        cached = self.__dict__.get("_route_table")
-        if cached is None or cached[0] is not self.settings:
-            prios = {p.label: p.celery_priority(self.settings) for p in Priority}
-            table = {}
-            for modality in MODALITIES:
-                models: list[tuple[str | None, str | None]] = [(None, None)]
-                models += [
-                    (m.table, m.route_model) for m in model_routes.catalog(self.settings, modality)
-                ]
-                for table_name, route in models:
-                    for label, prio in prios.items():
-                        queue = schema.queue_for(modality, label, route)
-                        table[(modality, label, table_name)] = (queue, prio)
-            cached = self.__dict__["_route_table"] = (self.settings, table)
-        return cached[1]
-
     def _route_model(self, env: TaskEnvelope) -> str | None:
         """The model part of ``env``'s queue names (``None``: the modality's own)."""
-        return None if env.model is None else self.route_model(env.modality, env.model)
-
-    def route_model(self, modality: str, table: str) -> str | None:
-        """The model part of the queue names of ``modality``'s model ``table`` (a
-        ``[models.<name>]`` table, as envelopes carry it; ``None``: the modality's own
-        queues).
-
-        Raises:
-            ModelNotFound: the modality serves no such table.
-        """
-        cached = self.__dict__.get("_table_routes")
-        if cached is None or cached[0] is not self.settings:
-            routes = {
-                (modality, m.table): m.route_model
-                for modality in MODALITIES
-                for m in model_routes.catalog(self.settings, modality)
-            }
-            cached = self.__dict__["_table_routes"] = (self.settings, routes)
-        key = (modality, table)
-        if key in cached[1]:
-            return cached[1][key]
-        return self.served_model(modality, table).route_model
+        return None if env.model is None else self.routes.route_model(env.modality, env.model)
 
     def _depth_check(self, envs: Sequence[TaskEnvelope]) -> DepthCheck | None:
         """The queue-length check of a submission of ``envs`` (for :meth:`publish_many`):
@@ -756,7 +703,7 @@ class Publishing:
         """
         names = [p.label for p in Priority]
         prios = [Priority.parse(n).celery_priority(self.settings) for n in names]
-        route = None if model is None else self.route_model(modality, model)
+        route = None if model is None else self.routes.route_model(modality, model)
         try:
             with self.app.pool.acquire(block=True) as conn:
                 client = conn.default_channel.client
@@ -779,7 +726,7 @@ class Publishing:
         whose last heartbeat (``fleet:live:<modality>``, written with every lease renewal)
         is younger than ``[redis] lease_s``, both on Redis' clock (``self.clock``; a
         producer or worker whose own clock is off sees the same). One round trip.
-        ``model`` (a table name, as :meth:`served_model` gives it): those serving that model
+        ``model`` (a table name, as ``routes.served`` gives it): those serving that model
         (``fleet:live:<modality>@<table>``).
 
         Raises:
