@@ -188,6 +188,35 @@ def test_one_worker_serves_two_models_each_request_from_its_own(fleet: Fleet) ->
     _round(fleet)
 
 
+def _scrape(fleet: Fleet, instance: int) -> dict[str, float]:
+    """Worker ``instance``'s ``/metrics``: each sample line's series -> value."""
+    from producer.stack.ports import replica_metrics_port
+
+    s = fleet.client.settings
+    port = replica_metrics_port(s.metrics.port_base, "text", instance)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    rows = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    return {k: float(v) for k, v in rows}
+
+
+def test_a_worker_of_two_models_counts_requests_and_batches_by_model(fleet: Fleet) -> None:
+    def series(model: str) -> tuple[str, str]:
+        labels = f'modality="text",model="{model}"'
+        ok = f'fleet_requests_total{{{labels},outcome="ok",priority="normal"}}'
+        return ok, f"fleet_batch_size_sum{{{labels}}}"
+
+    before = _scrape(fleet, 0)
+    reqs = [SubmitRequest("text", {"text": t}, model="tiny-bert", version="1") for t in TEXTS]
+    reqs += [SubmitRequest("text", {"text": t}) for t in TEXTS[:3]]  # the default, minilm
+    assert all(h.get(60) for h in fleet.client.submit_many(reqs))
+    after = _scrape(fleet, 0)  # text (node 0) alone consumes both models' queues now
+    for model, n in (("tiny-bert", 4), ("minilm", 3)):
+        ok, batched = series(model)
+        assert after[ok] - before.get(ok, 0.0) == n, (model, ok)
+        assert after[batched] - before.get(batched, 0.0) == n, (model, batched)
+    assert series("tiny-bert-2")[0] in after  # its counters exist at 0, never requested here
+
+
 def test_the_exporter_reports_demand_and_consumers_per_model(fleet: Fleet) -> None:
     from prometheus_client import generate_latest
 
