@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from shared import tenants
+from shared import schema, tenants
 from shared.errors import TenantQuota
 from shared.settings import Settings
 
@@ -41,12 +41,15 @@ __all__ = [
     "WATCH_TRIES",
     "Quota",
     "Sets",
+    "absent",
     "add_commands",
+    "applied",
     "check_commands",
     "judge",
     "limits",
     "open_key",
     "quota_of",
+    "recheck_commands",
     "release_commands",
     "sets_of",
 ]
@@ -121,6 +124,47 @@ def judge(sets: Sets, replies: Sequence[Any]) -> None:
                 f"tenant {tenant_of_key(key)!r} has {held} requests queued or running; "
                 f"its max_queued is {limit}"
             )
+
+
+def absent(sets: Sets, replies: Sequence[Any]) -> list[str]:
+    """The chunk's ids that no set held at the check ``replies`` answer
+    (:func:`check_commands`'): the ids its ``EXEC`` adds, so the ids whose presence tells
+    a later attempt that the ``EXEC`` was applied (:func:`applied`)."""
+    answers = iter(replies[1:])
+    out: list[str] = []
+    for _, (_, ids) in sets.items():
+        next(answers)  # SCARD
+        out += [i for i, m in zip(ids, next(answers), strict=True) if not m]
+    return out
+
+
+def recheck_commands(sets: Sets, fresh: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The check of an attempt after one whose ``EXEC`` may have been applied (its reply
+    lost with the connection): :func:`check_commands` under a fresh ``WATCH``, and
+    ``EXISTS`` of the results of ``fresh`` (:func:`absent` of the first check), which a
+    worker stores before its ack releases an id. Judged by :func:`applied`, then
+    :func:`judge` (its replies without the last)."""
+    commands = check_commands(sets)
+    if fresh:
+        commands.append(("EXISTS", *(schema.result_key(i) for i in fresh)))
+    return commands
+
+
+def applied(sets: Sets, fresh: Sequence[str], replies: Sequence[Any]) -> bool:
+    """Whether the chunk's earlier ``EXEC`` was applied, from :func:`recheck_commands`'
+    ``replies``: one of ``fresh`` is in its set (added by that ``EXEC``: ids are the
+    chunk's own), or has a result (a worker ran it and released it since). ``fresh``
+    empty (every id was held already): not known, ``False``. The ``EXEC`` adds the ids
+    with the chunk's pushes, atomically, so either tells that the pushes happened."""
+    if not fresh:
+        return False
+    new = set(fresh)
+    answers = iter(replies[1:])
+    for _, (_, ids) in sets.items():
+        next(answers)  # SCARD
+        if any(m and i in new for i, m in zip(ids, next(answers), strict=True)):
+            return True
+    return int(replies[-1]) > 0
 
 
 def add_commands(part: Sequence[Any]) -> list[tuple[Any, ...]]:
