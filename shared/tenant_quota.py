@@ -3,8 +3,8 @@
 Each tenant with a ``[tenants.<name>] max_queued`` has a set of its open requests' task ids,
 ``fleet:tenant:<name>:open``: a request is in it from the transaction that queues it to the
 ack of its message (after its final result is stored, whichever way it ends: a result, an
-error, ``DEADLINE_EXCEEDED``, a cancel drained by a worker, a duplicate copy). Its size is
-the tenant's count.
+error, ``DEADLINE_EXCEEDED``, a duplicate copy), or to its cancel. Its size is the tenant's
+count.
 
 - **Admit** (producers: ``FleetClient``, ``AsyncFleetClient``, the gateway): before a chunk
   holding such a tenant's requests is pushed, its connection ``WATCH``es the tenant's set and
@@ -13,11 +13,19 @@ the tenant's count.
   ids with its ``LPUSH``es (:func:`add_commands`), and is sent again from the check when a
   worker's release changed the set in between (``EXEC`` refused by the ``WATCH``). No
   script: the producer's ACL user runs no ``EVAL`` (``shared.acl``). A chunk sent again
-  after a lost reply adds no id twice (a set, not a counter).
+  adds no id twice (a set, not a counter).
+- **Retry** after a dropped connection (its ``WATCH`` died with it): checked again under a
+  fresh ``WATCH`` (:func:`recheck_commands`), and not sent again when the lost ``EXEC`` was
+  applied after all (:func:`applied`: one of the ids it added, :func:`absent` at the first
+  check, is in its set or has a result), so a chunk is neither queued twice nor let past
+  a limit that another producer filled meanwhile.
 - **Release** (batch-mode workers, ``workers.consumer.lease.ack_batch``): ``SREM`` of the
   acked requests' ids, in the same ``MULTI``/``EXEC`` as the ack itself (kombu's unacked
   entries): a worker killed before it leaves both, the message comes back (lease) and is
   acked, and released, by whoever settles it. A second copy's ack removes nothing more.
+- **Cancel** (``producer.client.results.Revocation``): ``SREM`` of the id from every
+  limited tenant's set, in the transaction that stores REVOKED; the worker's ``SREM`` when
+  it drains the cancelled message removes nothing more.
 - **Redis restarts** keep the sets as they keep the lists (AOF): they are written in the
   same transactions.
 
