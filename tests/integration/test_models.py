@@ -34,7 +34,7 @@ import pytest
 from producer.client import FleetClient, SubmitRequest
 from producer.stack.procs import StackError
 from shared.errors import ModelNotFound
-from tests.conftest import ops_app
+from tests.conftest import free_port_block, ops_app
 from tests.models.hf_tiny import build
 
 pytestmark = pytest.mark.integration
@@ -111,6 +111,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     overrides = {
         "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
         "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
+        # served: one test scrapes the three-model worker (replica ports: 4 per instance)
+        "FLEET_METRICS__PORT_BASE": str(free_port_block(16)),
         **_env(root),
     }
     with isolated_environment(tmp_path_factory.mktemp("models-run"), overrides) as settings:
