@@ -15,7 +15,8 @@ producer    enqueue (``LPUSH`` onto the modality queues, kombu's bindings), read
             ``WAIT`` for a replica after a publish (Redis behind Sentinel), ``INFO`` (the
             ready check of ioredis, celery-node's client: server statistics, no key's data;
             an ACL cannot narrow a bare ``INFO`` to sections), a tenant's open requests
-            (``fleet:tenant:*``: ``SCARD``, ``SMISMEMBER``, ``SADD``; ``shared.tenant_quota``).
+            (``fleet:tenant:*``: ``SCARD``, ``SMISMEMBER``, ``SADD``, and ``SREM`` at a
+            cancel; ``shared.tenant_quota``).
             Nothing else: no ``EVAL``, ``CONFIG``, ``FLUSHALL``, ``SHUTDOWN``, ``KEYS``, no
             other key or channel.
 worker      every key and channel, every command but Redis's ``@dangerous`` ones (``CONFIG``,
@@ -69,6 +70,7 @@ PRODUCER_COMMANDS: tuple[str, ...] = (
     "watch", "unwatch",  # optimistic transactions: cancel, a gateway job's record + message
     "lpush", "llen", "exists", "sadd", "smembers",
     "scard", "smismember",  # a tenant's max_queued, checked before a push (shared.tenant_quota)
+    "srem",  # a cancel releases the request from its tenant's open set
     "get", "mget", "set", "setex",
     "publish", "subscribe", "unsubscribe",
     "zrangebyscore",

@@ -3,8 +3,8 @@
 Each tenant with a ``[tenants.<name>] max_queued`` has a set of its open requests' task ids,
 ``fleet:tenant:<name>:open``: a request is in it from the transaction that queues it to the
 ack of its message (after its final result is stored, whichever way it ends: a result, an
-error, ``DEADLINE_EXCEEDED``, a cancel drained by a worker, a duplicate copy). Its size is
-the tenant's count.
+error, ``DEADLINE_EXCEEDED``, a duplicate copy), or to its cancel. Its size is the tenant's
+count.
 
 - **Admit** (producers: ``FleetClient``, ``AsyncFleetClient``, the gateway): before a chunk
   holding such a tenant's requests is pushed, its connection ``WATCH``es the tenant's set and
@@ -13,11 +13,19 @@ the tenant's count.
   ids with its ``LPUSH``es (:func:`add_commands`), and is sent again from the check when a
   worker's release changed the set in between (``EXEC`` refused by the ``WATCH``). No
   script: the producer's ACL user runs no ``EVAL`` (``shared.acl``). A chunk sent again
-  after a lost reply adds no id twice (a set, not a counter).
+  adds no id twice (a set, not a counter).
+- **Retry** after a dropped connection (its ``WATCH`` died with it): checked again under a
+  fresh ``WATCH`` (:func:`recheck_commands`), and not sent again when the lost ``EXEC`` was
+  applied after all (:func:`applied`: one of the ids it added, :func:`absent` at the first
+  check, is in its set or has a result), so a chunk is neither queued twice nor let past
+  a limit that another producer filled meanwhile.
 - **Release** (batch-mode workers, ``workers.consumer.lease.ack_batch``): ``SREM`` of the
   acked requests' ids, in the same ``MULTI``/``EXEC`` as the ack itself (kombu's unacked
   entries): a worker killed before it leaves both, the message comes back (lease) and is
   acked, and released, by whoever settles it. A second copy's ack removes nothing more.
+- **Cancel** (``producer.client.results.Revocation``): ``SREM`` of the id from every
+  limited tenant's set, in the transaction that stores REVOKED; the worker's ``SREM`` when
+  it drains the cancelled message removes nothing more.
 - **Redis restarts** keep the sets as they keep the lists (AOF): they are written in the
   same transactions.
 
@@ -32,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from shared import tenants
+from shared import schema, tenants
 from shared.errors import TenantQuota
 from shared.settings import Settings
 
@@ -41,12 +49,15 @@ __all__ = [
     "WATCH_TRIES",
     "Quota",
     "Sets",
+    "absent",
     "add_commands",
+    "applied",
     "check_commands",
     "judge",
     "limits",
     "open_key",
     "quota_of",
+    "recheck_commands",
     "release_commands",
     "sets_of",
 ]
@@ -121,6 +132,47 @@ def judge(sets: Sets, replies: Sequence[Any]) -> None:
                 f"tenant {tenant_of_key(key)!r} has {held} requests queued or running; "
                 f"its max_queued is {limit}"
             )
+
+
+def absent(sets: Sets, replies: Sequence[Any]) -> list[str]:
+    """The chunk's ids that no set held at the check ``replies`` answer
+    (:func:`check_commands`'): the ids its ``EXEC`` adds, so the ids whose presence tells
+    a later attempt that the ``EXEC`` was applied (:func:`applied`)."""
+    answers = iter(replies[1:])
+    out: list[str] = []
+    for _, (_, ids) in sets.items():
+        next(answers)  # SCARD
+        out += [i for i, m in zip(ids, next(answers), strict=True) if not m]
+    return out
+
+
+def recheck_commands(sets: Sets, fresh: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The check of an attempt after one whose ``EXEC`` may have been applied (its reply
+    lost with the connection): :func:`check_commands` under a fresh ``WATCH``, and
+    ``EXISTS`` of the results of ``fresh`` (:func:`absent` of the first check), which a
+    worker stores before its ack releases an id. Judged by :func:`applied`, then
+    :func:`judge` (its replies without the last)."""
+    commands = check_commands(sets)
+    if fresh:
+        commands.append(("EXISTS", *(schema.result_key(i) for i in fresh)))
+    return commands
+
+
+def applied(sets: Sets, fresh: Sequence[str], replies: Sequence[Any]) -> bool:
+    """Whether the chunk's earlier ``EXEC`` was applied, from :func:`recheck_commands`'
+    ``replies``: one of ``fresh`` is in its set (added by that ``EXEC``: ids are the
+    chunk's own), or has a result (a worker ran it and released it since). ``fresh``
+    empty (every id was held already): not known, ``False``. The ``EXEC`` adds the ids
+    with the chunk's pushes, atomically, so either tells that the pushes happened."""
+    if not fresh:
+        return False
+    new = set(fresh)
+    answers = iter(replies[1:])
+    for _, (_, ids) in sets.items():
+        next(answers)  # SCARD
+        if any(m and i in new for i, m in zip(ids, next(answers), strict=True)):
+            return True
+    return int(replies[-1]) > 0
 
 
 def add_commands(part: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -1,10 +1,12 @@
-"""Network faults for tests, made with real sockets: a proxy that loses one reply."""
+"""Network faults for tests, made with real sockets: a proxy that loses one reply, or one
+request."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 
 
 class ReplyDropper:
@@ -55,3 +57,27 @@ class ReplyDropper:
 
     def close(self) -> None:
         self.server.close()
+
+
+class RequestDropper(ReplyDropper):
+    """A :class:`ReplyDropper` that, once ``armed``, loses the next request holding
+    ``marker`` itself: it calls ``before_drop`` (what happens meanwhile: another producer's
+    submit), then closes the client's connection instead of forwarding the request, so
+    Redis never runs it (a connection that died while the request was on its way)."""
+
+    def __init__(self, port: int, marker: str, before_drop: Callable[[], None]) -> None:
+        self.before_drop = before_drop
+        super().__init__(port, marker)
+
+    def _up(self, src: socket.socket, dst: socket.socket, drop: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if self.armed and self.marker in data:
+                    self.armed = False
+                    self.before_drop()
+                    self.dropped += 1
+                    src.shutdown(socket.SHUT_RDWR)
+                    src.close()
+                    dst.close()
+                    return
+                dst.sendall(data)

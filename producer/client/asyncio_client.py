@@ -188,17 +188,30 @@ class AsyncFleetClient(ClientBase):
     ) -> None:
         """``commands`` (a chunk's pushes) as one transaction once the limited tenants'
         sets, read under ``WATCH`` on its connection, allow the chunk; checked and sent
-        again when a worker's release changed a set in between.
+        again when a worker's release changed a set in between, or the connection failed
+        (redis-py raises ``WatchError`` then: the ``WATCH`` died with it). Every try checks
+        under a fresh ``WATCH``; one after an ``EXEC`` whose reply was lost first asks
+        whether that ``EXEC`` was applied (``shared.tenant_quota.applied``), and sends
+        nothing more if so.
 
         Raises:
             TenantQuota: a tenant's limit would be passed; nothing was sent.
         """
+        fresh: list[str] | None = None  # the ids the first EXEC adds, once one was sent
         async with self.redis.pipeline(transaction=True) as pipe:
             for tries in itertools.count(1):
                 try:
-                    checks = tenant_quota.check_commands(sets)
+                    if fresh is None:
+                        checks = tenant_quota.check_commands(sets)
+                    else:
+                        checks = tenant_quota.recheck_commands(sets, fresh)
                     replies = [await pipe.execute_command(*c) for c in checks]
+                    if fresh is not None and tenant_quota.applied(sets, fresh, replies):
+                        await pipe.reset()  # UNWATCH: the chunk is queued already
+                        return
                     tenant_quota.judge(sets, replies)
+                    if fresh is None:
+                        fresh = tenant_quota.absent(sets, replies)
                     pipe.multi()
                     for command in commands:
                         pipe.execute_command(*command)

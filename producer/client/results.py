@@ -27,7 +27,7 @@ from celery import Celery
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
-from shared import schema
+from shared import schema, tenant_quota
 from shared.errors import (
     FleetError,
     error_from_code,
@@ -316,12 +316,16 @@ class ResultReading:
 class Revocation(NamedTuple):
     """What a producer's cancel writes (``FleetClient.cancel``, ``AsyncFleetClient.cancel``):
     the REVOKED document ``value`` under the result ``key``, the final marker ``final``, both
-    for ``ttl`` seconds, in one transaction that ``WATCH``es ``final``."""
+    for ``ttl`` seconds, and the release of ``task_id`` from the open sets ``releases`` of
+    the tenants with ``max_queued`` (``shared.tenant_quota``), in one transaction that
+    ``WATCH``es ``final``."""
 
     key: str
     final: str
     ttl: int
     value: bytes | str
+    task_id: str = ""
+    releases: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, app: Celery, settings: Settings, task_id: str, reason: str) -> Revocation:
@@ -343,16 +347,23 @@ class Revocation(NamedTuple):
         }
         ttl = int(settings.redis.result_expires_s)
         key = backend.get_key_for_task(task_id)
-        return cls(key, schema.final_key(task_id), ttl, backend.encode(meta))
+        releases = tuple(tenant_quota.open_key(n) for n in sorted(tenant_quota.limits(settings)))
+        return cls(key, schema.final_key(task_id), ttl, backend.encode(meta), task_id, releases)
 
     def commands(self) -> list[tuple[Any, ...]]:
         """Inside ``MULTI``: the document (``SETEX``), the marker ``1`` claiming the one final
-        result (same TTL), and a ``PUBLISH`` of the document on the result key (what Celery's
-        result consumers and the clients' subscriptions wait on)."""
+        result (same TTL), a ``PUBLISH`` of the document on the result key (what Celery's
+        result consumers and the clients' subscriptions wait on), and an ``SREM`` of the id
+        from every limited tenant's open set: the cancelled request no longer counts against
+        its tenant's ``max_queued`` (the id is in one set at most: it is a fresh uuid4, or
+        the caller's own; the worker's ``SREM`` when it drains the message removes nothing
+        more). Every limited tenant's, because a cancel is by id alone: which tenant sent it
+        is in its message, in a list, found by no id."""
         return [
             ("SETEX", self.key, self.ttl, self.value),
             ("SET", self.final, "1", "EX", self.ttl),
             ("PUBLISH", self.key, self.value),
+            *(("SREM", key, self.task_id) for key in self.releases),
         ]
 
 

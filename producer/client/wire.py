@@ -38,7 +38,10 @@ asked before the first chunk is built and judged before it is sent.
 
 Faults: an attempt that fails drops the connection (its replies may be left unread on it); the
 next attempt (``Connection.ensure``'s retry, after kombu reconnected) takes a fresh one from the
-channel's pool and sends the transaction again (:func:`attempt`).
+channel's pool and sends the transaction again (:func:`attempt`). A chunk with requests of a
+tenant with ``max_queued`` is first checked again under a ``WATCH`` on that connection (the
+first one's died with its connection), and not sent again when its first ``EXEC`` was applied
+(its reply lost; :meth:`Chunk.resend`, ``shared.tenant_quota.applied``).
 
 Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
     kombu.transport.redis.Channel: _get_publish_topics (new in 5.7)
@@ -611,11 +614,16 @@ class Chunk:
         group: bytes | None,
         exchange: str,
         commands: list[tuple[Any, ...]] | None = None,
+        sets: tenant_quota.Sets | None = None,
+        fresh: Sequence[str] = (),
     ) -> None:
         self.part, self.group, self.exchange = part, group, exchange
         self._commands = commands
         self.writes = commands is None  # pushes: a transaction; else reads: a pipeline
         self.sent: SentTransaction | BaseException | None = None
+        # pushes of limited tenants' requests (their sets, the ids the first check found in
+        # none): a retry checks again under a fresh WATCH (:meth:`resend`)
+        self.sets, self.fresh = sets, fresh
 
     def commands(self, channel: Any) -> list[tuple[Any, ...]]:
         """:func:`push_commands` of the chunk (the group on the event exchange's
@@ -634,6 +642,27 @@ class Chunk:
             self.sent = line.send(self.commands(line.channel()), self.writes)
         except Exception as exc:
             self.sent = exc
+
+    def resend(self, line: Line) -> SentTransaction | None:
+        """A retry's send, on ``line``'s (new) connection. Pushes of limited tenants'
+        requests are checked again first, under a fresh ``WATCH`` (the first attempt's died
+        with its connection): ``None`` when the first attempt's ``EXEC`` was applied (its
+        reply lost: sent again, the chunk would be queued twice), else sent only if every
+        tenant's ``max_queued`` still admits it (``shared.tenant_quota``).
+
+        Raises:
+            TenantQuota: a tenant's limit would be passed now; nothing sent.
+        """
+        if self.sets:
+            commands = tenant_quota.recheck_commands(self.sets, self.fresh)
+            replies = line.send(commands, atomic=False).replies()
+            done = tenant_quota.applied(self.sets, self.fresh, replies)
+            if not done:
+                tenant_quota.judge(self.sets, replies)  # TenantQuota: the line is dropped
+            if done:
+                line.send([("UNWATCH",)], atomic=False).replies()
+                return None
+        return line.send(self.commands(line.channel()), self.writes)
 
     def abandon(self, line: Line) -> None:
         """Its replies will not be read: the connection is dropped."""
@@ -655,7 +684,9 @@ def attempt(kconn: Any, line: Line, job: Chunk) -> list[Any]:
         if isinstance(sent, BaseException):
             raise sent
         if sent is None:
-            sent = line.send(job.commands(line.channel()), job.writes)
+            sent = job.resend(line)
+            if sent is None:  # applied by the attempt whose reply was lost
+                return []
         return sent.replies()
     except BaseException:
         line.drop()
@@ -727,6 +758,7 @@ class Pusher:
         Raises:
             TenantQuota: a tenant's limit would be passed; nothing of the chunk was sent.
         """
+        fresh: list[str] = []
         if sets:
             check = Chunk([], None, self.exchange, tenant_quota.check_commands(sets))
             check.send(self.line)
@@ -737,7 +769,8 @@ class Pusher:
             except TenantQuota:
                 self.line.send([("UNWATCH",)], atomic=False).replies()
                 raise
-        self.inflight = Chunk(part, group, self.exchange)
+            fresh = tenant_quota.absent(sets, replies)
+        self.inflight = Chunk(part, group, self.exchange, sets=sets or None, fresh=fresh)
         self.inflight.send(self.line)
 
     def _finish(self) -> list[Any]:

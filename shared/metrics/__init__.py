@@ -134,17 +134,23 @@ class FleetMetrics:
         series until its second sample, so a burst of 10 failures that created the series
         would never show as a failure rate."""
         codes = ["ok", *ERROR_CLASSES]
-        for prio in (*(p.label for p in Priority), "unknown"):
-            for code in codes:
-                self.requests.labels(self.modality, prio, code)
+        for model in self._models():
+            for prio in (*(p.label for p in Priority), "unknown"):
+                for code in codes:
+                    self.requests.labels(self.modality, model, prio, code)
         self.eco.zero(list(ERROR_CLASSES))
+
+    def _models(self) -> list[str]:
+        """The model tables this worker labels its series with: its default model's and
+        each of its queues' (a worker of several models)."""
+        return sorted({self.eco.model, *self.eco.queue_models.values()})
 
     def observe_batch(self, size: int, run_s: float, model: str | None = None) -> None:
         """A batch of ``size`` ran in ``run_s`` seconds (``model``: its model's table;
         ``None``: the worker's default)."""
         if not self.enabled:
             return
-        self.eco.child(self.batch_size, self.modality).observe(size)
+        self.eco.child(self.batch_size, self.modality, model or self.eco.model).observe(size)
         self.eco.child(self.inference, self.modality).observe(run_s)
         self.eco.batch(size, model)
 
@@ -167,8 +173,10 @@ class FleetMetrics:
         if not self.enabled or not rows:
             return
         c, tally = self.eco.child, Tally()
+        models, default = self.eco.queue_models, self.eco.model
         for priority, outcome, queued_s, e2e_s, queue, run_s in rows:
-            tally.count(c(self.requests, self.modality, priority, outcome))
+            model = models.get(queue, default)  # its queue's model, as eco.finished labels it
+            tally.count(c(self.requests, self.modality, model, priority, outcome))
             if queued_s is not None:
                 tally.observe(c(self.queue_wait, self.modality, priority), queued_s)
             if e2e_s is not None:

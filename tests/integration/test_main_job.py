@@ -239,7 +239,7 @@ def test_worker_serves_prometheus_metrics(client: FleetClient, fleet_settings: A
         if line.startswith("fleet_requests_total{") and 'outcome="ok"' in line
     ]  # fmt: skip
     assert ok and sum(float(line.rsplit(" ", 1)[1]) for line in ok) >= 1
-    assert 'fleet_batch_size_count{modality="text"}' in text
+    assert 'fleet_batch_size_count{modality="text",model="minilm"}' in text
     assert 'fleet_prefetch_held{modality="text"}' in text
 
 

@@ -34,7 +34,7 @@ import pytest
 from producer.client import FleetClient, SubmitRequest
 from producer.stack.procs import StackError
 from shared.errors import ModelNotFound
-from tests.conftest import ops_app
+from tests.conftest import free_port_block, ops_app
 from tests.models.hf_tiny import build
 
 pytestmark = pytest.mark.integration
@@ -111,6 +111,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     overrides = {
         "FLEET_CONFIG": str(REPO / "configs" / "fleet.toml"),
         "FLEET_TRANSPORT__SHM_ROOT": str(shm_root),
+        # served: one test scrapes the three-model worker (replica ports: 4 per instance)
+        "FLEET_METRICS__PORT_BASE": str(free_port_block(16)),
         **_env(root),
     }
     with isolated_environment(tmp_path_factory.mktemp("models-run"), overrides) as settings:
@@ -186,6 +188,35 @@ def test_one_worker_serves_two_models_each_request_from_its_own(fleet: Fleet) ->
     assert models["minilm"] == sorted([fleet.node(0), fleet.node(2)])
     assert (models["tiny-bert-2"], models["nobody"]) == ([fleet.node(0)], [])
     _round(fleet)
+
+
+def _scrape(fleet: Fleet, instance: int) -> dict[str, float]:
+    """Worker ``instance``'s ``/metrics``: each sample line's series -> value."""
+    from producer.stack.ports import replica_metrics_port
+
+    s = fleet.client.settings
+    port = replica_metrics_port(s.metrics.port_base, "text", instance)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    rows = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    return {k: float(v) for k, v in rows}
+
+
+def test_a_worker_of_two_models_counts_requests_and_batches_by_model(fleet: Fleet) -> None:
+    def series(model: str) -> tuple[str, str]:
+        labels = f'modality="text",model="{model}"'
+        ok = f'fleet_requests_total{{{labels},outcome="ok",priority="normal"}}'
+        return ok, f"fleet_batch_size_sum{{{labels}}}"
+
+    before = _scrape(fleet, 0)
+    reqs = [SubmitRequest("text", {"text": t}, model="tiny-bert", version="1") for t in TEXTS]
+    reqs += [SubmitRequest("text", {"text": t}) for t in TEXTS[:3]]  # the default, minilm
+    assert all(h.get(60) for h in fleet.client.submit_many(reqs))
+    after = _scrape(fleet, 0)  # text (node 0) alone consumes both models' queues now
+    for model, n in (("tiny-bert", 4), ("minilm", 3)):
+        ok, batched = series(model)
+        assert after[ok] - before.get(ok, 0.0) == n, (model, ok)
+        assert after[batched] - before.get(batched, 0.0) == n, (model, batched)
+    assert series("tiny-bert-2")[0] in after  # its counters exist at 0, never requested here
 
 
 def test_the_exporter_reports_demand_and_consumers_per_model(fleet: Fleet) -> None:

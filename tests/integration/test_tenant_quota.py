@@ -154,13 +154,13 @@ def test_the_count_stays_exact_through_a_sigkill_a_duplicate_a_cancel_and_an_exp
     reqs.append(SubmitRequest("text", {"text": "expires"}, "bulk", timeout_s=1.5, tenant="acme"))
     handles = qclient.submit_many(reqs)
     cancelled = handles[5]
-    assert qclient.cancel(cancelled.id)
+    assert qclient.cancel(cancelled.id)  # its slot released at once
     # a second copy of one request (a duplicate delivery)
     dup = handles[7]
     with qclient.app.producer_or_acquire() as producer:
         env = dup.envelope
         qclient.publish(producer, env, dup.id, schema.queue_for(env.modality, env.priority), 9)
-    assert held(worker) == len(reqs)
+    assert held(worker) == len(reqs) - 1
     wait_for(lambda: r.hlen(schema.UNACKED_KEY) >= 20, "the worker to take the tenant's requests")
     pid = worker._read_pid(worker.pids / "worker-text.pid")
     os.killpg(pid, signal.SIGKILL)
@@ -181,6 +181,29 @@ def test_the_count_stays_exact_through_a_sigkill_a_duplicate_a_cancel_and_an_exp
     # every message drained (the cancelled one and the duplicate too): the count is 0
     wait_for(lambda: held(worker) == 0, "acme's count to reach 0", timeout_s=LEASE_S + 30)
     wait_for(lambda: r.hlen(schema.UNACKED_KEY) == 0, "the unacked hash to empty")
+
+
+def test_a_cancel_releases_the_tenants_room_at_once(qclient: FleetClient, worker: Any) -> None:
+    blocker = slow_blocker(qclient, 3)  # the tenant's requests wait behind it, unrun
+    handles = fill_acme(qclient)
+    with pytest.raises(TenantQuota):
+        qclient.submit("text", {"text": "one too many"}, "bulk", tenant="acme")
+    assert qclient.cancel(handles[0].id)
+    assert held(worker) == LIMIT - 1  # released by the cancel, its message still queued
+    assert not qclient.cancel(handles[0].id)  # final already: releases nothing more
+    extra = qclient.submit("text", {"text": "fits after a cancel"}, "bulk", tenant="acme")
+
+    async def cancel_one() -> bool:
+        async with AsyncFleetClient(worker.s) as ac:
+            return await ac.cancel(handles[1].id)
+
+    assert asyncio.run(cancel_one())
+    assert held(worker) == LIMIT - 1
+    outs = qclient.wait_all([blocker, *handles, extra], timeout_s=120)
+    codes = [o["error"]["code"] if "error" in o else "SUCCESS" for o in outs if o is not None]
+    assert codes == ["SUCCESS", "REVOKED", "REVOKED", *["SUCCESS"] * (LIMIT - 1)], codes
+    # the worker drained the cancelled messages: its SREM removed nothing more
+    wait_for(lambda: held(worker) == 0, "acme's count to reach 0")
 
 
 def infer(text: str, **params: Any) -> dict[str, Any]:

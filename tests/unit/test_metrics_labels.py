@@ -24,8 +24,8 @@ def test_a_routing_key_of_another_queue_is_labelled_other() -> None:
 def test_counters_exist_at_zero_before_any_request() -> None:
     text = generate_latest(FleetMetrics("text", "minilm", "text@h").registry).decode()
     assert (
-        'fleet_requests_total{modality="text",outcome="DEADLINE_EXCEEDED",priority="high"} 0.0'
-        in text
+        'fleet_requests_total{modality="text",model="minilm",outcome="DEADLINE_EXCEEDED",'
+        'priority="high"} 0.0' in text
     )
     assert (
         'celery_task_failed_total{hostname="text@h",name="fleet.text",queue_name="text.realtime"}'

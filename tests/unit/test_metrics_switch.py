@@ -54,11 +54,14 @@ def test_on_the_hooks_record_into_the_registry() -> None:
     m = FleetMetrics("text", "minilm", "text@boot", enabled=True)
     _exercise(m)
     text = generate_latest(m.registry).decode()
-    ok = 'fleet_requests_total{modality="text",outcome="ok",priority="bulk"}'
+    ok = 'fleet_requests_total{modality="text",model="minilm",outcome="ok",priority="bulk"}'
     assert _value(text, ok) == 1.0
-    missed = 'fleet_requests_total{modality="text",outcome="DEADLINE_EXCEEDED",priority="bulk"}'
+    missed = (
+        'fleet_requests_total{modality="text",model="minilm",outcome="DEADLINE_EXCEEDED",'
+        'priority="bulk"}'
+    )
     assert _value(text, missed) == 1.0
-    assert _value(text, 'fleet_batch_size_count{modality="text"}') == 1.0
+    assert _value(text, 'fleet_batch_size_count{modality="text",model="minilm"}') == 1.0
     assert _value(text, 'fleet_inference_exec_count_total{modality="text",model="minilm"}') == 1.0
     assert _value(text, 'fleet_inference_count_total{modality="text",model="minilm"}') == 2.0
     started = 'celery_task_started_total{hostname="text@node",name="fleet.text",queue_name="text"}'

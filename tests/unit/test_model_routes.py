@@ -134,6 +134,14 @@ def test_a_worker_of_several_models_labels_each_request_and_batch_with_its_model
     assert 'fleet_inference_count_total{modality="text",model="bge"} 3.0' in text
     assert 'fleet_inference_count_total{modality="text",model="minilm"} 2.0' in text
     assert 'queue_name="text@bge"' in text  # the model's queue is a label, not "other"
+    # the worker's own series carry the model too
+    ok = 'fleet_requests_total{{modality="text",model="{}",outcome="ok",priority="bulk"}} {}'
+    assert ok.format("bge", "1.0") in text and ok.format("minilm", "2.0") in text
+    assert 'fleet_batch_size_sum{modality="text",model="bge"} 3.0' in text
+    assert 'fleet_batch_size_sum{modality="text",model="minilm"} 2.0' in text
+    # every model's counters exist at 0 from the start (rate() of a first burst counts)
+    idle = 'fleet_requests_total{modality="text",model="bge",outcome="DEADLINE_EXCEEDED"'
+    assert idle + ',priority="high"} 0.0' in text
 
 
 def test_fleet_worker_refuses_a_model_its_modality_does_not_serve() -> None:

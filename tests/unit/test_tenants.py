@@ -127,6 +127,45 @@ def test_the_quota_check_counts_new_ids_only() -> None:
     assert tenant_quota.add_commands(part) == [("SADD", "fleet:tenant:acme:open", "x", "y")]
 
 
+def test_a_retry_tells_an_applied_push_by_its_new_ids() -> None:
+    a, b = "fleet:tenant:acme:open", "fleet:tenant:beta:open"
+    sets = {a: (9, ["x", "y"]), b: (9, ["z"])}
+    # the first check: x was held already (sent before under this id), y and z are new
+    first = ["OK", 4, [1, 0], 0, [0]]
+    fresh = tenant_quota.absent(sets, first)
+    assert fresh == ["y", "z"]
+    assert tenant_quota.recheck_commands(sets, fresh)[-1] == (
+        "EXISTS",
+        "celery-task-meta-y",
+        "celery-task-meta-z",
+    )
+    # the lost EXEC did not run: x alone held, no result -> not applied, judged as before
+    assert not tenant_quota.applied(sets, fresh, ["OK", 4, [1, 0], 0, [0], 0])
+    # it ran: its new ids are in their sets
+    assert tenant_quota.applied(sets, fresh, ["OK", 5, [1, 1], 1, [1], 0])
+    # it ran and a worker has already released them: their results are stored
+    assert tenant_quota.applied(sets, fresh, ["OK", 3, [0, 0], 0, [0], 2])
+    # x being held says nothing (it was before the EXEC), nor does anything without new ids
+    assert not tenant_quota.applied(sets, [], ["OK", 4, [1, 0], 0, [0]])
+
+
+def test_a_cancel_releases_the_id_from_every_limited_tenants_set() -> None:
+    from celery import Celery
+
+    from producer.client.results import Revocation
+
+    s = load_settings(tenants={"acme": {"max_queued": 5}, "beta": {"max_queued": 9}, "c": {}})
+    app = Celery("cancel-test", backend="cache+memory://", set_as_current=False)
+    commands = Revocation.of(app, s, "id-1", "no longer wanted").commands()
+    assert [c[0] for c in commands] == ["SETEX", "SET", "PUBLISH", "SREM", "SREM"]
+    assert commands[3:] == [
+        ("SREM", "fleet:tenant:acme:open", "id-1"),
+        ("SREM", "fleet:tenant:beta:open", "id-1"),
+    ]
+    plain = load_settings(tenants={"c": {"weight": 2}})  # no max_queued: nothing to release
+    assert [c[0] for c in Revocation.of(app, plain, "id-1", "r").commands()][3:] == []
+
+
 def test_release_names_only_limited_tenants() -> None:
     s = load_settings(tenants={"acme": {"max_queued": 5}, "free": {}})
     kw = [
