@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from engine_fakes import MODALITY, Doubler, FakeReq, work
 
 from shared.errors import InvalidInput, ModelError
@@ -60,6 +61,7 @@ class Writer:
         self.stored: dict[str, Outcome] = {}
         self.tokens: dict[str, str] = {}
         self.refuse = 0
+        self.refusal: Exception = ConnectionError("Redis is loading the dataset in memory")
         self.lose_replies = 0
         self.events: list[list[tuple[Any, ...]]] = []  # what each write call carried
         self.timeline = timeline
@@ -74,7 +76,7 @@ class Writer:
         self.events.append(list(events))
         if self.refuse:
             self.refuse -= 1
-            raise ConnectionError("Redis is loading the dataset in memory")
+            raise self.refusal
         firsts = []
         for o, t in zip(outcomes, tokens or [""] * len(outcomes), strict=True):
             mine = self.tokens.get(o.task_id)
@@ -357,6 +359,16 @@ def test_buffered_task_events_ride_with_the_result_write_and_survive_its_failure
     started, received = (("PUBLISH", "/0.celeryev/task.multi", x) for x in ("started", "received"))
     assert b.writer.events == [[started], [started, received]]
     assert b.host.buffered == []
+
+    acl = bench()  # Redis answered (the script refused): the events went; not sent again
+    acl.writer.refuse, acl.writer.refusal = 1, redis.ResponseError("NOPERM evalsha")
+    acl.host.buffered = [started]
+    d = acl.work("d")
+    acl.handoff.post([ok(d)])
+    acl.handoff.drain()
+    [(_, fn, args)] = acl.hub.later
+    fn(*args)
+    assert acl.writer.events == [[started], []]
 
     early = bench(store_early=True)
     early.host.buffered = [started]

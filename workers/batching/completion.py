@@ -237,7 +237,8 @@ class Completer:
             self._failed("storing %d results", len(todo), exc)
             for d in todo:
                 d.stored = False
-            self._events = events + self._events  # sent with the retry (Flower dedups)
+            if not _answered(exc):  # may not have reached Redis: sent with the retry
+                self._events = events + self._events  # (a repeated event changes nothing)
             return False
         REFUSALS.accepted("results")
         for d, ok in zip(todo, written, strict=True):
@@ -507,6 +508,16 @@ class Outcome:
     @property
     def state(self) -> str:
         return "SUCCESS" if self.error is None else "FAILURE"
+
+
+def _answered(exc: Exception) -> bool:
+    """Whether Redis ran the whole pipeline whose write raised ``exc`` (a command refused,
+    a write ``WAIT`` could not confirm): the commands before the script were sent."""
+    import redis  # as in ResultWriter.write
+
+    from shared.redis_client import ReplicationUncertain
+
+    return isinstance(exc, redis.ResponseError | ReplicationUncertain)
 
 
 def new_token() -> str:
