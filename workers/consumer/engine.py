@@ -52,7 +52,9 @@ event (``Consumer.on_send_event_buffered``), and kombu's Redis transport sends e
 own blocking PUBLISH. With one BRPOP per message, every arriving message then costs a PUBLISH round
 trip on the loop thread, a large share of its time (see docs/decisions.md, "Event coalescing"). Here
 the flush waits up to ``flush_interval_ms`` (or until ``buffer_limit`` events are buffered, Celery's
-own inline flush), so a batch's events leave together.
+own inline flush), so a batch's events leave together; and a settled group's result write
+takes what is buffered by then along, in its own round trip (:meth:`TaskEvents.collect`: the
+same ``PUBLISH`` the flush would send, built by kombu), so most flushes cost no round trip.
 
 Event timestamps are taken when each event is created, so Flower and the bench see the
 same times; only their delivery is later, by at most the interval. As with Celery's own
