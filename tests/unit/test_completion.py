@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 from engine_fakes import MODALITY, Doubler, FakeReq, work
 
 from shared.errors import InvalidInput, ModelError
@@ -61,9 +60,7 @@ class Writer:
         self.stored: dict[str, Outcome] = {}
         self.tokens: dict[str, str] = {}
         self.refuse = 0
-        self.refusal: Exception = ConnectionError("Redis is loading the dataset in memory")
         self.lose_replies = 0
-        self.events: list[list[tuple[Any, ...]]] = []  # what each write call carried
         self.timeline = timeline
 
     def write(
@@ -71,12 +68,10 @@ class Writer:
         outcomes: Sequence[Outcome],
         tokens: Sequence[str] | None = None,
         acks: Acks | None = None,
-        events: Sequence[tuple[Any, ...]] = (),
     ) -> list[bool]:
-        self.events.append(list(events))
         if self.refuse:
             self.refuse -= 1
-            raise self.refusal
+            raise ConnectionError("Redis is loading the dataset in memory")
         firsts = []
         for o, t in zip(outcomes, tokens or [""] * len(outcomes), strict=True):
             mine = self.tokens.get(o.task_id)
@@ -114,15 +109,10 @@ class Host:
         self.timeline = timeline
         self.given_back: list[str] = []
         self.plans: list[Plan] = []
-        self.buffered: list[tuple[Any, ...]] = []  # task events waiting for a flush
 
     def ack(self, reqs: list[Any]) -> int:
         self.timeline.extend(f"acked:{r.id}" for r in reqs)
         return len(reqs)
-
-    def buffered_events(self) -> list[tuple[Any, ...]]:
-        taken, self.buffered = self.buffered, []
-        return taken
 
     def plan_acks(self, reqs: list[Any]) -> Acks:
         self.plans.append(Plan([r.id for r in reqs]))
@@ -341,37 +331,3 @@ def test_wait_handled_returns_once_the_loop_stored_what_was_posted_before_it() -
     b.writer.refuse = 1  # a refused write is handled too: its retry is scheduled
     b.handoff.drain()
     assert b.handoff.wait_handled(0.0) and "stored:c" not in b.timeline
-
-
-def test_buffered_task_events_ride_with_the_result_write_and_survive_its_failure() -> None:
-    """The events buffered when a group is settled go in its write's round trip; a write
-    that fails keeps them for its retry (not lost with the call); the realtime lane's early
-    store (an inference thread: the dispatcher is not thread-safe) takes none."""
-    b = bench()
-    b.host.buffered = [("PUBLISH", "/0.celeryev/task.multi", "started")]
-    b.writer.refuse = 1
-    a = b.work("a")
-    b.handoff.post([ok(a)])
-    b.handoff.drain()
-    b.host.buffered = [("PUBLISH", "/0.celeryev/task.multi", "received")]
-    [(_, fn, args)] = b.hub.later
-    fn(*args)
-    started, received = (("PUBLISH", "/0.celeryev/task.multi", x) for x in ("started", "received"))
-    assert b.writer.events == [[started], [started, received]]
-    assert b.host.buffered == []
-
-    acl = bench()  # Redis answered (the script refused): the events went; not sent again
-    acl.writer.refuse, acl.writer.refusal = 1, redis.ResponseError("NOPERM evalsha")
-    acl.host.buffered = [started]
-    d = acl.work("d")
-    acl.handoff.post([ok(d)])
-    acl.handoff.drain()
-    [(_, fn, args)] = acl.hub.later
-    fn(*args)
-    assert acl.writer.events == [[started], []]
-
-    early = bench(store_early=True)
-    early.host.buffered = [started]
-    c = early.work("c")
-    early.handoff.post([ok(c)])
-    assert early.writer.events == [[]] and early.host.buffered == [started]

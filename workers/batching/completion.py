@@ -133,10 +133,6 @@ class CompletionHost(Protocol):
     def send_events(self, type_: str, items: Sequence[tuple[Any, dict[str, Any]]]) -> None:
         """``req.send_event(type_, **fields)`` for each ``(req, fields)``, in one go."""
 
-    def buffered_events(self) -> list[tuple[Any, ...]]:
-        """The task events buffered so far as the Redis commands of their flush, taken out
-        of the buffer: sent with the next result write (``TaskEvents.collect``)."""
-
     def forget(self, done: Done) -> None:
         """Drop a finished request from what the engine holds."""
 
@@ -166,7 +162,6 @@ class Completer:
         self.writer, self.host, self.loop = writer, host, loop
         self.stats, self.metrics, self.tracing = obs.stats, obs.metrics, obs.tracing
         self.progress = progress
-        self._events: list[tuple[Any, ...]] = []  # collected, not yet sent (a write failed)
 
     def handle(self, items: Sequence[Posted]) -> None:
         """Handle posted items in order (finals are settled together, between the others)."""
@@ -221,24 +216,18 @@ class Completer:
             d.token = d.token or fresh
         reqs = [r for d in ack for r in (d.req, *(d.work.twins if d.work else ()))]
         acks = self.host.plan_acks(reqs) if 0 < len(reqs) <= MAX_ACKS_IN_WRITE else None
-        if ack:  # the loop thread: buffered task events ride along (their flush's round trip)
-            self._events += self.host.buffered_events()
-        events, self._events = self._events, []
         try:
             with self.tracing.result_write([d.req for d in todo]):
                 written = self.writer.write(
                     [d.outcome for d in todo],
                     tokens=[d.token for d in todo],
                     acks=acks,
-                    events=events,
                 )
         except Exception as exc:
             # Not acked, still leased: retried with backoff (_settle_later).
             self._failed("storing %d results", len(todo), exc)
             for d in todo:
                 d.stored = False
-            if not _answered(exc):  # may not have reached Redis: sent with the retry
-                self._events = events + self._events  # (a repeated event changes nothing)
             return False
         REFUSALS.accepted("results")
         for d, ok in zip(todo, written, strict=True):
@@ -510,16 +499,6 @@ class Outcome:
         return "SUCCESS" if self.error is None else "FAILURE"
 
 
-def _answered(exc: Exception) -> bool:
-    """Whether Redis ran the whole pipeline whose write raised ``exc`` (a command refused,
-    a write ``WAIT`` could not confirm): the commands before the script were sent."""
-    import redis  # as in ResultWriter.write
-
-    from shared.redis_client import ReplicationUncertain
-
-    return isinstance(exc, redis.ResponseError | ReplicationUncertain)
-
-
 def new_token() -> str:
     """A final write's token: random, 16 hex digits (never the ``"1"`` a producer's cancel
     writes)."""
@@ -615,7 +594,6 @@ class ResultWriter:
         outcomes: Sequence[Outcome],
         tokens: Sequence[str] | None = None,
         acks: Acks | None = None,
-        events: Sequence[tuple[Any, ...]] = (),
     ) -> list[bool]:
         """Store every outcome whose request has no final result yet, in one round trip.
 
@@ -628,9 +606,6 @@ class ResultWriter:
             acks: acks sent in the same script call, after the writes
                 (``workers.consumer.lease.AckPlan``: its ``tags`` and ``also`` commands); the
                 caller does their bookkeeping (``finish``) once this returns.
-            events: Redis commands sent first in the same round trip (task events buffered
-                earlier: ``CompletionHost.buffered_events``); not sent again when the script
-                must be loaded and the call repeated.
 
         Returns:
             For each outcome, whether it is stored (``False``: another write's final result
@@ -671,11 +646,9 @@ class ResultWriter:
             # EVALSHA straight into the pipeline: redis-py's Script objects in a pipeline
             # first ask SCRIPT EXISTS, one more round trip for every write.
             with client.pipeline(transaction=False) as pipe:
-                for command in events if attempt == 1 else ():
-                    pipe.execute_command(*command)
                 pipe.evalsha(sha, len(keys), *keys, *args)
                 try:
-                    replies = execute_waiting(client, pipe, self.waiter)[-1:]
+                    replies = execute_waiting(client, pipe, self.waiter)
                     break
                 except redis.exceptions.NoScriptError:
                     # Not loaded on this server (it restarted, failed over, or flushed its

@@ -52,9 +52,7 @@ event (``Consumer.on_send_event_buffered``), and kombu's Redis transport sends e
 own blocking PUBLISH. With one BRPOP per message, every arriving message then costs a PUBLISH round
 trip on the loop thread, a large share of its time (see docs/decisions.md, "Event coalescing"). Here
 the flush waits up to ``flush_interval_ms`` (or until ``buffer_limit`` events are buffered, Celery's
-own inline flush), so a batch's events leave together; and a settled group's result write
-takes what is buffered by then along, in its own round trip (:meth:`TaskEvents.collect`: the
-same ``PUBLISH`` the flush would send, built by kombu), so most flushes cost no round trip.
+own inline flush), so a batch's events leave together.
 
 Event timestamps are taken when each event is created, so Flower and the bench see the
 same times; only their delivery is later, by at most the interval. As with Celery's own
@@ -66,7 +64,6 @@ done once per group) and appended to the dispatcher's ``task`` buffer.
 Private kombu/Celery names (read from celery 5.7.0; ``tests/unit/test_private_names.py``):
     celery.events.dispatcher.EventDispatcher: _group_buffer
     celery.worker.request.Request: _eventer, _terminate_on_ack
-    kombu.messaging.Producer: _batch_local
 
 
 :func:`current` is the one engine of this worker process (a worker process owns exactly one
@@ -602,9 +599,6 @@ class Engine:
     def send_events(self, type_: str, items: Sequence[tuple[Any, dict[str, Any]]]) -> None:
         self.events.send(type_, items)
 
-    def buffered_events(self) -> list[tuple[Any, ...]]:
-        return self.events.collect()
-
     def forget(self, d: Done) -> None:
         with self._lock:
             if d.work is not None and self._by_id.get(d.req.id) is d.work:
@@ -668,35 +662,6 @@ class TaskEvents:
     def __init__(self) -> None:
         self._offset: tuple[float, float] = (-1e9, 0.0)  # (read at, offset)
         self._received: list[tuple[Any, dict[str, Any]]] = []  # defer_received
-        self._dispatcher: Any = None  # the buffering dispatcher events went to (collect)
-
-    def collect(self) -> list[tuple[Any, ...]]:
-        """The buffered task events as the Redis commands kombu would send for their flush
-        (``PUBLISH`` of one ``task.multi`` message on the event exchange's fanout channel),
-        the buffer emptied: a caller about to make a round trip sends them with it (the
-        result write, ``workers.batching.completion``) instead of the flush's own. Built by
-        kombu's own publish (``Producer.publish`` into a batch that collects its commands),
-        so the message is the one a flush sends. Empty when nothing is buffered or the
-        dispatcher's channel does not batch (the events then leave as before)."""
-        self.flush_received()
-        d = self._dispatcher
-        if d is None or not d.enabled or not d._group_buffer.get("task"):
-            return []
-        producer = d.producer
-        local = getattr(producer, "_batch_local", None)
-        if (
-            local is None
-            or getattr(local, "current", None) is not None
-            or not hasattr(producer.channel, "create_publish_batch")
-        ):
-            return []
-        collector = _CollectPublishes()
-        local.current = collector
-        try:
-            d.flush(errors=False, groups=True)
-        finally:
-            del local.current
-        return collector.commands
 
     def _utcoffset(self, now: float) -> float:
         at, offset = self._offset
@@ -741,7 +706,6 @@ class TaskEvents:
             for req, fields in items:
                 req.send_event(type_, **fields)
             return
-        self._dispatcher = d
         now = time.time()
         base = {"hostname": d.hostname, "utcoffset": self._utcoffset(now), "pid": d.pid}
         clock = d.clock
@@ -761,21 +725,6 @@ class TaskEvents:
             d.flush()
         elif d.on_send_buffered:
             d.on_send_buffered()
-
-
-class _CollectPublishes:
-    """A kombu producer batch (``Producer._batch_local.current``) that routes each publish
-    through its channel as usual, but keeps the final Redis commands (kombu's Redis channel
-    hands them to a batch's ``add``) instead of sending them."""
-
-    def __init__(self) -> None:
-        self.commands: list[tuple[Any, ...]] = []
-
-    def publish(self, channel: Any, message: Any, **kwargs: Any) -> Any:
-        return channel.basic_publish(message, _publish_batch=self, **kwargs)
-
-    def add(self, name: str, *args: Any) -> None:
-        self.commands.append((name.upper(), *args))
 
 
 def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[..., None]:
