@@ -336,12 +336,16 @@ class AckPlan:
         forgets each delivery tag and frees its prefetch slot, the message's state becomes
         ``ACK``, the request is marked acknowledged; the others are acked one by one.
         Returns how many were acked through the shared round trip."""
-        if release and self.keeper is not None and self.tags:
-            self.keeper.release(self.tags)
-        for req, msg in self.items:
-            VirtualQoS.ack(msg.channel.qos, msg.delivery_tag)
-            msg._state = "ACK"
-            req.acknowledged = True
+        finished: list[str] = []
+        try:
+            for req, msg in self.items:
+                VirtualQoS.ack(msg.channel.qos, msg.delivery_tag)
+                msg._state = "ACK"
+                req.acknowledged = True
+                finished.append(msg.delivery_tag)
+        finally:  # what raised is acked again by the caller's retry, which releases it then
+            if release and self.keeper is not None and finished:
+                self.keeper.release(finished)
         for req in self.single:
             req.acknowledge()
         return len(self.items)
