@@ -217,3 +217,54 @@ def test_reading_a_stored_outcome_reads_the_result_document_once(own_redis: Any)
         client.close()
     assert got[ok] == {"result": {"n": 7}}
     assert got[failed]["error"]["code"] == "DEADLINE_EXCEEDED"
+
+
+class _Acks:
+    """The acks of a settled group (``workers.consumer.lease.AckPlan``'s Redis side)."""
+
+    def __init__(self, tags: list[str], also: list[tuple[Any, ...]]) -> None:
+        self.tags, self.also = tags, also
+
+    def finish(self, release: bool = True) -> int:
+        return len(self.tags)
+
+
+def test_acks_and_their_release_go_in_the_write_call_after_the_writes(own_redis: Any) -> None:
+    """A settled group costs one round trip: the results, then kombu's ZREM + HDEL of the
+    messages and a tenant's ``SREM``, in the write's EVALSHA. A write refused halfway (the
+    worker's user loses ``SET``, the marker's write, after the documents) acks nothing: the
+    messages stay leased until a retry stores the results, which acks them then."""
+    s = own_redis.s
+    app = make_app(s, name="test-results-acks", role="worker")
+    admin = redis.Redis.from_url(s.redis_url("admin"))
+    user = s.redis_credentials("worker")[0] or "default"
+    writer = ResultWriter(app)
+    writer.write([Outcome("acks-warm", result={"warm": 1})])  # connected, script loaded
+    ids = [f"acks-{i}" for i in range(3)]
+    tags = [f"tag-{i}" for i in ids]
+    open_set = "test-results-acks:open"
+    admin.hset(schema.UNACKED_KEY, mapping={t: "{}" for t in tags})
+    admin.zadd(schema.UNACKED_INDEX_KEY, dict.fromkeys(tags, 1.0))
+    admin.sadd(open_set, *ids, "acks-other")
+    outcomes = [Outcome(i, result={"i": i}) for i in ids]
+    tokens = [new_token() for _ in ids]
+    acks = _Acks(tags, [("SREM", open_set, *ids)])
+
+    admin.execute_command("ACL", "SETUSER", user, "-set")
+    try:
+        with pytest.raises(redis.ResponseError):
+            writer.write(outcomes, tokens=tokens, acks=acks)
+    finally:
+        admin.execute_command("ACL", "SETUSER", user, "+set")
+    assert admin.zscore(schema.UNACKED_INDEX_KEY, tags[0]) == 1.0
+    assert admin.hlen(schema.UNACKED_KEY) >= 3 and admin.scard(open_set) == 4
+
+    admin.config_resetstat()
+    assert writer.write(outcomes, tokens=tokens, acks=acks) == [True] * 3
+    calls = _calls(admin)
+    assert calls["evalsha"] == 1 and calls["zrem"] == 1 and calls["hdel"] == 1
+    assert calls["srem"] == 1
+    assert [_stored(admin, app, i)["result"] for i in ids] == [{"i": i} for i in ids]
+    assert [admin.zscore(schema.UNACKED_INDEX_KEY, t) for t in tags] == [None] * 3
+    assert [admin.hexists(schema.UNACKED_KEY, t) for t in tags] == [False] * 3
+    assert admin.smembers(open_set) == {b"acks-other"}

@@ -25,6 +25,7 @@ from shared.tracing import Tracing
 from workers.batching.batcher import Work
 from workers.batching.completion import (
     SETTLE_GIVE_UP_S,
+    Acks,
     Completer,
     Done,
     EngineStats,
@@ -66,6 +67,7 @@ class Writer:
         self,
         outcomes: Sequence[Outcome],
         tokens: Sequence[str] | None = None,
+        acks: Acks | None = None,
     ) -> list[bool]:
         if self.refuse:
             self.refuse -= 1
@@ -77,6 +79,8 @@ class Writer:
             self.stored.setdefault(o.task_id, o)
             self.tokens.setdefault(o.task_id, t)
             self.timeline.append(f"stored:{o.task_id}")
+        if acks is not None:  # after every write, in the same call
+            self.timeline.extend(f"acked:{t}" for t in acks.tags)
         if self.lose_replies:
             self.lose_replies -= 1
             raise ConnectionError("Connection closed by server.")
@@ -86,14 +90,33 @@ class Writer:
         self.timeline.append(f"progress:{task_id}:{progress['done']}/{progress['total']}")
 
 
+@dataclass
+class Plan:
+    """Acks that travel with a result write (``workers.consumer.lease.AckPlan``): the ids
+    stand for delivery tags."""
+
+    tags: list[str]
+    also: Sequence[tuple[Any, ...]] = ()
+    finished: int = 0
+
+    def finish(self, release: bool = True) -> int:
+        self.finished += 1
+        return len(self.tags)
+
+
 class Host:
     def __init__(self, timeline: list[str]) -> None:
         self.timeline = timeline
         self.given_back: list[str] = []
+        self.plans: list[Plan] = []
 
     def ack(self, reqs: list[Any]) -> int:
         self.timeline.extend(f"acked:{r.id}" for r in reqs)
         return len(reqs)
+
+    def plan_acks(self, reqs: list[Any]) -> Acks:
+        self.plans.append(Plan([r.id for r in reqs]))
+        return self.plans[-1]
 
     def task_ready(self, req: Any) -> None:
         pass
@@ -248,16 +271,20 @@ def test_settled_events_carry_a_summary_as_their_result_never_the_result() -> No
 def test_a_write_whose_reply_was_lost_is_retried_and_counted_once_not_as_a_duplicate() -> None:
     """Redis ran the write and went away before replying: the retry (same token) finds
     the request's own result. It is this request's one success (its event, its log line,
-    its metrics), not a duplicate acked in silence."""
+    its metrics), not a duplicate acked in silence. The acks went in the lost call too (Redis
+    removed the entries after the write); their bookkeeping waits for the retry, which
+    acks again (a no-op in Redis) and finishes the request once."""
     b = bench()
     b.writer.lose_replies = 1
     a = b.work("a")
     b.handoff.post([ok(a)])
     b.handoff.drain()
-    assert b.timeline == ["stored:a"] and b.stats.settle_retries == 1  # not acked yet
+    assert b.timeline == ["stored:a", "acked:a"] and b.stats.settle_retries == 1
+    assert [p.finished for p in b.host.plans] == [0]  # no bookkeeping without a reply
     [(_, fn, args)] = b.hub.later
     fn(*args)
-    assert b.timeline == ["stored:a", "stored:a", "acked:a", "task-succeeded:a"]
+    assert b.timeline == ["stored:a", "acked:a", "stored:a", "acked:a", "task-succeeded:a"]
+    assert [p.finished for p in b.host.plans] == [0, 1]
     assert b.stats.duplicates == 0 and b.stats.succeeded == 1
 
 

@@ -9,13 +9,14 @@ and wakes the loop through a self-pipe; the loop :meth:`Handoff.drain` s them in
 loop (at start-up, in baseline mode, while draining at shutdown) items complete inline on the
 posting thread.
 
-Settling a final outcome (:meth:`Completer.complete`): store the result (first-wins,
-below), then ack the request and its twins (``workers.consumer.lease``),
-then send ``task-succeeded``/``task-failed``, observe the metrics and log one line (the lines of
-requests settled together share one log record: a record per request cost several times more
-than the line itself). What Redis
-refuses is retried with backoff for ``SETTLE_GIVE_UP_S``; a request still unsettled then is given
-back to its queue, so its prefetch slot never stays taken.
+Settling a final outcome (:meth:`Completer.complete`): store the result (first-wins, below)
+and ack the request and its twins (``workers.consumer.lease``) in the same script call, the
+acks after the writes (one round trip per settled group; a group with nothing to write, such as
+duplicates, is acked on its own), then send ``task-succeeded``/``task-failed``, observe the
+metrics and log one line (the lines of requests settled together share one log record: a
+record per request cost several times more than the line itself). What Redis refuses is
+retried with backoff for ``SETTLE_GIVE_UP_S``; a request still unsettled then is given back to
+its queue, so its prefetch slot never stays taken.
 
 Result writes
 -------------
@@ -27,10 +28,12 @@ A batch's final writes are one call of a small Lua script (``_WRITE_FIRST``): fo
 ``fleet:final:<id>`` is absent, the result's SETEX, then the marker ``SET fleet:final:<id> <write
 token>``, then PUBLISH, atomically. A
 later copy's write changes nothing (a SUCCESS is never overwritten by a redelivered copy's
-``DEADLINE_EXCEEDED``). The marker holds the writer's token (one per outcome, kept across its
-retries): a write that ran but whose reply was lost (Redis shut down or the connection dropped after
-executing it) is recognised as this writer's own when it is retried, and reported stored, not as a
-duplicate.
+``DEADLINE_EXCEEDED``). The group's acks (kombu's ``ZREM`` + ``HDEL`` of its messages, a
+tenant's ``max_queued`` release) follow in the same call, after every write: a refused write
+acks nothing, and a retry acks again, removing nothing more. The marker holds the writer's
+token (one per outcome, kept across its retries): a write that ran but whose reply was lost
+(Redis shut down or the connection dropped after executing it) is recognised as this writer's
+own when it is retried, and reported stored, not as a duplicate.
 
 A script is atomic against other clients but not all-or-nothing: Redis keeps the writes a
 script made before one of its commands was refused (an ACL rule, a full disk, a replica
@@ -90,6 +93,9 @@ SETTLE_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # then every 2 s: Redis restarts t
 SETTLE_GIVE_UP_S = 60.0  # a result or ack still refused then: the request is given back
 
 
+MAX_ACKS_IN_WRITE = 4000  # more delivery tags than this are acked on their own (Lua's unpack)
+
+
 class Loop:
     """Where completions run: the consumer's event loop (``hub``), or inline on the calling
     thread (no loop attached, or draining at shutdown)."""
@@ -112,6 +118,10 @@ class CompletionHost(Protocol):
         Raises:
             Exception: Redis refused; none of them is acked (retried later).
         """
+
+    def plan_acks(self, reqs: list[Any]) -> Acks:
+        """The acks of ``reqs`` prepared, to be sent inside a result write
+        (``workers.consumer.lease.plan_acks``); nothing is sent."""
 
     def task_ready(self, req: Any) -> None:
         """Celery's bookkeeping for a finished request."""
@@ -188,8 +198,13 @@ class Completer:
     def _started(self, s: Started) -> None:
         self.host.accepted([w.req for w in s.batch if w.attempts == 0])
 
-    def store(self, done: list[Done]) -> bool:
-        """Write the final results of ``done`` (first-wins); duplicates write nothing."""
+    def store(self, done: list[Done], ack: Sequence[Done] = ()) -> bool:
+        """Write the final results of ``done`` (first-wins); duplicates write nothing.
+
+        ``ack``: settled requests (``done``'s among them) acked in the same round trip, after
+        the writes (``results_write_first.lua``), when there is something to write; each is
+        then marked ``acked``. Returns whether the write went through (``False``: nothing is
+        stored or acked; retried)."""
         todo = [d for d in done if not d.duplicate]
         for d in done:
             if d.duplicate:
@@ -199,11 +214,14 @@ class Completer:
         fresh = new_token()  # one per write: a token only has to differ from other copies'
         for d in todo:
             d.token = d.token or fresh
+        reqs = [r for d in ack for r in (d.req, *(d.work.twins if d.work else ()))]
+        acks = self.host.plan_acks(reqs) if 0 < len(reqs) <= MAX_ACKS_IN_WRITE else None
         try:
             with self.tracing.result_write([d.req for d in todo]):
                 written = self.writer.write(
                     [d.outcome for d in todo],
                     tokens=[d.token for d in todo],
+                    acks=acks,
                 )
         except Exception as exc:
             # Not acked, still leased: retried with backoff (_settle_later).
@@ -217,15 +235,23 @@ class Completer:
             if not ok:  # an earlier final result stands: this copy only needs its ack
                 d.duplicate = True
                 self.stats.duplicates += 1
+        if acks is not None:
+            try:
+                self.stats.acked_in_batches += acks.finish()
+            except Exception as exc:  # acked in Redis; the rest is retried (acks again)
+                self._failed("acking %d requests", len(reqs), exc)
+            else:
+                for d in ack:
+                    d.acked = True
         return True
 
     def complete(self, done: list[Done]) -> None:
         """Store, ack and finish ``done``; what Redis refuses is retried later."""
         unstored = [d for d in done if not d.stored]
-        if unstored:
-            self.store(unstored)
+        if unstored:  # acked with the writes
+            self.store(unstored, ack=[d for d in done if not d.acked])
         stored = [d for d in done if d.stored and not d.acked]
-        if stored:
+        if stored:  # nothing to write (duplicates, or stored before): acked on their own
             reqs = [r for d in stored for r in (d.req, *(d.work.twins if d.work else ()))]
             try:
                 self.stats.acked_in_batches += self.host.ack(reqs)
@@ -485,6 +511,16 @@ exception_dict = error_to_wire
 """Celery's JSON encoding of an exception with the fleet's code (``shared.errors``)."""
 
 
+class Acks(Protocol):
+    """Acks sent with a result write (``workers.consumer.lease.AckPlan``)."""
+
+    tags: list[str]
+    also: Sequence[tuple[Any, ...]]
+
+    def finish(self, release: bool = True) -> int:
+        """The bookkeeping after Redis removed ``tags``; how many were acked with them."""
+
+
 class HasBackend(Protocol):
     """The worker's Celery app, as the writer sees it: its Redis result backend (``expires``,
     ``serializer``, ``encode``, ``client``, ``get_key_for_task``). Typed structurally, so this
@@ -497,8 +533,10 @@ class ResultWriter:
     """Writes :class:`Outcome` lists to Celery's Redis result backend in one pipeline.
 
     ``waiter`` (Redis behind Sentinel): the pipeline ends with ``WAIT``, so results are on a
-    replica before the caller acks their messages; a failover after the ack cannot lose a
-    result whose message is gone (``shared.redis_client.Waiter``). Their ``PUBLISH`` follows
+    replica before the caller counts their messages acked; acks sent in the same script call
+    reach the replicas with the results, as one transaction (a script's writes replicate as
+    one ``MULTI``/``EXEC``): a failover cannot keep an ack and lose its result
+    (``shared.redis_client.Waiter``). Their ``PUBLISH`` follows
     once ``WAIT`` confirmed them (one more round trip): a write a failover then discards
     (it raises ``ReplicationUncertain``, nothing is acked, the request runs again) was never
     announced, so a subscribed client sees one final result, not two.
@@ -555,6 +593,7 @@ class ResultWriter:
         self,
         outcomes: Sequence[Outcome],
         tokens: Sequence[str] | None = None,
+        acks: Acks | None = None,
     ) -> list[bool]:
         """Store every outcome whose request has no final result yet, in one round trip.
 
@@ -564,6 +603,9 @@ class ResultWriter:
                 requests may share one), the same on every retry of that outcome's write: a
                 retry after a lost reply then finds its own write and reports it stored.
                 ``None``: one fresh token for the call (no retry to recognise).
+            acks: acks sent in the same script call, after the writes
+                (``workers.consumer.lease.AckPlan``: its ``tags`` and ``also`` commands); the
+                caller does their bookkeeping (``finish``) once this returns.
 
         Returns:
             For each outcome, whether it is stored (``False``: another write's final result
@@ -584,8 +626,10 @@ class ResultWriter:
             tokens = [new_token()] * len(outcomes)
         date_done = datetime.now(UTC).isoformat()  # one write, one time
         stored: list[tuple[str, bytes | str]] = []
-        keys: list[str] = []
-        args: list[Any] = ["0" if publish_later else "1"]
+        tags = acks.tags if acks is not None else ()
+        also = acks.also if acks is not None else ()
+        keys: list[Any] = [schema.UNACKED_INDEX_KEY, schema.UNACKED_KEY]
+        args: list[Any] = ["0" if publish_later else "1", len(outcomes), len(tags)]
         for o, token in zip(outcomes, tokens, strict=True):
             key = self.backend.get_key_for_task(o.task_id)
             value = self.encode(self.meta(o, date_done))
@@ -593,6 +637,10 @@ class ResultWriter:
             ttl = self.failure_expires_s if o.error is not None else self.expires_s
             keys += [schema.final_key(o.task_id), key]
             args += [value, ttl, "1" if o.keep_existing else "0", token]
+        args += tags
+        for name, key, *rest in also:  # e.g. ("SREM", <tenant's open set>, *ids)
+            keys.append(key)
+            args += [name, len(rest), *rest]
         sha = self._script(0).sha
         for attempt in (1, 2):
             # EVALSHA straight into the pipeline: redis-py's Script objects in a pipeline

@@ -141,7 +141,7 @@ from workers.batching.completion import (
 from workers.batching.execution import BatchRunner, CircuitBreaker, RetryPolicy
 from workers.batching.inject import RequestInjector
 from workers.consumer import stats
-from workers.consumer.lease import LeaseKeeper, ack_batch, give_back
+from workers.consumer.lease import AckPlan, LeaseKeeper, ack_batch, give_back, plan_acks
 from workers.models import make_models
 from workers.models.runtime import DeviceRuntime
 
@@ -573,6 +573,9 @@ class Engine:
 
     def ack(self, reqs: list[Any]) -> int:
         return ack_batch(reqs, self.keeper, self._release)
+
+    def plan_acks(self, reqs: list[Any]) -> AckPlan:
+        return plan_acks(reqs, self.keeper, self._release)
 
     def task_ready(self, req: Any) -> None:
         worker_state.task_ready(req)

@@ -30,6 +30,11 @@ the bookkeeping kombu and Celery do after an ack (the channel's QoS forgets the 
 frees its prefetch slot, the message's state becomes ``ACK``, the request is marked acknowledged),
 so the outcome is exactly that of ``Request.acknowledge()`` for each.
 
+A settled group with results to store goes further: :func:`plan_acks` prepares the same acks
+and the result writer sends them inside its script call, after the results
+(``workers.batching.results_write_first.lua``), so storing and acking cost one round trip;
+:meth:`AckPlan.finish` then does the bookkeeping.
+
 Anything it does not recognise (no lease keeper, another transport, a message acked
 already, a ``no_ack`` consumer) goes through ``Request.acknowledge()`` unchanged.
 
@@ -47,6 +52,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -302,12 +308,55 @@ def lease_transport_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def ack_batch(
+@dataclass(slots=True)
+class AckPlan:
+    """The acks of a group of requests, prepared (:func:`plan_acks`): what Redis must remove
+    (``tags`` and the ``also`` commands, sent by :meth:`LeaseKeeper.ack` or inside the result
+    script, ``workers.batching.results_write_first.lua``), then :meth:`finish` does the
+    bookkeeping kombu and Celery do after an ack.
+
+    Attributes:
+        tags: the delivery tags whose unacked entries go (kombu's ZREM + HDEL).
+        also: commands applied with them (a tenant's ``max_queued`` release), each
+            ``(name, key, *args)``.
+        keeper: the lease keeper that holds ``tags`` (released by :meth:`finish`).
+        items: the ``(request, message)`` acked through the tags.
+        single: requests acked one by one (``Request.acknowledge()``) by :meth:`finish`.
+    """
+
+    tags: list[str]
+    also: Sequence[tuple[Any, ...]]
+    keeper: LeaseKeeper | None
+    items: list[tuple[Any, Any]]
+    single: list[Any]
+
+    def finish(self, release: bool = True) -> int:
+        """Once Redis removed ``tags`` (and applied ``also``): the keeper stops renewing them
+        (``release``: not done yet, as :meth:`LeaseKeeper.ack` does), the channel's QoS
+        forgets each delivery tag and frees its prefetch slot, the message's state becomes
+        ``ACK``, the request is marked acknowledged; the others are acked one by one.
+        Returns how many were acked through the shared round trip."""
+        finished: list[str] = []
+        try:
+            for req, msg in self.items:
+                VirtualQoS.ack(msg.channel.qos, msg.delivery_tag)
+                msg._state = "ACK"
+                req.acknowledged = True
+                finished.append(msg.delivery_tag)
+        finally:  # what raised is acked again by the caller's retry, which releases it then
+            if release and self.keeper is not None and finished:
+                self.keeper.release(finished)
+        for req in self.single:
+            req.acknowledge()
+        return len(self.items)
+
+
+def plan_acks(
     requests: Iterable[Any],
     keeper: LeaseKeeper | None = None,
     release: Release | None = None,
-) -> int:
-    """Acknowledge Celery requests in one pipeline.
+) -> AckPlan:
+    """Prepare the acks of Celery requests (see :func:`ack_batch`); nothing is sent.
 
     Args:
         requests: ``celery.worker.request.Request`` objects whose results are stored.
@@ -315,13 +364,6 @@ def ack_batch(
         release: given each acked request's ``(task id, kwargs)``, the commands applied with
             the acks (``shared.tenant_quota.release_commands``); ``None``: no tenant has a
             ``max_queued``.
-
-    Returns:
-        How many were acked through the shared pipeline (the rest went one by one).
-
-    Raises:
-        redis.RedisError: the shared pipeline failed; none of its messages is acked (the
-            caller retries; their leases are still held, so they are not returned).
     """
     keeper = keeper if keeper is not None else current()
     items: list[tuple[Any, Any]] = []
@@ -340,16 +382,37 @@ def ack_batch(
             single.append(req)
             continue
         items.append((req, msg))
-    if items:
-        also = release([(req.id, req.kwargs) for req, _ in items]) if release else ()
-        keeper.ack([msg.delivery_tag for _, msg in items], also)
-        for req, msg in items:
-            VirtualQoS.ack(msg.channel.qos, msg.delivery_tag)
-            msg._state = "ACK"
-            req.acknowledged = True
-    for req in single:
-        req.acknowledge()
-    return len(items)
+    also = release([(req.id, req.kwargs) for req, _ in items]) if release and items else ()
+    tags = [msg.delivery_tag for _, msg in items]
+    return AckPlan(tags, also, keeper, items, single)
+
+
+def ack_batch(
+    requests: Iterable[Any],
+    keeper: LeaseKeeper | None = None,
+    release: Release | None = None,
+) -> int:
+    """Acknowledge Celery requests in one pipeline (:func:`plan_acks`, then
+    :meth:`LeaseKeeper.ack`, then :meth:`AckPlan.finish`).
+
+    Args:
+        requests: ``celery.worker.request.Request`` objects whose results are stored.
+        keeper: the process's lease keeper (``workers.consumer.lease.current()`` if ``None``).
+        release: given each acked request's ``(task id, kwargs)``, the commands applied with
+            the acks (``shared.tenant_quota.release_commands``); ``None``: no tenant has a
+            ``max_queued``.
+
+    Returns:
+        How many were acked through the shared pipeline (the rest went one by one).
+
+    Raises:
+        redis.RedisError: the shared pipeline failed; none of its messages is acked (the
+            caller retries; their leases are still held, so they are not returned).
+    """
+    plan = plan_acks(requests, keeper, release)
+    if plan.tags and plan.keeper is not None:
+        plan.keeper.ack(plan.tags, plan.also)  # releases them
+    return plan.finish(release=False)
 
 
 def _no_ack(msg: Any) -> bool:

@@ -17,7 +17,9 @@ step        what runs
 ``begin``   the batch gate (``InFlight.begin``: ``inflight_begin.lua``), ``--batch`` ids a call
 ``write``   the final results (``ResultWriter.write``: ``results_write_first.lua``), the
             identity model's result, ``--batch`` a call
-``ack``     the acks (``LeaseKeeper.ack``: ``ZREM`` + ``HDEL``), ``--batch`` a call
+``ack``     the acks (``LeaseKeeper.ack``: ``ZREM`` + ``HDEL``), ``--batch`` a call; with
+            ``--acks-in-write``, as the worker settles a group: each batch's acks go in its
+            ``write`` call (after its results), and this step sends nothing
 ``read``    the producer's read of every result (``FleetClient.wait_all``: ``MGET``)
 =========== ==================================================================================
 
@@ -45,7 +47,7 @@ several ``--repeats``.
 Writes one JSON object (``--out``, and stdout)::
 
     {"started_utc", "redis_version", "requests", "batch", "take", "aof", "subscriber",
-     "message_bytes", "repeats",
+     "acks_in_write", "message_bytes", "repeats",
      "steps": {step: {"cpu_us", "commands", "in_scripts_beyond_commands_us",
                       "outside_commands_us", "by_command": {cmd: usec}}},
      "total_cpu_us"}
@@ -85,7 +87,7 @@ NESTED: dict[str, frozenset[str]] = {
     "submit": frozenset({"lpush"}),
     "take": frozenset({"rpop", "rpush", "hset", "zadd"}),
     "begin": frozenset({"exists", "mget", "set", "sadd"}),
-    "write": frozenset({"get", "mget", "exists", "set", "setex", "publish"}),
+    "write": frozenset({"get", "mget", "exists", "set", "setex", "publish", "zrem", "hdel"}),
     "ack": frozenset(),
     "read": frozenset(),
 }
@@ -161,7 +163,20 @@ class _Meter:
         return out, figures
 
 
-def _one_run(settings: Any, requests: int, batch: int, take_n: int) -> dict[str, Any]:
+class _Acks:
+    """A batch's acks carried by its result write (``workers.consumer.lease.AckPlan``'s Redis
+    side: its tags, no tenant's release)."""
+
+    def __init__(self, tags: list[str]) -> None:
+        self.tags, self.also = tags, ()
+
+    def finish(self, release: bool = True) -> int:
+        return len(self.tags)
+
+
+def _one_run(
+    settings: Any, requests: int, batch: int, take_n: int, acks_in_write: bool = False
+) -> dict[str, Any]:
     """Every step once for ``requests`` new requests; their figures by step."""
     from producer.client import FleetClient, SubmitRequest
     from shared import schema
@@ -209,20 +224,22 @@ def _one_run(settings: Any, requests: int, batch: int, take_n: int) -> dict[str,
             "begin", requests, lambda: [inflight.begin(c) for c in chunks]
         )
         writer = ResultWriter(make_app(settings, name="redissteps", role="worker"))
+        keeper = LeaseKeeper(worker, renew_s=60.0)
 
         def write_all() -> None:
-            for c in chunks:
+            for n, c in enumerate(chunks):
                 outcomes = [Outcome(t, result=identity_result(t.encode())) for t in c]
-                if not all(writer.write(outcomes)):
+                acks = _Acks(tags[n * batch : (n + 1) * batch]) if acks_in_write else None
+                if not all(writer.write(outcomes, acks=acks)):
                     raise RuntimeError("a result write found a final result standing")
 
+        def ack_all() -> None:
+            if not acks_in_write:
+                for i in range(0, requests, batch):
+                    keeper.ack(tags[i : i + batch])
+
         _, figures["write"] = meter.run("write", requests, write_all)
-        keeper = LeaseKeeper(worker, renew_s=60.0)
-        _, figures["ack"] = meter.run(
-            "ack",
-            requests,
-            lambda: [keeper.ack(tags[i : i + batch]) for i in range(0, requests, batch)],
-        )
+        _, figures["ack"] = meter.run("ack", requests, ack_all)
         outs, figures["read"] = meter.run("read", requests, lambda: client.wait_all(handles))
         if sum(1 for o in outs if o is not None and "result" in o) != requests:
             raise RuntimeError("a request has no result")
@@ -239,6 +256,7 @@ def measure(
     workdir: Path,
     aof: bool = True,
     subscriber: bool = False,
+    acks_in_write: bool = False,
 ) -> dict[str, Any]:
     """The figures of every step (medians over ``repeats`` runs) on a Redis of its own."""
     from producer.stack.local import Stack
@@ -258,14 +276,14 @@ def measure(
                 pubsub = redis_client(settings, "operator").pubsub()
                 pubsub.psubscribe("celery-task-meta-*")
             version = admin.info("server")["redis_version"]
-            _one_run(settings, min(requests, 500), batch, take_n)  # connections, scripts
+            _one_run(settings, min(requests, 500), batch, take_n, acks_in_write)  # warm-up
             runs: list[dict[str, Any]] = []
             for _ in range(repeats):
                 admin.flushdb()
                 if pubsub is not None:  # what it received is no step's business
                     while pubsub.get_message(timeout=0.0) is not None:
                         pass
-                runs.append(_one_run(settings, requests, batch, take_n))
+                runs.append(_one_run(settings, requests, batch, take_n, acks_in_write))
             sample = _message_bytes(settings)
         finally:
             if pubsub is not None:
@@ -279,6 +297,7 @@ def measure(
         "take": take_n,
         "aof": aof,
         "subscriber": subscriber,
+        "acks_in_write": acks_in_write,
         "message_bytes": sample,
         "repeats": repeats,
         "steps": steps,
@@ -314,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-aof", action="store_true", help="turn the AOF off")
     p.add_argument("--subscriber", action="store_true", help="one PSUBSCRIBE to the results")
+    p.add_argument(
+        "--acks-in-write", action="store_true", help="each batch's acks in its write call"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     report: dict[str, Any] = {"started_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
@@ -327,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(tmp),
                 aof=not args.no_aof,
                 subscriber=args.subscriber,
+                acks_in_write=args.acks_in_write,
             )
         )
     text = json.dumps(report, indent=2)
