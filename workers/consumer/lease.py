@@ -393,14 +393,8 @@ def ack_batch(
     release: Release | None = None,
 ) -> int:
     """Acknowledge Celery requests in one pipeline (:func:`plan_acks`, then
-    :meth:`LeaseKeeper.ack`, then :meth:`AckPlan.finish`).
-
-    Args:
-        requests: ``celery.worker.request.Request`` objects whose results are stored.
-        keeper: the process's lease keeper (``workers.consumer.lease.current()`` if ``None``).
-        release: given each acked request's ``(task id, kwargs)``, the commands applied with
-            the acks (``shared.tenant_quota.release_commands``); ``None``: no tenant has a
-            ``max_queued``.
+    :meth:`LeaseKeeper.ack`, then :meth:`AckPlan.finish`); the arguments are
+    :func:`plan_acks`'s.
 
     Returns:
         How many were acked through the shared pipeline (the rest went one by one).
