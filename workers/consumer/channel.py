@@ -46,6 +46,11 @@ Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_nam
     kombu.transport.redis.MultiChannelPoller: _channels
     redis.connection.AbstractConnection: _sock (redis-py's)
 
+A worker's batching engine installs a *receiver* (:func:`install_receiver`): the messages a
+take delivered then go to it in one call, each with its consumer's callback, instead of one
+callback each (``workers.consumer.engine``, "Arrivals in groups"); it hands a message it does
+not serve to that callback. Without one each goes to its callback, as kombu delivers.
+
 The take script is ``take_many.lua`` beside this module (its KEYS, ARGV, reply and the keys it
 touches in its header), run by ``Channel._take``; a take Redis refuses before it runs raises
 :class:`TakeRefused`.
@@ -60,6 +65,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -80,6 +86,18 @@ log = logging.getLogger("fleet.broker")
 
 
 _NOTIFY_PROBE_S = 1.0  # how long a channel waits for its probe's keyspace notification
+
+# Given a take's messages in order, each with its consumer's callback (kombu's
+# ``Consumer._receive_callback``), handles them all: those it does not serve go to their
+# callbacks, in order.
+Receiver = Callable[[list[tuple[Any, Callable[[Any], Any]]]], None]
+_receiver: Receiver | None = None
+
+
+def install_receiver(receiver: Receiver | None) -> None:
+    """Deliver every take's messages to ``receiver`` at once (``None``: one callback each)."""
+    global _receiver
+    _receiver = receiver
 
 
 class QoS(kombu_redis.QoS):
@@ -648,10 +666,13 @@ class Channel(kombu_redis.Channel):
             self.fetched_in_batches += len(items)
             Channel.fetched_in_batches_total += len(items)
         turns = self._turns if self.tenant_names else None
+        receive = _receiver
+        group: list[tuple[Any, Callable[[Any], Any]]] = []
+        sep, loads, consumers = self.sep, schema.loads, self._consumers_by_queue
         for i, (key, raw) in enumerate(items):
-            queue = bytes_to_str(key).rsplit(self.sep, 1)[0]
+            queue = bytes_to_str(key).rsplit(sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            payload = schema.loads(raw)
+            payload = loads(raw)
             if turns is not None:  # which list the window's message came from
                 turns.taken(bytes_to_str(key), payload["properties"]["delivery_tag"])
             if i == 0 and not recorded:
@@ -659,7 +680,12 @@ class Channel(kombu_redis.Channel):
                 continue
             message = self.Message(payload, channel=self)
             self.qos.append_recorded(message, message.delivery_tag)
-            self._consumers_by_queue[queue][0](message)
+            if receive is None:
+                consumers[queue][0](message)
+            else:
+                group.append((message, consumers[queue][0]))
+        if group:
+            receive(group)  # type: ignore[misc]
 
 
 KICK_INTERVAL_S = 1.0  # the notification fetch's safety net: see Transport._kick

@@ -141,6 +141,7 @@ from workers.batching.completion import (
 from workers.batching.execution import BatchRunner, CircuitBreaker, RetryPolicy
 from workers.batching.inject import RequestInjector
 from workers.consumer import stats
+from workers.consumer.arrivals import FrontDoor
 from workers.consumer.lease import AckPlan, LeaseKeeper, ack_batch, give_back, plan_acks
 from workers.models import make_models
 from workers.models.runtime import DeviceRuntime
@@ -238,6 +239,7 @@ class Engine:
         self.keeper: LeaseKeeper | None = None
         self.stats = EngineStats()
         self.events = TaskEvents()
+        self.front_door = FrontDoor()  # a take's messages at once (batching_strategy)
         default = cfg.model if cfg.model in self.models else self.models[0]
         self.metrics = FleetMetrics(modality, model=default, queue_models=_queue_models(self))
         self.tracing = Tracing(settings, modality)
@@ -744,6 +746,9 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     events, loop = engine.events, engine.loop
 
     def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **__: Any) -> None:
+        arrive(message, body, ack, reject)
+
+    def arrive(message: Any, body: Any, ack: Any, reject: Any) -> None:
         try:
             req = build(message, body, ack, reject)
         except Exception as exc:  # a malformed message: fail it, never the consumer
@@ -769,6 +774,7 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
             return
         engine.on_request(req)
 
+    engine.front_door.serve(task.name, arrive, consumer)
     return handler
 
 

@@ -48,9 +48,13 @@ def _proc_table() -> dict[int, Any]:
     return out
 
 
-def worker_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid``'s living process tree (and the children it reaped)."""
-    return sum(tree_ticks(_proc_table(), pid).values()) / CLK_TCK
+def worker_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid``'s living process tree (and the children it reaped), and the
+    kernel's share of them (``stime``: its system calls, the socket reads and writes)."""
+    procs = _proc_table()
+    pids = tree_ticks(procs, pid)
+    kernel = sum(procs[p].stime + procs[p].cstime for p in pids)
+    return sum(pids.values()) / CLK_TCK, kernel / CLK_TCK
 
 
 def redis_cpu_s(admin: Any) -> float:
@@ -131,7 +135,8 @@ def one_round(n: int, settings: Any, stack: Any, profile: Path | None, k: int) -
         "ok": ok,
         "window_s": round(t1 - t0, 3),
         "requests_per_s": round(counted / (t1 - t0), 1),
-        "worker_cpu_us_per_request": round(1e6 * (w1 - w0) / counted, 1),
+        "worker_cpu_us_per_request": round(1e6 * (w1[0] - w0[0]) / counted, 1),
+        "worker_kernel_us_per_request": round(1e6 * (w1[1] - w0[1]) / counted, 1),
         "redis_cpu_us_per_request": round(1e6 * (r1 - r0) / counted, 1),
         "redis_commands_per_request": round((c1 - c0) / counted, 2),
     }
