@@ -18,7 +18,8 @@ other message (another task, a body kombu decodes, a message with errors) goes t
 callback, as before; so does every message while the consumer restores its prefetch count
 after a connection restart (Celery then chains its restore onto the ack promises).
 
-Private Celery names (read from celery 5.7.0; ``tests/unit/test_private_names.py``):
+Private kombu/Celery names (read from 5.7.0; ``tests/unit/test_private_names.py``):
+    kombu.message.Message: _decoded_cache
     celery.worker.consumer.consumer.Consumer: _maximum_prefetch_restored, _new_prefetch_count
 """
 

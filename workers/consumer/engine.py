@@ -458,14 +458,15 @@ class Engine:
         self.metrics.eco.received(self.metrics.eco.queue_of(req))
         self.tracing.arrived(req)
         worker_state.task_reserved(req)
-        if self._join_twin(req):
-            return
         env = screen(req.args, req.kwargs, self.served)
+        with self._lock:
+            if self._join_twin(req):
+                return
+            if not isinstance(env, Refusal):
+                self._arriving[req.id] = []
         if isinstance(env, Refusal):
             self.completer.refuse(req, env.error, env.priority)
             return
-        with self._lock:
-            self._arriving[req.id] = []
         self._admitting.append((req, env))
         if self.loop.running:
             if len(self._admitting) == 1:  # after the rest of this fetch's messages
@@ -474,15 +475,15 @@ class Engine:
             self._admit()
 
     def _join_twin(self, req: Any) -> bool:
-        """A copy of a task id held already runs once, with the first copy."""
-        with self._lock:
-            first = self._by_id.get(req.id)
-            twins = first.twins if first is not None else self._arriving.get(req.id)
-            if twins is None:
-                return False
-            twins.append(req)
-            self.stats.twins += 1
-            return True
+        """A copy of a task id held already runs once, with the first copy (under the
+        lock)."""
+        first = self._by_id.get(req.id)
+        twins = first.twins if first is not None else self._arriving.get(req.id)
+        if twins is None:
+            return False
+        twins.append(req)
+        self.stats.twins += 1
+        return True
 
     def _admit(self, block: bool = False) -> None:
         """Record the messages that arrived as being decoded (counting the deaths of the
@@ -525,9 +526,10 @@ class Engine:
         """Decode arrivals (each with its count); then take them out of the decode record
         (held or refused, none is being decoded any more); what to hold."""
         held: list[Pending] = []
-        for (req, env), count in items:
-            with self._lock:
-                twins = self._arriving.pop(req.id, [])
+        with self._lock:  # their twins: no copy joins them once decoding starts
+            arriving = self._arriving
+            all_twins = [arriving.pop(req.id, []) for (req, _), _ in items]
+        for ((req, env), count), twins in zip(items, all_twins, strict=True):
             pending = self._decode(req, env, count, twins)
             if pending is not None:
                 held.append(pending)
