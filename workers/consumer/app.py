@@ -114,7 +114,7 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
             pin_sentinel_transport(WORKER_TRANSPORT)  # kept through kombu's failover switch
         else:
             app.conf.broker_transport = "workers.consumer.channel:Transport"
-        install_receiver(engine.front_door.receive)  # workers.consumer.arrivals
+        install_receiver(engine.front_door.receive)  # engine.FrontDoor
         app.conf.broker_transport_options = {
             **app.conf.broker_transport_options,
             "fetch_limit": engine.cfg.device.fetch_limit,

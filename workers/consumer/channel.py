@@ -48,8 +48,8 @@ Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_nam
 
 A worker's batching engine installs a *receiver* (:func:`install_receiver`): the messages a
 take delivered then go to it in one call, each with its consumer's callback, instead of one
-callback each (``workers.consumer.engine``, "Arrivals in groups"); it hands a message it does
-not serve to that callback. Without one each goes to its callback, as kombu delivers.
+callback each (``workers.consumer.engine.FrontDoor``); it hands a message it does not serve to
+that callback. Without one each goes to its callback, as kombu delivers.
 
 The take script is ``take_many.lua`` beside this module (its KEYS, ARGV, reply and the keys it
 touches in its header), run by ``Channel._take``; a take Redis refuses before it runs raises
