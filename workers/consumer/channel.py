@@ -37,8 +37,8 @@ written once Redis accepts writes again, so that worker gets ready meanwhile.
 Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
     kombu.transport.redis.Channel: _brpop_read, _brpop_sent_at (new in 5.7), _brpop_start,
         _connparams, _create_client, _fanout_queues, _flush_brpop_reauth (new in 5.7),
-        _get_client, _in_poll, _poll_error, _q_for_pri, _queue_bind, _queue_cycle, _receive,
-        _size
+        _get_client, _get_publish_topics, _in_poll, _poll_error, _publish_batch, _put_fanout,
+        _q_for_pri, _queue_bind, _queue_cycle, _receive, _size
     kombu.transport.virtual.base.Channel: _tag_to_queue
     kombu.transport.virtual.base.Message: _raw
     kombu.message.Message: _decoded_cache, _state
@@ -517,6 +517,22 @@ class Channel(kombu_redis.Channel):
         self.client.connection.send_command(
             "BRPOP", *keys, self.brpop_timeout if timeout is None else timeout or 0
         )
+
+    def _put_fanout(self, exchange: str, message: Any, routing_key: str, **kwargs: Any) -> None:
+        """kombu's, with the message written by :func:`shared.schema.dumps` (orjson; equal in
+        value to kombu's ``json.dumps``, which it falls back to for what orjson refuses): a
+        worker's task events leave through here, a flush of up to ``buffer_limit`` of them
+        in one message."""
+        publish_batch = kwargs.pop("_publish_batch", None)
+        topics = self._get_publish_topics(exchange, routing_key)
+        payload = schema.dumps(message)
+        if publish_batch is not None:
+            for topic in topics:
+                publish_batch.add("publish", topic, payload)
+            return
+        with self.conn_or_acquire() as client:
+            for topic in topics:
+                client.publish(topic, payload)
 
     @contextlib.contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
