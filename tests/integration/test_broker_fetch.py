@@ -203,3 +203,40 @@ def test_a_message_whose_properties_are_not_last_is_still_recorded(conn: Connect
         for e in conn.default_channel.client.hvals("unacked")
     }
     assert tags == {t.decode() for t in conn.default_channel.client.hkeys("unacked")}
+
+
+def test_publishes_share_one_client_per_pool_and_all_arrive(conn: Connection) -> None:
+    """kombu built a Redis client for every publish; the channel keeps one per pool: the
+    same object each time, and every message still lands in its list."""
+    ch = conn.default_channel
+    with ch.conn_or_acquire() as a, ch.conn_or_acquire() as b:
+        assert a is b and a.connection_pool is ch.pool
+    given = object()
+    with ch.conn_or_acquire(given) as c:
+        assert c is given  # a caller's own client is used as given
+    _publish(conn, [0] * 20)
+    with ch.conn_or_acquire() as d:
+        assert d is a
+        assert int(d.llen(QUEUE)) == 20
+
+
+def test_a_fanout_publish_is_the_message_kombu_would_write(conn: Connection) -> None:
+    """Task events leave through the channel's fanout publish (written with orjson): a
+    subscriber reads kombu's message, the event intact in its body."""
+    ch = conn.default_channel
+    exchange = Exchange("fanout-test", type="fanout")
+    sub = ch.client.pubsub(ignore_subscribe_messages=True)
+    sub.psubscribe("*fanout-test*")
+    time.sleep(0.1)
+    event = {"type": "task-succeeded", "uuid": "é-1", "runtime": 0.25, "clock": 7}
+    Producer(ch, exchange=exchange).publish(event, serializer="json", declare=[exchange])
+    got = None
+    deadline = time.monotonic() + 5
+    while got is None and time.monotonic() < deadline:
+        got = sub.get_message(timeout=0.5)
+    sub.close()
+    assert got is not None
+    message = json.loads(got["data"])
+    assert message["content-type"] == "application/json"
+    assert message["properties"]["body_encoding"] == "base64"
+    assert json.loads(base64.b64decode(message["body"])) == event

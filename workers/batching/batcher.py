@@ -259,6 +259,10 @@ class Batcher:
         self.policy = policy
         self.model = model or LatencyModel()
         self._held: dict[str, Pending] = {}
+        # the held requests again by lane (each lane's batches come from its own), and how
+        # many held have a deadline (none: no expiry scan)
+        self._by_lane: dict[Lane, dict[str, Pending]] = {lane: {} for lane in Lane}
+        self._deadlined = 0
         self._seq = 0
         self._last_realtime_s: float | None = None
         # Fair share: on while some held request names a tenant (_named of them); with none
@@ -278,6 +282,8 @@ class Batcher:
         self._seq += 1
         p.seq = self._seq
         self._held[p.id] = p
+        self._by_lane[self.lane_of(p)][p.id] = p
+        self._deadlined += p.deadline_s is not None
         if p.priority is Priority.REALTIME:
             self._last_realtime_s = p.arrival_s
         if self.fair is not None and (self._named or p.tenant is not None):
@@ -296,6 +302,8 @@ class Batcher:
 
     def _gone(self, p: Pending) -> None:
         """``p`` is no longer held (dispatched, expired, removed)."""
+        self._by_lane[self.lane_of(p)].pop(p.id, None)
+        self._deadlined -= p.deadline_s is not None
         if p.tenant is not None and self._named:
             self._named -= 1
 
@@ -332,17 +340,18 @@ class Batcher:
         if not pool:
             return Decision([], None, expired, None)
         fair = self.fair if self._named else None
-        ordered = sorted(pool, key=Pending.sort_key if fair is None else fair.key)
-        head = ordered[0]
-        if fair is None:
+        if fair is None:  # the head alone decides: no need to order the whole pool
+            head = min(pool, key=Pending.sort_key)
             members = sorted(
-                (p for p in ordered if p.bucket == head.bucket),
+                (p for p in pool if p.bucket == head.bucket),
                 key=lambda p: (int(p.priority), abs(p.length - head.length), p.arrival_s, p.seq),
             )
         else:  # tenants' turns before nearness in length (the bucket still bounds padding)
+            ordered = sorted(pool, key=fair.key)
+            head = ordered[0]
             members = [p for p in ordered if p.bucket == head.bucket]
         cap = self.size_cap(head.bucket, now)
-        trigger, wake_at = self._trigger(now, ordered, members, cap)
+        trigger, wake_at = self._trigger(now, head, pool, members, cap)
         batch = self._take(members, cap)
         preferred = self.policy.preferred_size(len(batch))
         if trigger is None and preferred is not None:
@@ -360,11 +369,11 @@ class Batcher:
 
     # -- internals ----------------------------------------------------------------------
     def _lane_requests(self, lane: Lane) -> list[Pending]:
-        if not self.policy.realtime_lane:
-            return list(self._held.values()) if lane is Lane.MAIN else []
-        return [p for p in self._held.values() if self.lane_of(p) is lane]
+        return list(self._by_lane[lane].values())
 
     def _drop_expired(self, now: float) -> list[Pending]:
+        if not self._deadlined:
+            return []
         gone = [p for p in self._held.values() if p.deadline_s is not None and now > p.deadline_s]
         for p in gone:
             del self._held[p.id]
@@ -384,14 +393,14 @@ class Batcher:
         return batch
 
     def _trigger(
-        self, now: float, ordered: list[Pending], members: list[Pending], cap: int
+        self, now: float, head: Pending, pool: list[Pending], members: list[Pending], cap: int
     ) -> tuple[Trigger | None, float | None]:
         pol = self.policy
         if len(members) >= cap:
             return Trigger.FULL, None
-        if ordered[0].priority is Priority.REALTIME:
+        if head.priority is Priority.REALTIME:
             return Trigger.REALTIME, None
-        if sum(p.priority is Priority.HIGH for p in ordered) > pol.max_high_waiting:
+        if sum(p.priority is Priority.HIGH for p in pool) > pol.max_high_waiting:
             return Trigger.HIGH, None
         if sum(p.nbytes for p in members) >= pol.max_batch_bytes:
             return Trigger.MEMORY, None

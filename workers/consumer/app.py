@@ -35,6 +35,7 @@ from shared.schema import task_name
 from shared.settings import MODALITIES, load_settings
 from workers.batching import heap
 from workers.consumer import clock_watch
+from workers.consumer.channel import install_receiver
 from workers.consumer.lease import lease_transport_options
 from workers.consumer.realtime import realtime_consumer_step
 from workers.consumer.tenant_turns import tenant_transport_options
@@ -113,6 +114,7 @@ def _start_engine(sender: Any = None, **_: Any) -> None:
             pin_sentinel_transport(WORKER_TRANSPORT)  # kept through kombu's failover switch
         else:
             app.conf.broker_transport = "workers.consumer.channel:Transport"
+        install_receiver(engine.front_door.receive)  # engine.FrontDoor
         app.conf.broker_transport_options = {
             **app.conf.broker_transport_options,
             "fetch_limit": engine.cfg.device.fetch_limit,

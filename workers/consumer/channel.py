@@ -37,14 +37,19 @@ written once Redis accepts writes again, so that worker gets ready meanwhile.
 Private kombu/Celery names (read from kombu 5.7.0; ``tests/unit/test_private_names.py``):
     kombu.transport.redis.Channel: _brpop_read, _brpop_sent_at (new in 5.7), _brpop_start,
         _connparams, _create_client, _fanout_queues, _flush_brpop_reauth (new in 5.7),
-        _get_client, _in_poll, _poll_error, _q_for_pri, _queue_bind, _queue_cycle, _receive,
-        _size
+        _get_client, _get_publish_topics, _in_poll, _poll_error, _publish_batch, _put_fanout,
+        _q_for_pri, _queue_bind, _queue_cycle, _receive, _size
     kombu.transport.virtual.base.Channel: _tag_to_queue
     kombu.transport.virtual.base.Message: _raw
     kombu.message.Message: _decoded_cache, _state
     kombu.transport.virtual.base.Transport: _deliver
     kombu.transport.redis.MultiChannelPoller: _channels
     redis.connection.AbstractConnection: _sock (redis-py's)
+
+A worker's batching engine installs a *receiver* (:func:`install_receiver`): the messages a
+take delivered then go to it in one call, each with its consumer's callback, instead of one
+callback each (``workers.consumer.engine.FrontDoor``); it hands a message it does not serve to
+that callback. Without one each goes to its callback, as kombu delivers.
 
 The take script is ``take_many.lua`` beside this module (its KEYS, ARGV, reply and the keys it
 touches in its header), run by ``Channel._take``; a take Redis refuses before it runs raises
@@ -60,6 +65,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Any
 
@@ -80,6 +86,18 @@ log = logging.getLogger("fleet.broker")
 
 
 _NOTIFY_PROBE_S = 1.0  # how long a channel waits for its probe's keyspace notification
+
+# Given a take's messages in order, each with its consumer's callback (kombu's
+# ``Consumer._receive_callback``), handles them all: those it does not serve go to their
+# callbacks, in order.
+Receiver = Callable[[list[tuple[Any, Callable[[Any], Any]]]], None]
+_receiver: Receiver | None = None
+
+
+def install_receiver(receiver: Receiver | None) -> None:
+    """Deliver every take's messages to ``receiver`` at once (``None``: one callback each)."""
+    global _receiver
+    _receiver = receiver
 
 
 class QoS(kombu_redis.QoS):
@@ -500,6 +518,38 @@ class Channel(kombu_redis.Channel):
             "BRPOP", *keys, self.brpop_timeout if timeout is None else timeout or 0
         )
 
+    def _put_fanout(self, exchange: str, message: Any, routing_key: str, **kwargs: Any) -> None:
+        """kombu's, with the message written by :func:`shared.schema.dumps` (orjson; equal in
+        value to kombu's ``json.dumps``, which it falls back to for what orjson refuses): a
+        worker's task events leave through here, a flush of up to ``buffer_limit`` of them
+        in one message."""
+        publish_batch = kwargs.pop("_publish_batch", None)
+        topics = self._get_publish_topics(exchange, routing_key)
+        payload = schema.dumps(message)
+        if publish_batch is not None:
+            for topic in topics:
+                publish_batch.add("publish", topic, payload)
+            return
+        with self.conn_or_acquire() as client:
+            for topic in topics:
+                client.publish(topic, payload)
+
+    @contextlib.contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        """kombu's: ``client``, or one on the channel's pool. kombu builds a new client for
+        every call (about 85 us: redis-py copies its response callbacks into each), and calls it
+        for every ``PUBLISH`` (each flush of task events), ``LPUSH``, ``LLEN``; a client on a
+        pool is safe to share between threads (each command takes a pool connection), so one
+        is kept per pool."""
+        if client:
+            yield client
+            return
+        pool = self.pool
+        shared = self.__dict__.get("_shared_client_")
+        if shared is None or shared.connection_pool is not pool:
+            shared = self.__dict__["_shared_client_"] = self._create_client()
+        yield shared
+
     def _fetch_client(self) -> Any:
         client = self.__dict__.get("_fetch_client_")
         if client is None:
@@ -648,10 +698,13 @@ class Channel(kombu_redis.Channel):
             self.fetched_in_batches += len(items)
             Channel.fetched_in_batches_total += len(items)
         turns = self._turns if self.tenant_names else None
+        receive = _receiver
+        group: list[tuple[Any, Callable[[Any], Any]]] = []
+        sep, loads, consumers = self.sep, schema.loads, self._consumers_by_queue
         for i, (key, raw) in enumerate(items):
-            queue = bytes_to_str(key).rsplit(self.sep, 1)[0]
+            queue = bytes_to_str(key).rsplit(sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            payload = schema.loads(raw)
+            payload = loads(raw)
             if turns is not None:  # which list the window's message came from
                 turns.taken(bytes_to_str(key), payload["properties"]["delivery_tag"])
             if i == 0 and not recorded:
@@ -659,7 +712,12 @@ class Channel(kombu_redis.Channel):
                 continue
             message = self.Message(payload, channel=self)
             self.qos.append_recorded(message, message.delivery_tag)
-            self._consumers_by_queue[queue][0](message)
+            if receive is None:
+                consumers[queue][0](message)
+            else:
+                group.append((message, consumers[queue][0]))
+        if group:
+            receive(group)  # type: ignore[misc]
 
 
 KICK_INTERVAL_S = 1.0  # the notification fetch's safety net: see Transport._kick

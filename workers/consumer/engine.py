@@ -45,6 +45,18 @@ body that is not Celery's ``[args, kwargs, embed]``, broken headers) gets a code
 at every restart). ETA/countdown is not supported for inference requests: such a message fails
 ``ETA_NOT_SUPPORTED`` (the producer refuses it at submit; this covers other clients).
 
+Arrivals in groups: kombu delivers each message through its consumer's callback
+(``Consumer._receive_callback``), which calls Celery's ``on_task_received`` (the task's name
+read from the headers, its strategy looked up, two ``vine`` promises built for the ack and the
+reject), which calls the strategy: per message, on the loop thread. :class:`FrontDoor` is the
+receiver the worker's channel hands a take's messages to at once
+(``workers.consumer.channel.install_receiver``): a message of a task whose strategy is this one,
+with a body the channel decoded already, goes straight to the strategy's arrival with the ack
+and reject callables Celery's promises wrap (the consumer's ``call_soon_ack`` of the message's
+``ack_log_error`` / ``reject_log_error``), its errors reported as ``on_task_received`` reports
+them; every other message goes to its callback, and so does every message while the consumer
+restores its prefetch count after a connection restart (Celery chains that onto the promises).
+
 Task events leave coalesced (:func:`coalesce_task_events`): a Celery worker on an event loop buffers
 task events (``task-received``, ``task-started``, ``task-succeeded``, ...) and flushes them as one
 ``task.multi`` message, but it schedules that flush for the very next loop turn after every buffered
@@ -61,9 +73,11 @@ interval's worth); results and acks do not depend on them. A group's events are 
 once (:class:`TaskEvents`: the same fields Celery's ``send_event`` gives, its per-event work
 done once per group) and appended to the dispatcher's ``task`` buffer.
 
-Private kombu/Celery names (read from celery 5.7.0; ``tests/unit/test_private_names.py``):
+Private kombu/Celery names (read from 5.7.0; ``tests/unit/test_private_names.py``):
     celery.events.dispatcher.EventDispatcher: _group_buffer
     celery.worker.request.Request: _eventer, _terminate_on_ack
+    celery.worker.consumer.consumer.Consumer: _maximum_prefetch_restored, _new_prefetch_count
+    kombu.message.Message: _decoded_cache
 
 
 :func:`current` is the one engine of this worker process (a worker process owns exactly one
@@ -82,11 +96,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import InvalidTaskError
 from celery.utils.imports import symbol_by_name
 from celery.utils.time import utcoffset as celery_utcoffset
 from celery.worker import state as worker_state
 from celery.worker.request import create_request_cls
 from celery.worker.strategy import hybrid_to_proto2, proto1_to_proto2
+from kombu.exceptions import ContentDisallowed, DecodeError
 
 from shared import tenant_quota
 from shared.errors import (
@@ -238,6 +254,7 @@ class Engine:
         self.keeper: LeaseKeeper | None = None
         self.stats = EngineStats()
         self.events = TaskEvents()
+        self.front_door = FrontDoor()  # a take's messages at once (batching_strategy)
         default = cfg.model if cfg.model in self.models else self.models[0]
         self.metrics = FleetMetrics(modality, model=default, queue_models=_queue_models(self))
         self.tracing = Tracing(settings, modality)
@@ -456,14 +473,15 @@ class Engine:
         self.metrics.eco.received(self.metrics.eco.queue_of(req))
         self.tracing.arrived(req)
         worker_state.task_reserved(req)
-        if self._join_twin(req):
-            return
         env = screen(req.args, req.kwargs, self.served)
+        with self._lock:
+            if self._join_twin(req):
+                return
+            if not isinstance(env, Refusal):
+                self._arriving[req.id] = []
         if isinstance(env, Refusal):
             self.completer.refuse(req, env.error, env.priority)
             return
-        with self._lock:
-            self._arriving[req.id] = []
         self._admitting.append((req, env))
         if self.loop.running:
             if len(self._admitting) == 1:  # after the rest of this fetch's messages
@@ -472,15 +490,15 @@ class Engine:
             self._admit()
 
     def _join_twin(self, req: Any) -> bool:
-        """A copy of a task id held already runs once, with the first copy."""
-        with self._lock:
-            first = self._by_id.get(req.id)
-            twins = first.twins if first is not None else self._arriving.get(req.id)
-            if twins is None:
-                return False
-            twins.append(req)
-            self.stats.twins += 1
-            return True
+        """A copy of a task id held already runs once, with the first copy (under the
+        lock)."""
+        first = self._by_id.get(req.id)
+        twins = first.twins if first is not None else self._arriving.get(req.id)
+        if twins is None:
+            return False
+        twins.append(req)
+        self.stats.twins += 1
+        return True
 
     def _admit(self, block: bool = False) -> None:
         """Record the messages that arrived as being decoded (counting the deaths of the
@@ -523,9 +541,10 @@ class Engine:
         """Decode arrivals (each with its count); then take them out of the decode record
         (held or refused, none is being decoded any more); what to hold."""
         held: list[Pending] = []
-        for (req, env), count in items:
-            with self._lock:
-                twins = self._arriving.pop(req.id, [])
+        with self._lock:  # their twins: no copy joins them once decoding starts
+            arriving = self._arriving
+            all_twins = [arriving.pop(req.id, []) for (req, _), _ in items]
+        for ((req, env), count), twins in zip(items, all_twins, strict=True):
             pending = self._decode(req, env, count, twins)
             if pending is not None:
                 held.append(pending)
@@ -744,6 +763,9 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     events, loop = engine.events, engine.loop
 
     def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **__: Any) -> None:
+        arrive(message, body, ack, reject)
+
+    def arrive(message: Any, body: Any, ack: Any, reject: Any) -> None:
         try:
             req = build(message, body, ack, reject)
         except Exception as exc:  # a malformed message: fail it, never the consumer
@@ -769,7 +791,65 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
             return
         engine.on_request(req)
 
+    engine.front_door.serve(task.name, arrive, consumer)
     return handler
+
+
+Arrive = Callable[[Any, Any, Any, Any], None]  # (message, body, ack, reject)
+
+
+class FrontDoor:
+    """Hands each message of a take to the arrival of its task's strategy."""
+
+    def __init__(self) -> None:
+        self._arrivals: dict[str, Arrive] = {}
+        self._consumer: Any = None
+
+    def serve(self, task_name: str, arrive: Arrive, consumer: Any) -> None:
+        """Take ``task_name``'s messages to ``arrive`` (its strategy's, built by ``consumer``:
+        Celery builds the strategies again when its consumer restarts)."""
+        self._arrivals[task_name] = arrive
+        self._consumer = consumer
+
+    def receive(self, group: list[tuple[Any, Callable[[Any], Any]]]) -> None:
+        """Each ``(message, callback)`` of a take, in order (the channel's receiver)."""
+        c = self._consumer
+        arrivals = self._arrivals
+        if c is None or self._restoring(c):
+            for message, callback in group:
+                callback(message)
+            return
+        soon = c.call_soon_ack
+        partial = functools.partial
+        for message, callback in group:
+            arrive = None
+            if message._decoded_cache is not None and not message.errors:
+                headers = message.headers
+                if type(headers) is dict:
+                    arrive = arrivals.get(headers.get("task"))
+            if arrive is None:
+                callback(message)
+                continue
+            try:
+                arrive(
+                    message,
+                    None,
+                    partial(soon, message.ack_log_error),
+                    partial(soon, message.reject_log_error),
+                )
+            except (InvalidTaskError, ContentDisallowed) as exc:
+                c.on_invalid_task(None, message, exc)
+            except DecodeError as exc:
+                c.on_decode_error(message, exc)
+
+    @staticmethod
+    def _restoring(c: Any) -> bool:
+        """Whether Celery restores its prefetch count as acks come (after a restart)."""
+        return (
+            not c._maximum_prefetch_restored
+            and c.restart_count > 0
+            and c._new_prefetch_count <= c.max_prefetch_count
+        )
 
 
 def _request_builder(

@@ -48,9 +48,13 @@ def _proc_table() -> dict[int, Any]:
     return out
 
 
-def worker_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid``'s living process tree (and the children it reaped)."""
-    return sum(tree_ticks(_proc_table(), pid).values()) / CLK_TCK
+def worker_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid``'s living process tree (and the children it reaped), and the
+    kernel's share of them (``stime``: its system calls, the socket reads and writes)."""
+    procs = _proc_table()
+    pids = tree_ticks(procs, pid)
+    kernel = sum(procs[p].stime + procs[p].cstime for p in pids)
+    return sum(pids.values()) / CLK_TCK, kernel / CLK_TCK
 
 
 def redis_cpu_s(admin: Any) -> float:
@@ -58,9 +62,26 @@ def redis_cpu_s(admin: Any) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-def redis_calls(admin: Any) -> int:
+def redis_commands(admin: Any) -> dict[str, tuple[int, int]]:
+    """``INFO commandstats``: calls and microseconds by command (the harness's INFO left out)."""
     stats = admin.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info",))
+    return {
+        k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+        for k, v in stats.items()
+        if k != "cmdstat_info"
+    }
+
+
+def command_delta(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], n: int
+) -> dict[str, dict[str, float]]:
+    """Per request, by command (those that ran), calls and Redis microseconds, most time first."""
+    out = {}
+    for k, (calls, usec) in after.items():
+        c0, u0 = before.get(k, (0, 0))
+        if calls != c0:
+            out[k] = {"calls": round((calls - c0) / n, 3), "us": round((usec - u0) / n, 2)}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us"]))
 
 
 def summarize(path: Path, top: int = 25) -> list[tuple[str, float]]:
@@ -101,7 +122,7 @@ def one_round(n: int, settings: Any, stack: Any, profile: Path | None, k: int) -
     proc = stack._spawn(stack.worker_name("text"), stack.worker_argv("text", "batch"))
     while queued() >= backlog:
         time.sleep(0.002)
-    w0, r0, c0, t0 = worker_cpu_s(proc.pid), redis_cpu_s(admin), redis_calls(admin), time.time()
+    w0, r0, c0, t0 = worker_cpu_s(proc.pid), redis_cpu_s(admin), redis_commands(admin), time.time()
     spy = None
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
@@ -117,7 +138,7 @@ def one_round(n: int, settings: Any, stack: Any, profile: Path | None, k: int) -
         if queued() == 0 and all(o is not None for o in client.poll(tail)):
             break
         time.sleep(0.01)
-    w1, r1, c1, t1 = worker_cpu_s(proc.pid), redis_cpu_s(admin), redis_calls(admin), time.time()
+    w1, r1, c1, t1 = worker_cpu_s(proc.pid), redis_cpu_s(admin), redis_commands(admin), time.time()
     final = client.wait_all(handles, timeout_s=120, interval_s=0.05)
     if spy is not None:
         spy.send_signal(2)
@@ -131,9 +152,13 @@ def one_round(n: int, settings: Any, stack: Any, profile: Path | None, k: int) -
         "ok": ok,
         "window_s": round(t1 - t0, 3),
         "requests_per_s": round(counted / (t1 - t0), 1),
-        "worker_cpu_us_per_request": round(1e6 * (w1 - w0) / counted, 1),
+        "worker_cpu_us_per_request": round(1e6 * (w1[0] - w0[0]) / counted, 1),
+        "worker_kernel_us_per_request": round(1e6 * (w1[1] - w0[1]) / counted, 1),
         "redis_cpu_us_per_request": round(1e6 * (r1 - r0) / counted, 1),
-        "redis_commands_per_request": round((c1 - c0) / counted, 2),
+        "redis_commands_per_request": round(
+            sum(v["calls"] for v in command_delta(c0, c1, counted).values()), 2
+        ),
+        "redis_commands": command_delta(c0, c1, counted),
     }
 
 
