@@ -1,19 +1,22 @@
-"""A settled group's Celery bookkeeping and event summaries, done once per group, leave
-exactly what Celery's per-request functions leave (``workers.consumer.engine.Engine``:
-``task_accepted``, ``task_ready``; ``workers.batching.completion.summary_repr``)."""
+"""What settling does its own way, to do less per request, equals what Celery does: a group's
+bookkeeping (``workers.consumer.engine.Engine``: ``task_accepted``, ``task_ready``), the
+events' summaries (``workers.batching.completion.summary_repr``) and the result keys
+(``ResultWriter.result_key``)."""
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from celery import Celery
 from celery.worker import state as worker_state
 from engine_fakes import Doubler, work
 
 from shared.errors import DeadlineExceeded, ModelError
-from workers.batching.completion import Done, Outcome, event_summary, summary_repr
+from workers.batching.completion import Done, Outcome, ResultWriter, event_summary, summary_repr
 from workers.consumer.engine import Engine
 
 
@@ -92,3 +95,19 @@ def _done(err: Exception | None, batch_id: str = "host-1-7", **kw: Any) -> Done:
 )
 def test_the_summary_text_is_the_summarys_repr(d: Done) -> None:
     assert summary_repr(d) == repr(event_summary(d))
+
+
+@pytest.mark.parametrize("global_prefix", ["", "tenant-a"])
+def test_result_keys_are_the_backends(global_prefix: str) -> None:
+    app = Celery("t", broker="memory://", backend="redis://127.0.0.1:1/0", set_as_current=False)
+    if global_prefix:
+        app.conf.result_backend_transport_options = {"global_keyprefix": global_prefix}
+    writer = ResultWriter(app)  # no Redis: keys are made, nothing is sent
+    backend = app.backend
+    assert writer.result_key is not backend.get_key_for_task  # the prefix is read once
+    for task_id in [str(uuid.uuid4()), "é-ünïcode", "x" * 300]:
+        assert writer.result_key(task_id) == backend.get_key_for_task(task_id)
+    some = uuid.uuid4()
+    assert writer.result_key(some) == backend.get_key_for_task(some)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        writer.result_key("")

@@ -554,6 +554,24 @@ class ResultWriter:
         # without a batch's float reprs holding the event loop; another serializer: Celery's.
         self.encode = schema.dumps if self.backend.serializer == "json" else self.backend.encode
         self.duplicates = 0  # final writes refused: the request had its final result already
+        self.result_key = self._result_key()
+
+    def _result_key(self) -> Callable[[str], Any]:
+        """The backend's ``get_key_for_task``, its prefix read once when the key is the prefix
+        and the id (Celery's Redis backend: ``b"celery-task-meta-" + id``): Celery joins
+        its parts anew for each key."""
+        get = self.backend.get_key_for_task
+        prefix = getattr(self.backend, "task_keyprefix", None)
+        probe = "0b9d8f3c-probe"
+        if isinstance(prefix, bytes) and get(probe) == prefix + probe.encode():
+
+            def key(task_id: str) -> Any:
+                if type(task_id) is not str or not task_id:  # Celery's rules (UUID, empty)
+                    return get(task_id)
+                return prefix + task_id.encode()
+
+            return key
+        return get
 
     def _script(self, i: int) -> Any:
         if self._scripts is None:  # registered on first use: meta() needs no Redis
@@ -585,7 +603,7 @@ class ResultWriter:
             "date_done": None,
             "task_id": task_id,
         }
-        key = self.backend.get_key_for_task(task_id)
+        key = self.result_key(task_id)
         self._script(1)(
             keys=[schema.final_key(task_id), key],
             args=[self.encode(meta), self.expires_s or 86400],
@@ -632,9 +650,10 @@ class ResultWriter:
         also = acks.also if acks is not None else ()
         keys: list[Any] = [schema.UNACKED_INDEX_KEY, schema.UNACKED_KEY]
         args: list[Any] = ["0" if publish_later else "1", len(outcomes), len(tags)]
+        result_key, encode, meta = self.result_key, self.encode, self.meta
         for o, token in zip(outcomes, tokens, strict=True):
-            key = self.backend.get_key_for_task(o.task_id)
-            value = self.encode(self.meta(o, date_done))
+            key = result_key(o.task_id)
+            value = encode(meta(o, date_done))
             stored.append((key, value))
             ttl = self.failure_expires_s if o.error is not None else self.expires_s
             keys += [schema.final_key(o.task_id), key]
