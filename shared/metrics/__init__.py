@@ -48,7 +48,9 @@ with a model that costs nothing (py-spy on ``make bench WORKLOAD=overhead-satura
 :class:`Tally` collects a group's updates by series child and applies them with one ``inc``
 per counter child, and per histogram child one ``inc`` per bucket touched plus one of the sum
 (:func:`observe_many`). A scrape afterwards reads exactly what one update per request would
-have left (``tests/unit/test_metrics_bulk.py``).
+have left (``tests/unit/test_metrics_bulk.py``). The children a settled request updates
+depend only on its ``(priority, outcome, queue)`` labels: :meth:`FleetMetrics.observe_requests`
+finds them once per label set (:class:`RowChildren`, ``EcosystemMetrics.rows``).
 
 prometheus_client names read (0.20-0.26; a histogram child has kept its bounds and bucket
 values so since its first release): ``Histogram._upper_bounds``, ``._buckets``, ``._sum``. A
