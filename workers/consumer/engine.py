@@ -580,10 +580,10 @@ class Engine:
 
     @staticmethod
     def task_ready(reqs: Sequence[Any]) -> None:
-        """Celery's ``worker_state.task_ready`` for each of ``reqs`` (not marked successful,
-        as ``Request`` does it for a task that does not track started states), in one go:
-        each id out of ``requests``, the requests out of the ``active``, ``reserved`` and
-        ``scheduled`` sets (a set with nothing in it is left alone: no request to drop)."""
+        """Celery's ``worker_state.task_ready(req)`` for each of ``reqs`` (``successful`` left
+        unset, as the engine has always called it), in one go: each id out of ``requests``,
+        the requests out of the ``active``, ``reserved`` and ``scheduled`` sets (a set with
+        nothing in it is left alone: no request to drop)."""
         pop = worker_state.requests.pop
         for req in reqs:
             pop(req.id, None)
