@@ -245,15 +245,28 @@ def kombu_loads(data: bytes | str) -> Any:
 def dumps(obj: Any) -> str:
     """``obj`` as a JSON text equal in value to ``kombu.utils.json.dumps(obj)``.
 
+    orjson writes it. A non-finite float is kombu's to write (``NaN``, ``Infinity``; orjson
+    writes ``null``), so a text with more ``null`` than ``obj``'s own top-level ``None``
+    values (a dict's: each is one ``null``) is checked for one (:func:`has_nonfinite`); a
+    text without is not walked (a result document's one ``null`` is its ``traceback``).
+
     Raises:
         TypeError: kombu's encoder cannot encode ``obj`` either.
     """
-    if has_nonfinite(obj):
-        return kombu_dumps(obj)
     try:
-        return orjson.dumps(obj, default=refuse, option=OPTIONS).decode()
+        raw = orjson.dumps(obj, default=refuse, option=OPTIONS)
     except (TypeError, orjson.JSONEncodeError):  # odd types, 64-bit overflow: kombu decides
         return kombu_dumps(obj)
+    if raw.count(b"null") > _nones(obj) and has_nonfinite(obj):
+        return kombu_dumps(obj)
+    return raw.decode()
+
+
+def _nones(obj: Any) -> int:
+    """How many ``null`` orjson writes for ``obj``'s own ``None`` values at its top level."""
+    if type(obj) is dict:
+        return sum(v is None for v in obj.values())
+    return 1 if obj is None else 0
 
 
 def dumps_event(obj: Any) -> str:
@@ -317,8 +330,9 @@ _SCALARS = frozenset({str, int, bool, type(None)})
 def has_nonfinite(obj: Any) -> bool:
     """Whether a float in ``obj`` (nested dicts, lists, tuples) is NaN or infinite.
 
-    One loop over an explicit stack (no recursion, no generator per container): every
-    document the fleet writes is checked, and most of its values are strings. A list of
+    One loop over an explicit stack (no recursion, no generator per container): a document
+    whose text holds a ``null`` not its own is checked (:func:`dumps`, :func:`compact`), and
+    most of its values are strings. A list of
     floats is checked by its sum first (one C loop); a non-finite sum (or one that overflowed)
     falls back to checking each element.
     """

@@ -48,7 +48,9 @@ with a model that costs nothing (py-spy on ``make bench WORKLOAD=overhead-satura
 :class:`Tally` collects a group's updates by series child and applies them with one ``inc``
 per counter child, and per histogram child one ``inc`` per bucket touched plus one of the sum
 (:func:`observe_many`). A scrape afterwards reads exactly what one update per request would
-have left (``tests/unit/test_metrics_bulk.py``).
+have left (``tests/unit/test_metrics_bulk.py``). The children a settled request updates
+depend only on its ``(priority, outcome, queue)`` labels: :meth:`FleetMetrics.observe_requests`
+finds them once per label set (:class:`RowChildren`, ``EcosystemMetrics.rows``).
 
 prometheus_client names read (0.20-0.26; a histogram child has kept its bounds and bucket
 values so since its first release): ``Histogram._upper_bounds``, ``._buckets``, ``._sum``. A
@@ -60,7 +62,7 @@ from __future__ import annotations
 import socket
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -75,6 +77,7 @@ __all__ = [
     "EcosystemMetrics",
     "FleetMetrics",
     "RequestRow",
+    "RowChildren",
     "Tally",
     "configure",
     "metrics_port",
@@ -83,6 +86,18 @@ __all__ = [
 ]
 
 RequestRow = tuple[str, str, float | None, float | None, str, float | None]
+
+
+class RowChildren(NamedTuple):
+    """The series children one settled request updates: each of ``counts`` by one, and each
+    of ``queued``, ``e2e``, ``run`` with its queue, end-to-end and run seconds (when it has
+    them)."""
+
+    counts: tuple[Any, ...]
+    queued: tuple[Any, ...]
+    e2e: tuple[Any, ...]
+    run: tuple[Any, ...]
+
 
 _enabled = True  # this process's [metrics] enabled (configure)
 
@@ -169,22 +184,50 @@ class FleetMetrics:
     def observe_requests(self, rows: Sequence[RequestRow]) -> None:
         """Settled requests' outcomes, each ``(priority, outcome, queued_s, e2e_s, queue,
         run_s)`` as :meth:`observe_request` takes them; updated per series child at once
-        (:class:`Tally`)."""
+        (:class:`Tally`). The children a row updates depend only on its ``(priority,
+        outcome, queue)``: found once per label set (:class:`RowChildren`, kept until the
+        hostname changes), each child's values kept in row order."""
         if not self.enabled or not rows:
             return
-        c, tally = self.eco.child, Tally()
-        models, default = self.eco.queue_models, self.eco.model
+        known = self.eco.rows
+        counts: dict[tuple[str, str, str], int] = {}
+        values: dict[Any, list[float]] = {}
+        get = values.get
         for priority, outcome, queued_s, e2e_s, queue, run_s in rows:
-            model = models.get(queue, default)  # its queue's model, as eco.finished labels it
-            tally.count(c(self.requests, self.modality, model, priority, outcome))
-            if queued_s is not None:
-                tally.observe(c(self.queue_wait, self.modality, priority), queued_s)
-            if e2e_s is not None:
-                tally.observe(c(self.e2e, self.modality, priority), e2e_s)
-            self.eco.finished(
-                queue, None if outcome == "ok" else outcome, run_s, queued_s, e2e_s, tally
-            )
+            key = (priority, outcome, queue)
+            ch = known.get(key)
+            if ch is None:
+                ch = known[key] = self._row_children(priority, outcome, queue)
+            counts[key] = counts.get(key, 0) + 1
+            for children, v in ((ch.queued, queued_s), (ch.e2e, e2e_s), (ch.run, run_s)):
+                if v is not None:
+                    for child in children:
+                        got = get(child)
+                        if got is None:
+                            values[child] = [v]
+                        else:
+                            got.append(v)
+        tally = Tally()
+        for key, n in counts.items():
+            for child in known[key].counts:
+                tally.count(child, n)
+        for child, vs in values.items():
+            tally.extend(child, vs)
         tally.apply()
+
+    def _row_children(self, priority: str, outcome: str, queue: str) -> RowChildren:
+        """What a row of these labels updates: this object's series, then
+        :meth:`EcosystemMetrics.finished_children`'s."""
+        c, eco = self.eco.child, self.eco
+        assert isinstance(eco, EcosystemMetrics)  # enabled
+        model = eco.queue_models.get(queue, eco.model)  # its queue's model, as eco labels it
+        theirs = eco.finished_children(queue, None if outcome == "ok" else outcome)
+        return RowChildren(
+            counts=(c(self.requests, self.modality, model, priority, outcome), *theirs.counts),
+            queued=(c(self.queue_wait, self.modality, priority), *theirs.queued),
+            e2e=(c(self.e2e, self.modality, priority), *theirs.e2e),
+            run=theirs.run,
+        )
 
 
 def metrics_port(settings: Settings, modality: str) -> int | None:
@@ -226,6 +269,8 @@ class EcosystemMetrics:
             setattr(self, attr, make(series, registry))
         self._task_counters = {event: getattr(self, f"task_{event}") for event in TASK_EVENTS}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        # FleetMetrics.observe_requests: (priority, outcome, queue) -> the children it updates
+        self.rows: dict[tuple[str, str, str], RowChildren] = {}
         self._active: Callable[[], float] | None = None
         self.worker_up.labels(hostname).set(1)
 
@@ -293,22 +338,32 @@ class EcosystemMetrics:
         """One request's final outcome: ``code`` None for success, else its error code.
         With ``tally`` the updates are recorded there (applied by its owner)."""
         t = Tally() if tally is None else tally
-        m, c = (self.queue_models.get(queue, self.model), self.modality), self.child
-        if code is None:
-            t.count(self._task("succeeded", queue))
-            t.count(c(self.success, *m))
-        else:
-            t.count(self._task("revoked" if code == REVOKED else "failed", queue))
-            t.count(c(self.failure, *m, code))
-        if run_s is not None:
-            t.observe(c(self.runtime, self.task, self.hostname, queue), run_s)
-            t.observe(c(self.compute_s, *m), run_s)
-        if queued_s is not None:
-            t.observe(c(self.queue_s, *m), queued_s)
-        if e2e_s is not None:
-            t.observe(c(self.request_s, *m), e2e_s)
+        ch = self.finished_children(queue, code)
+        for child in ch.counts:
+            t.count(child)
+        for children, v in ((ch.run, run_s), (ch.queued, queued_s), (ch.e2e, e2e_s)):
+            if v is not None:
+                for child in children:
+                    t.observe(child, v)
         if tally is None:
             t.apply()
+
+    def finished_children(self, queue: str, code: str | None) -> RowChildren:
+        """The series children a final outcome of ``queue`` updates (``code`` None for
+        success, else its error code): the counters, and the histograms of its run, queue
+        and end-to-end seconds."""
+        m, c = (self.queue_models.get(queue, self.model), self.modality), self.child
+        if code is None:
+            counts = (self._task("succeeded", queue), c(self.success, *m))
+        else:
+            counts = (self._task("revoked" if code == REVOKED else "failed", queue),
+                      c(self.failure, *m, code))  # fmt: skip
+        return RowChildren(
+            counts=counts,
+            queued=(c(self.queue_s, *m),),
+            e2e=(c(self.request_s, *m),),
+            run=(c(self.runtime, self.task, self.hostname, queue), c(self.compute_s, *m)),
+        )
 
     def bind(self, active: Callable[[], float], pending: Callable[[], float]) -> None:
         """Gauges read at scrape time: requests running and requests held."""
@@ -328,6 +383,7 @@ class EcosystemMetrics:
         for counter in self._task_counters.values():
             counter.clear()
         self._children.clear()
+        self.rows.clear()
         for queue in sorted(self.queues):
             for event in self._task_counters:
                 self._task(event, queue)
@@ -382,6 +438,13 @@ class Tally:
             self._values[child] = [value]
         else:
             got.append(value)
+
+    def extend(self, child: Any, values: list[float]) -> None:
+        got = self._values.get(child)
+        if got is None:
+            self._values[child] = values
+        else:
+            got.extend(values)
 
     def apply(self) -> None:
         counts, values = self._counts, self._values

@@ -61,6 +61,7 @@ class NullEcosystemMetrics:
         self.task = schema.task_name(modality)
         self.queues = {schema.queue_name(modality), schema.realtime_queue_name(modality)}
         self.queue_models = dict(queue_models or {})
+        self.rows: dict[tuple[str, str, str], Any] = {}
         for attr in of("ecosystem"):  # the series of shared.metrics.series, recording nothing
             setattr(self, attr, NULL_METRIC)
 
@@ -98,6 +99,9 @@ class NullEcosystemMetrics:
         tally: Any = None,
     ) -> None:
         pass
+
+    def finished_children(self, queue: str, code: str | None) -> Any:
+        return None
 
     def bind(self, active: Callable[[], float], pending: Callable[[], float]) -> None:
         pass

@@ -118,7 +118,7 @@ class Host:
         self.plans.append(Plan([r.id for r in reqs]))
         return self.plans[-1]
 
-    def task_ready(self, req: Any) -> None:
+    def task_ready(self, reqs: Sequence[Any]) -> None:
         pass
 
     def accepted(self, reqs: list[Any]) -> None:
@@ -129,7 +129,7 @@ class Host:
         for req, fields in items:
             req.send_event(type_, **fields)
 
-    def forget(self, done: Done) -> None:
+    def forget(self, done: Sequence[Done]) -> None:
         pass
 
     def give_back_unsettled(self, done: list[Done]) -> None:

@@ -9,6 +9,7 @@ import math
 import uuid
 
 import numpy as np
+import orjson
 import pytest
 from celery import Celery
 from kombu.utils.json import dumps as kombu_dumps
@@ -67,6 +68,36 @@ def test_non_finite_floats_keep_kombus_tokens(bad: float) -> None:
     assert "null, 1.0" not in text
     back = schema.loads(text)["result"]["embedding"]
     assert back[0] == 0.5 and (math.isnan(back[1]) if math.isnan(bad) else back[1] == bad)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"traceback": None, "result": math.nan},  # its null beside the document's own
+        {"a": None, "b": None, "c": [None, -math.inf]},
+        {"a": None, "b": {"c": None, "d": math.nan}},
+        [None, math.inf],
+        (math.nan,),
+        math.nan,
+    ],
+)
+def test_non_finite_floats_beside_nones_keep_kombus_tokens(doc: object) -> None:
+    assert schema.dumps(doc) == kombu_dumps(doc)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"traceback": None, "result": {"text": "null and void", "x": 0.5}},
+        {"a": None, "b": [None, 1.5, "null"]},
+        None,
+        [None, None],
+    ],
+)
+def test_nulls_without_a_non_finite_float_are_orjsons(doc: object) -> None:
+    text = schema.dumps(doc)
+    assert json.loads(text) == json.loads(kombu_dumps(doc))
+    assert text == orjson.dumps(doc).decode()
 
 
 def test_types_json_lacks_are_left_to_kombu() -> None:

@@ -78,3 +78,40 @@ def test_a_group_of_requests_equals_each_request_alone() -> None:
     alone.eco.started(["text", "text", "text.realtime"])
     group.eco.started(["text", "text.realtime", "text"])
     assert _samples(alone.registry) == _samples(group.registry)
+
+
+def test_a_large_mixed_group_equals_each_request_alone() -> None:
+    """Rows of many label sets, interleaved (the children a label set updates are found once
+    per set; a child several sets share, e.g. a priority's queue wait, keeps its values in
+    row order)."""
+    rng = random.Random(11)
+    codes = ["ok", "ok", "ok", "DEADLINE_EXCEEDED", "MODEL_ERROR", "REVOKED"]
+    rows = [
+        (
+            rng.choice(["bulk", "normal", "realtime", "unknown"]),
+            rng.choice(codes),
+            rng.choice([None, rng.uniform(0, 2)]),
+            rng.choice([None, rng.uniform(0, 9)]),
+            rng.choice(["text", "text.realtime", "other", "minilm.q"]),
+            rng.choice([None, rng.uniform(0, 1)]),
+        )
+        for _ in range(400)
+    ]
+    models = {"minilm.q": "other-model"}
+    alone = FleetMetrics("text", "minilm", "text@h", enabled=True, queue_models=models)
+    group = FleetMetrics("text", "minilm", "text@h", enabled=True, queue_models=models)
+    for r in rows:
+        alone.observe_request(*r)
+    group.observe_requests(rows)
+    assert _samples(alone.registry) == _samples(group.registry)
+
+
+def test_requests_after_a_hostname_change_carry_the_new_hostname() -> None:
+    m = FleetMetrics("text", "minilm", "text@h", enabled=True)
+    row = ("bulk", "ok", 0.01, 0.2, "text", 0.04)
+    m.observe_requests([row])
+    m.eco.set_hostname("text@other")
+    m.observe_requests([row, row])
+    labels = {"name": "fleet.text", "queue_name": "text", "hostname": "text@other"}
+    assert m.registry.get_sample_value("celery_task_runtime_count", labels) == 2
+    assert m.registry.get_sample_value("celery_task_succeeded_total", labels) == 2

@@ -123,8 +123,9 @@ class CompletionHost(Protocol):
         """The acks of ``reqs`` prepared, to be sent inside a result write
         (``workers.consumer.lease.plan_acks``); nothing is sent."""
 
-    def task_ready(self, req: Any) -> None:
-        """Celery's bookkeeping for a finished request."""
+    def task_ready(self, reqs: Sequence[Any]) -> None:
+        """Celery's bookkeeping for finished requests (``worker_state.task_ready`` of each,
+        in one go)."""
 
     def accepted(self, reqs: list[Any]) -> None:
         """Celery's bookkeeping for requests that start running, and their
@@ -133,8 +134,8 @@ class CompletionHost(Protocol):
     def send_events(self, type_: str, items: Sequence[tuple[Any, dict[str, Any]]]) -> None:
         """``req.send_event(type_, **fields)`` for each ``(req, fields)``, in one go."""
 
-    def forget(self, done: Done) -> None:
-        """Drop a finished request from what the engine holds."""
+    def forget(self, done: Sequence[Done]) -> None:
+        """Drop finished requests from what the engine holds."""
 
     def give_back_unsettled(self, done: list[Done]) -> None:
         """Return requests that could not be settled to their queues."""
@@ -260,20 +261,9 @@ class Completer:
             except Exception as exc:  # stored, not acked: still leased, retried
                 self._failed("acking %d requests", len(reqs), exc)
         now = time.monotonic()
-        left = []
-        lines: list[str] = []
-        events: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
-        rows: list[RequestRow] = []
-        for d in done:
-            if d.acked:
-                lines.append(self._finish_one(d, now, events, rows))
-            else:
-                left.append(d)
-        for type_, items in events.items():  # in the order of their first request
-            self.host.send_events(type_, items)
-        self.metrics.observe_requests(rows)  # the group's metrics at once
-        if lines:  # one log record for the group: a record per request costs ~8x more
-            log.info("\n".join(lines))
+        left = [d for d in done if not d.acked]
+        if len(left) < len(done):
+            self._finish([d for d in done if d.acked], now)
         if left:
             self._settle_later(left, now)
 
@@ -309,68 +299,80 @@ class Completer:
             time.sleep(delay)
             self.complete(done)
 
-    def _finish_one(
-        self,
-        d: Done,
-        now: float,
-        events: dict[str, list[tuple[Any, dict[str, Any]]]],
-        rows: list[RequestRow],
-    ) -> str:
-        """Celery's bookkeeping of a settled request, its event (added to ``events`` by
-        type, sent once for the group) and its metrics row (added to ``rows``, observed once
-        for the group); its log line."""
-        req, o, w = d.req, d.outcome, d.work
-        self.host.forget(d)
-        for twin in w.twins if w else ():
-            self.host.task_ready(twin)
-        if d.duplicate:
-            self.host.task_ready(req)
-            return f"request id={req.id} state=DUPLICATE (a final result stood; acked)"
-        if o.error is None:
-            self.stats.succeeded += 1
-            events.setdefault("task-succeeded", []).append(
-                (req, {"result": repr(event_summary(d)), "runtime": d.run_ms / 1000.0})
-            )
-        else:
-            self.stats.failed += 1
-            self.stats.errors[o.error.code] += 1
-            events.setdefault("task-failed", []).append(
-                (
-                    req,
-                    {"exception": repr(o.error), "traceback": "", "result": repr(event_summary(d))},
-                )
-            )
-        self.host.task_ready(req)
-        self.tracing.finished(req, o.error.code if o.error else None)
-        self.progress.forget(req.id)
-        return self._observe(d, now, rows)
+    def _finish(self, done: list[Done], now: float) -> None:
+        """Finish settled requests: Celery's bookkeeping (each request and its twins), their
+        events (one ``send_events`` per type, in the order of their first request), their
+        metrics (one ``observe_requests``) and their log lines (one record). What is the
+        same for every request of the group is looked up once."""
+        host, stats, tracing = self.host, self.stats, self.tracing
+        host.forget(done)
+        ready: list[Any] = []  # Celery's task_ready: twins first, then the request
+        events: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+        rows: list[RequestRow] = []
+        lines: list[str] = []
+        queue_of = self.metrics.eco.queue_of
+        since_ms = clock.now_s() * 1000.0  # Redis' clock (shared.clock): across hosts
+        for d in done:
+            req, o, w = d.req, d.outcome, d.work
+            if w is not None and w.twins:
+                ready += w.twins
+            ready.append(req)
+            if d.duplicate:
+                lines.append(f"request id={req.id} state=DUPLICATE (a final result stood; acked)")
+                continue
+            err = o.error
+            if err is None:
+                stats.succeeded += 1
+                fields = {"result": summary_repr(d), "runtime": d.run_ms / 1000.0}
+                events.setdefault("task-succeeded", []).append((req, fields))
+            else:
+                stats.failed += 1
+                stats.errors[err.code] += 1
+                fields = {"exception": repr(err), "traceback": "", "result": summary_repr(d)}
+                events.setdefault("task-failed", []).append((req, fields))
+            if tracing.on:
+                tracing.finished(req, err.code if err else None)
+            lines.append(self._observe(d, now, since_ms, queue_of(req), rows))
+        host.task_ready(ready)
+        self.progress.forget_all([d.req.id for d in done if not d.duplicate])
+        for type_, items in events.items():  # in the order of their first request
+            host.send_events(type_, items)
+        self.metrics.observe_requests(rows)  # the group's metrics at once
+        if lines:  # one log record for the group: a record per request costs ~8x more
+            log.info("\n".join(lines))
 
-    def _observe(self, d: Done, now: float, rows: list[RequestRow]) -> str:
-        """The request's metrics row (added to ``rows``); its one log line."""
-        req, o, w = d.req, d.outcome, d.work
-        ran = w is not None and bool(w.started_s)
-        queued_ms = (w.started_s - w.arrival_s) * 1000.0 if w and ran else 0.0
-        # both on Redis' clock (shared.clock): meaningful across hosts
-        since_submit_ms = (clock.now_s() * 1000.0 - w.env.submitted_ms) if w else 0.0
+    @staticmethod
+    def _observe(d: Done, now: float, since_ms: float, queue: str, rows: list[RequestRow]) -> str:
+        """The request's metrics row (added to ``rows``); its one log line. ``since_ms``:
+        now on Redis' clock, the submit time's (ms); ``queue``: its queue label."""
+        req, o, w, run_ms = d.req, d.outcome, d.work, d.run_ms
+        err = o.error
+        if w is None:
+            rows.append((d.priority, "ok" if err is None else err.code, None, None, queue, None))
+            return (
+                f"request id={req.id} state={o.state} code={err.code if err else '-'} "
+                f"priority=- tenant=- queued_ms=0.0 run_ms={run_ms:.1f} batch=- size=0 "
+                f"bucket=- length=0 attempts=0 total_ms=0.0 since_submit_ms=0.0"
+            )
+        env, ran = w.env, bool(w.started_s)
+        queued_ms = (w.started_s - w.arrival_s) * 1000.0 if ran else 0.0
+        since_submit_ms = since_ms - env.submitted_ms
         rows.append(
             (
-                w.env.priority if w else d.priority,
-                "ok" if o.error is None else o.error.code,
+                env.priority,
+                "ok" if err is None else err.code,
                 queued_ms / 1000.0 if ran else None,
-                since_submit_ms / 1000.0 if w else None,
-                self.metrics.eco.queue_of(req),
-                d.run_ms / 1000.0 if ran else None,
+                since_submit_ms / 1000.0,
+                queue,
+                run_ms / 1000.0 if ran else None,
             )
         )
         return (
-            f"request id={req.id} state={o.state} code={o.error.code if o.error else '-'} "
-            f"priority={w.env.priority if w else '-'} "
-            f"tenant={(w.env.tenant if w else None) or '-'} queued_ms={queued_ms:.1f} "
-            f"run_ms={d.run_ms:.1f} batch={w.batch_id if w else '-'} "
-            f"size={w.batch_size if w else 0} bucket={w.prepared.bucket if w else '-'} "
-            f"length={w.prepared.length if w else 0} attempts={(w.attempts + 1) if w else 0} "
-            f"total_ms={(now - w.arrival_s) * 1000.0 if w else 0.0:.1f} "
-            f"since_submit_ms={since_submit_ms:.1f}"
+            f"request id={req.id} state={o.state} code={err.code if err else '-'} "
+            f"priority={env.priority} tenant={env.tenant or '-'} queued_ms={queued_ms:.1f} "
+            f"run_ms={run_ms:.1f} batch={w.batch_id} size={w.batch_size} "
+            f"bucket={w.prepared.bucket} length={w.prepared.length} attempts={w.attempts + 1} "
+            f"total_ms={(now - w.arrival_s) * 1000.0:.1f} since_submit_ms={since_submit_ms:.1f}"
         )
 
     def refuse_message(self, message: Any, exc: Exception) -> None:
@@ -552,6 +554,24 @@ class ResultWriter:
         # without a batch's float reprs holding the event loop; another serializer: Celery's.
         self.encode = schema.dumps if self.backend.serializer == "json" else self.backend.encode
         self.duplicates = 0  # final writes refused: the request had its final result already
+        self.result_key = self._result_key()
+
+    def _result_key(self) -> Callable[[str], Any]:
+        """The backend's ``get_key_for_task``, its prefix read once when the key is the prefix
+        and the id (Celery's Redis backend: ``b"celery-task-meta-" + id``): Celery joins
+        its parts anew for each key."""
+        get = self.backend.get_key_for_task
+        prefix = getattr(self.backend, "task_keyprefix", None)
+        probe = "0b9d8f3c-probe"
+        if isinstance(prefix, bytes) and get(probe) == prefix + probe.encode():
+
+            def key(task_id: str) -> Any:
+                if type(task_id) is not str or not task_id:  # Celery's rules (UUID, empty)
+                    return get(task_id)
+                return prefix + task_id.encode()
+
+            return key
+        return get
 
     def _script(self, i: int) -> Any:
         if self._scripts is None:  # registered on first use: meta() needs no Redis
@@ -583,7 +603,7 @@ class ResultWriter:
             "date_done": None,
             "task_id": task_id,
         }
-        key = self.backend.get_key_for_task(task_id)
+        key = self.result_key(task_id)
         self._script(1)(
             keys=[schema.final_key(task_id), key],
             args=[self.encode(meta), self.expires_s or 86400],
@@ -630,9 +650,10 @@ class ResultWriter:
         also = acks.also if acks is not None else ()
         keys: list[Any] = [schema.UNACKED_INDEX_KEY, schema.UNACKED_KEY]
         args: list[Any] = ["0" if publish_later else "1", len(outcomes), len(tags)]
+        result_key, encode, meta = self.result_key, self.encode, self.meta
         for o, token in zip(outcomes, tokens, strict=True):
-            key = self.backend.get_key_for_task(o.task_id)
-            value = self.encode(self.meta(o, date_done))
+            key = result_key(o.task_id)
+            value = encode(meta(o, date_done))
             stored.append((key, value))
             ttl = self.failure_expires_s if o.error is not None else self.expires_s
             keys += [schema.final_key(o.task_id), key]
@@ -748,6 +769,20 @@ def event_summary(d: Done) -> dict[str, Any]:
     }
 
 
+def summary_repr(d: Done) -> str:
+    """``repr(event_summary(d))``, written without the dict (what the events carry)."""
+    w, err = d.work, d.outcome.error
+    head = "" if err is None else f"'error': {err.code!r}"
+    if w is None or not w.batch_id:
+        return f"{{{head}}}"
+    queued_ms = round((w.started_s - w.arrival_s) * 1000.0, 2)
+    return (
+        f"{{{head}{', ' if head else ''}'batch_id': {w.batch_id!r}, "
+        f"'batch_size': {w.batch_size!r}, 'queued_ms': {queued_ms!r}, "
+        f"'run_ms': {round(d.run_ms, 2)!r}}}"
+    )
+
+
 @dataclass(slots=True)
 class EngineStats:
     """The engine's counters (``fleet_stats``); ``model_s`` in seconds, all lanes."""
@@ -798,3 +833,9 @@ class ProgressThrottle:
 
     def forget(self, task_id: str) -> None:
         self._at.pop(task_id, None)
+
+    def forget_all(self, task_ids: Sequence[str]) -> None:
+        at = self._at
+        if at:  # empty unless a model reports progress
+            for task_id in task_ids:
+                at.pop(task_id, None)

@@ -77,6 +77,7 @@ Private kombu/Celery names (read from 5.7.0; ``tests/unit/test_private_names.py`
     celery.events.dispatcher.EventDispatcher: _group_buffer
     celery.worker.request.Request: _eventer, _terminate_on_ack
     celery.worker.consumer.consumer.Consumer: _maximum_prefetch_restored, _new_prefetch_count
+    celery.worker.state: all_total_count
     kombu.message.Message: _decoded_cache
 
 
@@ -596,32 +597,64 @@ class Engine:
     def plan_acks(self, reqs: list[Any]) -> AckPlan:
         return plan_acks(reqs, self.keeper, self._release)
 
-    def task_ready(self, req: Any) -> None:
-        worker_state.task_ready(req)
+    @staticmethod
+    def task_ready(reqs: Sequence[Any]) -> None:
+        """Celery's ``worker_state.task_ready(req)`` for each of ``reqs`` (``successful`` left
+        unset, as the engine has always called it), in one go: each id out of ``requests``,
+        the requests out of the ``active``, ``reserved`` and ``scheduled`` sets (a set with
+        nothing in it is left alone: no request to drop)."""
+        pop = worker_state.requests.pop
+        for req in reqs:
+            pop(req.id, None)
+        for held in (
+            worker_state.active_requests,
+            worker_state.reserved_requests,
+            worker_state.scheduled_requests,
+        ):
+            if held:
+                held.difference_update(reqs)
+
+    @staticmethod
+    def task_accepted(reqs: Sequence[Any]) -> None:
+        """Celery's ``worker_state.task_accepted`` for each of ``reqs``, in one go: each in
+        ``requests`` and the ``active`` set, the per-name and overall total counts raised once
+        per name (not a ``Counter.update`` per request)."""
+        requests = worker_state.requests
+        for req in reqs:
+            requests[req.id] = req
+        worker_state.active_requests.update(reqs)
+        names = [req.name for req in reqs]
+        total = worker_state.total_count
+        for name in dict.fromkeys(names):
+            total[name] += names.count(name)
+        worker_state.all_total_count[0] += len(reqs)
 
     def accepted(self, reqs: list[Any]) -> None:
         """What ``Request.on_accepted`` does for each (pid and start time on the request,
-        Celery's ``task_accepted`` bookkeeping, the ``task-started`` event), the events sent
-        as one group. A request Celery's own hook must see (not ``acks_late``, or a terminate
-        asked before it started) goes through ``on_accepted``."""
+        Celery's ``task_accepted`` bookkeeping, the ``task-started`` event), the bookkeeping
+        done and the events sent as one group. A request Celery's own hook must see (not
+        ``acks_late``, or a terminate asked before it started) goes through
+        ``on_accepted``."""
         pid, now = os.getpid(), time.time()
-        started: list[tuple[Any, dict[str, Any]]] = []
+        started: list[Any] = []
         for req in reqs:
             if not req.task.acks_late or req._terminate_on_ack is not None:
                 req.on_accepted(pid, time.monotonic())
                 continue
             req.worker_pid, req.time_start = pid, now
-            worker_state.task_accepted(req)
-            started.append((req, {}))
-        self.events.send("task-started", started)
+            started.append(req)
+        self.task_accepted(started)
+        self.events.send("task-started", [(req, {}) for req in started])
 
     def send_events(self, type_: str, items: Sequence[tuple[Any, dict[str, Any]]]) -> None:
         self.events.send(type_, items)
 
-    def forget(self, d: Done) -> None:
+    def forget(self, done: Sequence[Done]) -> None:
+        by_id = self._by_id
         with self._lock:
-            if d.work is not None and self._by_id.get(d.req.id) is d.work:
-                del self._by_id[d.req.id]
+            for d in done:
+                if d.work is not None and by_id.get(d.req.id) is d.work:
+                    del by_id[d.req.id]
 
     # -- lane threads -----------------------------------------------------------------
     def _crashed(self, batch: list[Pending]) -> None:
