@@ -1,7 +1,6 @@
 """What settling does its own way, to do less per request, equals what Celery does: a group's
-bookkeeping (``workers.consumer.engine.Engine``: ``task_accepted``, ``task_ready``), the
-events' summaries (``workers.batching.completion.summary_repr``) and the result keys
-(``ResultWriter.result_key``)."""
+bookkeeping (``workers.consumer.engine.Engine``: ``task_accepted``, ``task_ready``) and the
+result keys (``ResultWriter.result_key``)."""
 
 from __future__ import annotations
 
@@ -13,10 +12,8 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.worker import state as worker_state
-from engine_fakes import Doubler, work
 
-from shared.errors import DeadlineExceeded, ModelError
-from workers.batching.completion import Done, Outcome, ResultWriter, event_summary, summary_repr
+from workers.batching.completion import ResultWriter
 from workers.consumer.engine import Engine
 
 
@@ -72,29 +69,6 @@ def test_group_bookkeeping_equals_celerys_per_request_functions(clean_state: Non
     assert ours == celery
     assert ours[4] == Counter({"fleet.text": 5, "fleet.image": 3}) and ours[5] == [8]
     assert "id0" not in ours[0] and "id2" in ours[0]
-
-
-def _done(err: Exception | None, batch_id: str = "host-1-7", **kw: Any) -> Done:
-    w = work("a", 1, Doubler())
-    w.batch_id, w.batch_size, w.started_s, w.arrival_s = batch_id, 33, 10.123456, 9.5
-    outcome = Outcome("a", result={"y": 1}) if err is None else Outcome("a", error=err)  # type: ignore[arg-type]
-    return Done(w, w.req, outcome, **kw)
-
-
-@pytest.mark.parametrize(
-    "d",
-    [
-        _done(None, run_ms=3.251234),
-        _done(None, run_ms=0.0),
-        _done(ModelError("boom"), run_ms=1e-7),
-        _done(DeadlineExceeded("late"), batch_id=""),  # expired before it ran
-        _done(None, batch_id='it\'s "quoted"', run_ms=12345.678),
-        Done(None, object(), Outcome("r", error=ModelError("refused"))),
-        Done(None, object(), Outcome("r", result={})),
-    ],
-)
-def test_the_summary_text_is_the_summarys_repr(d: Done) -> None:
-    assert summary_repr(d) == repr(event_summary(d))
 
 
 @pytest.mark.parametrize("global_prefix", ["", "tenant-a"])

@@ -323,12 +323,12 @@ class Completer:
             err = o.error
             if err is None:
                 stats.succeeded += 1
-                fields = {"result": summary_repr(d), "runtime": d.run_ms / 1000.0}
+                fields = {"result": repr(event_summary(d)), "runtime": d.run_ms / 1000.0}
                 events.setdefault("task-succeeded", []).append((req, fields))
             else:
                 stats.failed += 1
                 stats.errors[err.code] += 1
-                fields = {"exception": repr(err), "traceback": "", "result": summary_repr(d)}
+                fields = {"exception": repr(err), "traceback": "", "result": repr(event_summary(d))}
                 events.setdefault("task-failed", []).append((req, fields))
             if tracing.on:
                 tracing.finished(req, err.code if err else None)
@@ -767,20 +767,6 @@ def event_summary(d: Done) -> dict[str, Any]:
         "queued_ms": round((w.started_s - w.arrival_s) * 1000.0, 2),
         "run_ms": round(d.run_ms, 2),
     }
-
-
-def summary_repr(d: Done) -> str:
-    """``repr(event_summary(d))``, written without the dict (what the events carry)."""
-    w, err = d.work, d.outcome.error
-    head = "" if err is None else f"'error': {err.code!r}"
-    if w is None or not w.batch_id:
-        return f"{{{head}}}"
-    queued_ms = round((w.started_s - w.arrival_s) * 1000.0, 2)
-    return (
-        f"{{{head}{', ' if head else ''}'batch_id': {w.batch_id!r}, "
-        f"'batch_size': {w.batch_size!r}, 'queued_ms': {queued_ms!r}, "
-        f"'run_ms': {round(d.run_ms, 2)!r}}}"
-    )
 
 
 @dataclass(slots=True)
